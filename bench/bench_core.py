@@ -1,0 +1,99 @@
+"""Micro-benchmarks of the core twins, compiled vs pure Python side by side.
+
+Run: ``.venv/bin/python -m pytest bench/bench_core.py --benchmark-only -q``. Throughput figures (MB/s,
+records/s) are attached to each result as ``extra_info`` and summed up in a table after the run. They use
+the median round: on a shared 2-core machine the mean is dominated by a few rounds that lost the CPU.
+"""
+
+import struct
+
+import pytest
+
+from riverbed.engine import _pycore, core
+
+RECORDS = [bytes([i % 251]) * 100 for i in range(1000)]    # 1,000 x 100-byte records
+FRAMES_1MB = b"".join(struct.pack(">I", 100) + bytes([i % 251]) * 100 for i in range((1 << 20) // 104))
+
+_RESULTS = []
+
+
+@pytest.fixture(params=["compiled", "python"])
+def twin(request):
+    if request.param == "compiled":
+        if core.NO_EXTENSIONS:
+            pytest.skip("RIVERBED_NO_EXTENSIONS=1")
+        from riverbed.engine import _core
+        return _core
+    return _pycore
+
+
+class _Summary:
+    """A plugin registered for the run: pytest only calls terminal hooks on plugins, not test modules."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not _RESULTS:
+            return
+        terminalreporter.section("core throughput (median round)")
+        for what, info in _RESULTS:
+            figures = ", ".join(f"{k} {v:,}" for k, v in info.items() if k != "impl")
+            terminalreporter.write_line(f"{what:30s} {info['impl']:9s} {figures}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request):
+    plugin = _Summary()
+    if not request.config.pluginmanager.is_registered(plugin):
+        request.config.pluginmanager.register(plugin, "riverbed-bench-core-summary")
+    yield
+
+
+def _report(benchmark, twin, what, nbytes=None, records=None):
+    median = benchmark.stats.stats.median
+    info = {"impl": "compiled" if twin.COMPILED else "python"}
+    if nbytes is not None:
+        info["MB/s"] = round(nbytes / median / 1e6, 1)
+    if records is not None:
+        info["rec/s"] = round(records / median)
+    benchmark.extra_info.update(info)
+    _RESULTS.append((what, info))
+
+
+def test_encode_chunk_1000x100(benchmark, twin):
+    chunk = benchmark(twin.encode_chunk, RECORDS, 1, 1700000000000)
+    assert twin.chunk_records(chunk) == RECORDS
+    _report(benchmark, twin, "encode_chunk 1000x100B", nbytes=len(chunk), records=len(RECORDS))
+
+
+def test_encode_entries_build_chunk_1000x100(benchmark, twin):
+    def run():
+        return twin.build_chunk(twin.encode_entries(RECORDS), len(RECORDS), len(RECORDS), 1700000000000, 1)
+
+    chunk = benchmark(run)
+    _report(benchmark, twin, "encode_entries+build_chunk", nbytes=len(chunk), records=len(RECORDS))
+
+
+def test_chunk_records_1000x100(benchmark, twin):
+    chunk = _pycore.encode_chunk(RECORDS, 1, 1700000000000)
+    records = benchmark(twin.chunk_records, chunk)
+    assert records == RECORDS
+    _report(benchmark, twin, "chunk_records (verify)", nbytes=len(chunk), records=len(RECORDS))
+
+
+def test_check_chunk_1000x100(benchmark, twin):
+    chunk = _pycore.encode_chunk(RECORDS, 1, 1700000000000)
+    benchmark(twin.check_chunk, chunk)
+    _report(benchmark, twin, "check_chunk", nbytes=len(chunk))
+
+
+def test_read_header(benchmark, twin):
+    chunk = _pycore.encode_chunk(RECORDS, 1, 1700000000000)
+    benchmark(twin.read_header, chunk)
+    benchmark.extra_info["ns/call"] = round(benchmark.stats.stats.median * 1e9)
+    _RESULTS.append(("read_header", {"impl": "compiled" if twin.COMPILED else "python",
+                                     "ns/call": benchmark.extra_info["ns/call"]}))
+
+
+def test_split_frames_1mb(benchmark, twin):
+    frames, consumed = benchmark(twin.split_frames, FRAMES_1MB, 1 << 20)
+    assert consumed == len(FRAMES_1MB) and len(frames) == len(FRAMES_1MB) // 104
+    _report(benchmark, twin, "split_frames 1 MB of 100 B", nbytes=len(FRAMES_1MB), records=len(frames))

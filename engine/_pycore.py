@@ -1,0 +1,252 @@
+"""Pure-Python twin of the compiled core (``_core.pyx``). Same names, same results, same errors.
+
+The byte layouts are documented in :mod:`riverbed.engine.format`. This twin is the readable reference
+and the fallback when ``RIVERBED_NO_EXTENSIONS=1``; the engine picks an implementation in
+:mod:`riverbed.engine.core`. All functions are pure (no shared state) and thread-safe.
+"""
+
+import struct
+import zlib
+
+from riverbed.engine.errors import ChunkError, FrameError, FrameTooLarge
+from riverbed.engine.format import (
+    BLOOM_SEED_1, BLOOM_SEED_2, CHUNK_MAGIC_VERSION, CHUNK_USER, COMPRESSION_NONE, HEADER_STRUCT,
+    LEN_CHUNK_HEADER, LEN_SIMPLE_HEADER, LEN_SUB_BATCH_HEADER, MAX_ENTRY_SIZE, decompress,
+)
+
+COMPILED = False
+
+_U32 = struct.Struct(">I")
+_SUB = struct.Struct(">BHII")
+_I32LE = struct.Struct("<i")
+
+
+def crc32(data, value=0):
+    """zlib crc32 of ``data`` (any buffer), continuing from ``value``."""
+    return zlib.crc32(data, value)
+
+
+def encode_entries(records):
+    """Data section of simple entries, one per record (a sequence of bytes-like objects)."""
+    parts = []
+    for r in records:
+        n = memoryview(r).nbytes
+        if n > MAX_ENTRY_SIZE:
+            raise ValueError(f"record of {n} bytes is over the 2 GiB entry limit")
+        parts.append(_U32.pack(n))
+        parts.append(r)
+    return b"".join(parts)
+
+
+def encode_sub_batch(records, compression=COMPRESSION_NONE, compress=None):
+    """One sub-batch entry holding ``records``. ``compress`` turns the simple-entry run into the body
+    for a compression code other than none."""
+    if not 0 <= compression <= 7:
+        raise ValueError(f"compression code {compression} out of range 0..7")
+    inner = encode_entries(records)
+    body = inner if compression == COMPRESSION_NONE else compress(inner)
+    if len(records) > 0xFFFF:
+        raise ValueError("a sub-batch holds at most 65535 records")
+    return _SUB.pack(0x80 | (compression << 4), len(records), len(inner), len(body)) + body
+
+
+def build_chunk(data, num_entries, num_records, timestamp, chunk_id, epoch=0, chunk_type=CHUNK_USER,
+                bloom=b"", trailer=b""):
+    """Header + bloom + data + trailer as one ``bytes``; computes the data CRC."""
+    header = HEADER_STRUCT.pack(CHUNK_MAGIC_VERSION, chunk_type, num_entries, num_records, timestamp, epoch,
+                                chunk_id, zlib.crc32(data), len(data), len(trailer), len(bloom))
+    return b"".join((header, bloom, data, trailer))
+
+
+def encode_chunk(records, chunk_id, timestamp, epoch=0):
+    """A user chunk of simple entries, one per record."""
+    return build_chunk(encode_entries(records), len(records), len(records), timestamp, chunk_id, epoch)
+
+
+def encode_chunk_buffer(records):
+    """A user chunk of ``records`` (at most 65535) as a ``bytearray``, CRC computed, chunk id and timestamp
+    0: the writer stamps those two in place (seal_chunk), so the record bytes are copied only once."""
+    if len(records) > 0xFFFF:
+        raise ValueError("a chunk holds at most 65535 entries")
+    return bytearray(encode_chunk(records, 0, 0))
+
+
+def read_header(buf):
+    """Parse the 48-byte header into an 11-tuple (see format.H_*). Checks magic and size only."""
+    if len(buf) < LEN_CHUNK_HEADER:
+        raise ChunkError(f"{len(buf)} bytes is shorter than the 48-byte chunk header")
+    h = HEADER_STRUCT.unpack_from(buf, 0)
+    if h[0] != CHUNK_MAGIC_VERSION:
+        raise ChunkError(f"bad magic/version byte 0x{h[0]:02x} (expected 0x50)")
+    return h
+
+
+def check_chunk(buf):
+    """Header tuple of a complete chunk after checking lengths and the data CRC. Raises ChunkError."""
+    h = read_header(buf)
+    bloom, data_len, trailer_len = h[10], h[8], h[9]
+    if bloom and bloom < 16:
+        raise ChunkError(f"bloom size {bloom} is neither 0 nor 16..255")
+    if LEN_CHUNK_HEADER + bloom + data_len + trailer_len != len(buf):
+        raise ChunkError(f"lengths (bloom {bloom}, data {data_len}, trailer {trailer_len}) do not add up "
+                         f"to the stored {len(buf)} bytes")
+    start = LEN_CHUNK_HEADER + bloom
+    crc = zlib.crc32(memoryview(buf)[start:start + data_len])
+    if crc != h[7]:
+        raise ChunkError(f"data CRC 0x{crc:08x} does not match header CRC 0x{h[7]:08x}")
+    return h
+
+
+def scan_entries(data):
+    """Walk a data section without decoding bodies: ``(ends, counts)``, the end offset of each entry in
+    ``data`` and the number of records it holds (1 for a simple entry, NumRecords for a sub-batch).
+    Raises ChunkError when an entry overruns the section."""
+    mv = memoryview(data)
+    end = len(mv)
+    ends = []
+    counts = []
+    pos = 0
+    while pos < end:
+        if mv[pos] & 0x80 == 0:
+            if pos + LEN_SIMPLE_HEADER > end:
+                raise ChunkError("truncated simple entry header")
+            pos += LEN_SIMPLE_HEADER + _U32.unpack_from(mv, pos)[0]
+            counts.append(1)
+        else:
+            if pos + LEN_SUB_BATCH_HEADER > end:
+                raise ChunkError("truncated sub-batch entry header")
+            _, count, _, size = _SUB.unpack_from(mv, pos)
+            pos += LEN_SUB_BATCH_HEADER + size
+            counts.append(count)
+        if pos > end:
+            raise ChunkError("entry overruns the data section")
+        ends.append(pos)
+    return ends, counts
+
+
+def data_records(data, num_entries, num_records):
+    """All records of a data section as a list of ``bytes``; sub-batches are decompressed and expanded.
+
+    Raises ChunkError when the entries overrun the section or the counts disagree with the header, and
+    UnsupportedCompression for a codec that is not registered.
+    """
+    mv = memoryview(data)
+    end = len(mv)
+    out = []
+    pos = 0
+    for _ in range(num_entries):
+        if pos + 1 > end:
+            raise ChunkError("data section ends before the last entry")
+        first = mv[pos]
+        if first & 0x80 == 0:
+            if pos + LEN_SIMPLE_HEADER > end:
+                raise ChunkError("truncated simple entry header")
+            n = _U32.unpack_from(mv, pos)[0]
+            pos += LEN_SIMPLE_HEADER
+            if pos + n > end:
+                raise ChunkError("simple entry overruns the data section")
+            out.append(bytes(mv[pos:pos + n]))
+            pos += n
+        else:
+            if pos + LEN_SUB_BATCH_HEADER > end:
+                raise ChunkError("truncated sub-batch entry header")
+            flags, count, usize, size = _SUB.unpack_from(mv, pos)
+            pos += LEN_SUB_BATCH_HEADER
+            if pos + size > end:
+                raise ChunkError("sub-batch entry overruns the data section")
+            body = decompress((flags >> 4) & 0x7, mv[pos:pos + size], usize)
+            pos += size
+            inner = data_records(body, count, count)
+            out.extend(inner)
+    if pos != end:
+        raise ChunkError(f"{end - pos} bytes left after {num_entries} entries")
+    if len(out) != num_records:
+        raise ChunkError(f"entries hold {len(out)} records, header says {num_records}")
+    return out
+
+
+def chunk_records(buf, verify=True):
+    """Records of a whole stored chunk, checking the CRC first unless ``verify`` is false."""
+    h = check_chunk(buf) if verify else read_header(buf)
+    start = LEN_CHUNK_HEADER + h[10]
+    return data_records(memoryview(buf)[start:start + h[8]], h[2], h[3])
+
+
+def split_frames(buf, max_size):
+    """Split RabbitMQ Stream frames: ``uint32 BE size (excluding itself) | payload``.
+
+    Returns ``(frames, consumed)``: the complete payloads as ``bytes`` and how many bytes of ``buf`` they
+    used; an incomplete tail is left for the next call. A declared size over ``max_size`` raises
+    FrameTooLarge before any of that frame is buffered.
+    """
+    mv = memoryview(buf)
+    end = len(mv)
+    pos = 0
+    frames = []
+    while end - pos >= 4:
+        n = _U32.unpack_from(mv, pos)[0]
+        if n > max_size:
+            raise FrameTooLarge(f"frame of {n} bytes is over the {max_size}-byte limit", n)
+        if end - pos - 4 < n:
+            break
+        frames.append(bytes(mv[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    return frames, pos
+
+
+def split_bson_frames(buf, max_size):
+    """Split BSON documents: ``int32 LE size (including itself) | ...``. Same contract as split_frames;
+    ``frames`` hold whole documents (length prefix included)."""
+    mv = memoryview(buf)
+    end = len(mv)
+    pos = 0
+    frames = []
+    while end - pos >= 4:
+        n = _I32LE.unpack_from(mv, pos)[0]
+        if n < 5:
+            raise FrameError(f"BSON document length {n} is below the 5-byte minimum", n)
+        if n > max_size:
+            raise FrameTooLarge(f"BSON document of {n} bytes is over the {max_size}-byte limit", n)
+        if end - pos < n:
+            break
+        frames.append(bytes(mv[pos:pos + n]))
+        pos += n
+    return frames, pos
+
+
+def _bloom_bits(value, nbits):
+    m = nbits - 1
+    return zlib.crc32(value, BLOOM_SEED_1) % m + 1, zlib.crc32(value, BLOOM_SEED_2) % m + 1
+
+
+def build_bloom(values, has_unfiltered, size):
+    """Bloom filter bytes for the filter values of one chunk (``size`` bytes, 16..255), or b"" when there
+    are no values."""
+    if not values:
+        return b""
+    bloom = bytearray(size)
+    nbits = size * 8
+    if has_unfiltered:
+        bloom[0] |= 0x80
+    for v in values:
+        for bit in _bloom_bits(v, nbits):
+            bloom[bit >> 3] |= 0x80 >> (bit & 7)
+    return bytes(bloom)
+
+
+def bloom_match(bloom, values, match_unfiltered):
+    """Whether a chunk with this bloom may hold a record a subscriber with ``values`` wants.
+
+    An empty bloom means the chunk has no filter values at all: it matches only ``match_unfiltered``
+    subscribers (a subscriber with no values at all never calls this).
+    """
+    if not bloom:
+        return match_unfiltered
+    if match_unfiltered and bloom[0] & 0x80:
+        return True
+    nbits = len(bloom) * 8
+    for v in values:
+        b1, b2 = _bloom_bits(v, nbits)
+        if bloom[b1 >> 3] & (0x80 >> (b1 & 7)) and bloom[b2 >> 3] & (0x80 >> (b2 & 7)):
+            return True
+    return False

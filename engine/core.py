@@ -1,0 +1,38 @@
+"""Picks the compiled core (``_core``) or its pure-Python twin (``_pycore``).
+
+``RIVERBED_NO_EXTENSIONS=1`` forces the twin. Otherwise the compiled module must import: a silent
+fallback would make every benchmark and the "both twins pass" guarantee meaningless, so the test suite
+asserts ``COMPILED`` (see tests/conftest.py). Outside tests a missing build only logs a warning.
+"""
+
+import logging
+import os
+
+NO_EXTENSIONS = os.environ.get("RIVERBED_NO_EXTENSIONS") == "1"
+
+if NO_EXTENSIONS:
+    from riverbed.engine import _pycore as impl
+else:
+    try:
+        from riverbed.engine import _core as impl
+    except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+        logging.getLogger("riverbed").warning("compiled core unavailable (%s); using the pure-Python twin", exc)
+        from riverbed.engine import _pycore as impl
+
+COMPILED = impl.COMPILED
+
+crc32 = impl.crc32
+encode_entries = impl.encode_entries
+encode_sub_batch = impl.encode_sub_batch
+build_chunk = impl.build_chunk
+encode_chunk = impl.encode_chunk
+encode_chunk_buffer = impl.encode_chunk_buffer
+read_header = impl.read_header
+check_chunk = impl.check_chunk
+data_records = impl.data_records
+scan_entries = impl.scan_entries
+chunk_records = impl.chunk_records
+split_frames = impl.split_frames
+split_bson_frames = impl.split_bson_frames
+build_bloom = impl.build_bloom
+bloom_match = impl.bloom_match

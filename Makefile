@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi) setup.py pyproject.toml
 
-.PHONY: install serve test test-compiled test-pure bench clean
+.PHONY: install serve test test-compiled test-pure bench bench-compare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 # Editable install: setuptools builds the Cython core in place (engine/_core*.so) and maps the
 # folders onto riverbed.engine / riverbed.shells / riverbed.spark.
 $(STAMP): $(BIN)/python $(CORE_SOURCES)
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,spark]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -30,6 +30,7 @@ serve: install
 test: test-compiled test-pure
 
 test-compiled: install
+	@ci/ensure-java.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install
@@ -38,6 +39,14 @@ test-pure: install
 bench: install
 	$(BIN)/python -m pytest bench/bench_engine.py bench/bench_core.py --benchmark-only \
 		--benchmark-columns=min,median,max,ops -p no:randomly -q -s
+
+# Riverbed against the real RabbitMQ Streams server on this machine (ci/rabbitmq.sh installs Debian's
+# rabbitmq-server if missing and runs it on 127.0.0.1 only), same workloads through the same clients,
+# interleaved rounds; prints the ratio table, writes bench/results/<date>-<host>.json and .png, and
+# stops everything it started. Shorter: make bench-compare ARGS='--n 200000 --rounds 1'
+bench-compare: install
+	@$(BIN)/python -c "import rbfly, rstream, matplotlib, tqdm" 2>/dev/null || $(PIP) install -q -e '.[test,bench]'
+	$(BIN)/python -m bench.compare $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info engine/_core.c engine/*.so .benchmarks

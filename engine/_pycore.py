@@ -250,3 +250,142 @@ def bloom_match(bloom, values, match_unfiltered):
         if bloom[b1 >> 3] & (0x80 >> (b1 & 7)) and bloom[b2 >> 3] & (0x80 >> (b2 & 7)):
             return True
     return False
+
+
+# ---- Arrow column buffers (riverbed.spark) ------------------------------------------------------------
+
+_I64LE = struct.Struct("<q")
+_I32LE_OUT = struct.Struct("<i")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_ARROW_BINARY_MAX = 0x7FFFFFFF       # an Arrow ``binary`` array addresses its data with int32 offsets
+
+
+def new_arrow_buffers():
+    """Empty buffers for :func:`chunk_to_arrow`: ``(offsets, timestamps, chunk_ids, value_offsets, data)``,
+    all ``bytearray``, value_offsets holding the leading int32 0 an Arrow binary array starts with."""
+    return bytearray(), bytearray(), bytearray(), bytearray(4), bytearray()
+
+
+def _check_arrow_out(out):
+    if len(out) != 5 or not all(type(b) is bytearray for b in out):
+        raise ValueError("out must be the 5 bytearrays of new_arrow_buffers() or a previous chunk_to_arrow call")
+    offsets, timestamps, chunk_ids, value_offsets, data = out
+    n = len(offsets)
+    if (n % 8 or len(timestamps) != n or len(chunk_ids) != n or len(value_offsets) != (n // 8 + 1) * 4
+            or _I32LE_OUT.unpack_from(value_offsets, len(value_offsets) - 4)[0] != len(data)):
+        raise ValueError("out buffers disagree on the record count or the data length")
+
+
+def chunk_to_arrow(chunk, first_offset=0, end_offset=None, out=None, verify=True, wire=False):
+    """Append the records of one chunk to the buffers of five Arrow columns, in one pass over its entries.
+
+    ``chunk`` is a whole chunk as stored (48-byte header, bloom, data) or, with ``wire``, as a RabbitMQ
+    Stream Deliver frame carries it (header then data: the bloom is left out although the header still
+    gives its size). Only records whose offset (chunk id + position) is in ``[first_offset, end_offset)``
+    are appended (``end_offset`` None: no end). ``verify`` checks the lengths and the data CRC first.
+
+    ``out`` is None (fresh buffers) or the five bytearrays of :func:`new_arrow_buffers` or of a previous
+    call, extended in place, so several chunks make one batch. Returns ``(offsets, timestamps, chunk_ids,
+    value_offsets, data, appended)``: per record an int64 offset, int64 timestamp in microseconds since the
+    epoch (the chunk's, as Arrow ``timestamp("us")``), int64 chunk id; ``value_offsets`` int32, one more than
+    the records, and ``data`` the bodies back to back (an Arrow ``binary`` array). All little-endian, ready
+    for ``pyarrow.Array.from_buffers`` without a copy. ``appended`` counts the records this call added.
+
+    Sub-batches are expanded (compressed ones through :func:`riverbed.engine.format.decompress`); a
+    sub-batch wholly outside the range is skipped without being decompressed. Raises ChunkError (bad
+    header or CRC, entries overrunning the section, record counts disagreeing with a header),
+    UnsupportedCompression, OverflowError (data past 2**31-1 bytes: start a new batch, or a timestamp that
+    does not fit in microseconds) and ValueError (``out`` not such buffers). On an error the buffers are
+    left as they were. Pure; thread-safe as long as no other thread uses the same ``out``.
+    """
+    if out is None:
+        out = new_arrow_buffers()
+    else:
+        _check_arrow_out(out)
+    offsets, timestamps, chunk_ids, value_offsets, data = out
+    lengths = [len(b) for b in out]
+    try:
+        appended = _arrow_chunk(chunk, first_offset, end_offset, out, verify, wire)
+    except BaseException:
+        for b, n in zip(out, lengths):
+            del b[n:]
+        raise
+    return offsets, timestamps, chunk_ids, value_offsets, data, appended
+
+
+def _arrow_chunk(chunk, first_offset, end_offset, out, verify, wire):
+    mv = memoryview(chunk).cast("B")
+    if wire:
+        h = read_header(mv)
+        start = LEN_CHUNK_HEADER
+        if verify:
+            if LEN_CHUNK_HEADER + h[8] != len(mv):
+                raise ChunkError(f"data length {h[8]} does not add up to the delivered {len(mv)} bytes")
+            crc = zlib.crc32(mv[start:start + h[8]])
+            if crc != h[7]:
+                raise ChunkError(f"data CRC 0x{crc:08x} does not match header CRC 0x{h[7]:08x}")
+    else:
+        h = check_chunk(mv) if verify else read_header(mv)
+        start = LEN_CHUNK_HEADER + h[10]
+    ts_us = h[4] * 1000
+    if not _INT64_MIN <= ts_us <= _INT64_MAX:
+        raise OverflowError(f"chunk timestamp {h[4]} ms does not fit in int64 microseconds")
+    chunk_id = h[6]
+    if chunk_id > _INT64_MAX:
+        raise OverflowError(f"chunk id {chunk_id} does not fit in int64")
+    state = [chunk_id, max(first_offset, 0), _INT64_MAX if end_offset is None else end_offset,
+             _I64LE.pack(ts_us), _I64LE.pack(chunk_id), out, 0]
+    records = _arrow_entries(mv[start:start + h[8]], h[2], state)
+    if records != h[3]:
+        raise ChunkError(f"entries hold {records} records, header says {h[3]}")
+    return state[6]
+
+
+def _arrow_entries(mv, num_entries, state):
+    """Walk ``num_entries`` entries; append those in range. Returns the records the entries hold."""
+    end = len(mv)
+    pos = 0
+    records = 0
+    offsets, timestamps, chunk_ids, value_offsets, data = state[5]
+    for _ in range(num_entries):
+        if pos + 1 > end:
+            raise ChunkError("data section ends before the last entry")
+        if mv[pos] & 0x80 == 0:
+            if pos + LEN_SIMPLE_HEADER > end:
+                raise ChunkError("truncated simple entry header")
+            n = _U32.unpack_from(mv, pos)[0]
+            pos += LEN_SIMPLE_HEADER
+            if pos + n > end:
+                raise ChunkError("simple entry overruns the data section")
+            offset = state[0]
+            if state[1] <= offset < state[2]:
+                if len(data) + n > _ARROW_BINARY_MAX:
+                    raise OverflowError("Arrow binary data would pass 2**31-1 bytes; start a new batch")
+                offsets += _I64LE.pack(offset)
+                timestamps += state[3]
+                chunk_ids += state[4]
+                data += mv[pos:pos + n]
+                value_offsets += _I32LE_OUT.pack(len(data))
+                state[6] += 1
+            state[0] = offset + 1
+            records += 1
+            pos += n
+        else:
+            if pos + LEN_SUB_BATCH_HEADER > end:
+                raise ChunkError("truncated sub-batch entry header")
+            flags, count, usize, size = _SUB.unpack_from(mv, pos)
+            pos += LEN_SUB_BATCH_HEADER
+            if pos + size > end:
+                raise ChunkError("sub-batch entry overruns the data section")
+            if state[0] + count > state[1] and state[0] < state[2]:
+                body = decompress((flags >> 4) & 0x7, mv[pos:pos + size], usize)
+                inner = _arrow_entries(memoryview(body), count, state)
+                if inner != count:
+                    raise ChunkError(f"entries hold {inner} records, header says {count}")
+            else:
+                state[0] += count
+            records += count
+            pos += size
+    if pos != end:
+        raise ChunkError(f"{end - pos} bytes left after {num_entries} entries")
+    return records

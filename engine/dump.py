@@ -28,7 +28,12 @@ def dump(path, stream=None, out=sys.stdout, chunks=True):
     try:
         names = [stream] if stream else eng.list_streams()
         for name in names:
-            info = eng.stream_info(name)
+            try:
+                info = eng.stream_info(name)
+            except ChunkError:
+                # the first chunk's header is bad: say what the stream state says, the chunk lines
+                # below report the damage
+                info = eng._current(name).info(-1)
             print(f"stream {name}  chunks={info.chunks} records={info.records} bytes={info.bytes} "
                   f"first_chunk_id={info.first_chunk_id} last_chunk_id={info.last_chunk_id} "
                   f"next_offset={info.next_offset} args={info.arguments}", file=out)

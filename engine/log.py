@@ -9,7 +9,7 @@ database per stream makes every transaction pay for all of them)::
     chunks     sid u32 BE | chunk id u64 BE          (12 B)     the chunk: 48-byte header | bloom | data
     timeidx    sid u32 BE | timestamp u64 BE | chunk id u64 BE  empty; timestamp stored as ms + 2**63 so
                                                      (20 B)     that negative times sort first
-    tracking   sid u32 BE | kind u8 | reference (UTF-8)         value int64 BE (kind 0 publisher sequence,
+    tracking   sid u32 BE | kind u8 | reference (UTF-8)         value uint64 BE (kind 0 publisher sequence,
                                                                 1 consumer offset; format.TRACKING_*)
     meta       b"next-sid" | b"format"                           u32 BE
 
@@ -87,7 +87,8 @@ _CHUNK_KEY = struct.Struct(FMT_CHUNK_KEY)
 _TIME_KEY = struct.Struct(FMT_TIME_KEY)
 _STATE = struct.Struct(FMT_STATE)
 _SID = struct.Struct(">I")
-_I64 = struct.Struct(">q")
+_U64 = struct.Struct(">Q")    # tracking values: consumer offsets and publishing ids are uint64 on the wire
+_U64_MAX = (1 << 64) - 1
 _STAMP_TS = struct.Struct(">q")
 _STAMP_ID = struct.Struct(">Q")
 MAX_CHUNK_ENTRIES = 0xFFFF      # NumEntries is a uint16
@@ -427,8 +428,16 @@ class Engine:
             with self.read_txn() as txn:
                 raw = txn.get(_CHUNK_KEY.pack(s.sid, s.first_chunk), db=self._db_chunks)
                 if raw is not None:
-                    first_ts = core.read_header(raw)[H_TIMESTAMP]
+                    try:
+                        first_ts = core.read_header(raw)[H_TIMESTAMP]
+                    except ChunkError as e:
+                        raise ChunkError(e.reason, name, s.first_chunk) from None
         return s.info(first_ts)
+
+    def committed_chunk_id(self, name):
+        """Id of the last committed chunk of ``name`` (-1 when empty), from memory: no transaction.
+        Raises StreamNotFound."""
+        return self._current(name).last_chunk
 
     def resolve(self, name, spec):
         """The offset a reader of ``spec`` (an OffsetSpec) starts at. Raises StreamNotFound.
@@ -475,7 +484,7 @@ class Engine:
         out = []
         with self.read_txn() as txn:
             cur = txn.cursor(db=self._db_chunks)
-            ok = self._seek(cur, sid, from_offset)
+            ok = self._seek(cur, name, sid, from_offset)
             while ok and len(out) < max_chunks:
                 ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
                 if ksid != sid:
@@ -496,18 +505,29 @@ class Engine:
     def scan(self, name, from_offset=0, chunks_per_txn=64):
         """Yield ``(offset, record bytes)`` for every committed record at or after ``from_offset``,
         sub-batches expanded. Holds a read transaction only while decoding ``chunks_per_txn`` chunks."""
-        for chunk_id, records in self.scan_chunks(name, from_offset, chunks_per_txn):
+        for chunk_id, records in self.scan_chunks(name, from_offset, chunks_per_txn=chunks_per_txn):
             first = max(from_offset - chunk_id, 0)
             for i in range(first, len(records)):
                 yield chunk_id + i, records[i]
 
-    def scan_chunks(self, name, from_offset=0, chunks_per_txn=64, bytes_per_txn=1 << 20):
+    def scan_chunks(self, name, from_offset=0, to_offset=None, chunks_per_txn=64, bytes_per_txn=1 << 20):
         """Yield ``(chunk_id, list of record bytes)`` per committed chunk from the one holding
-        ``from_offset``. Raises ChunkError as read_chunks does.
+        ``from_offset`` up to (not including) the first chunk at or after ``to_offset``. Sub-batches
+        are expanded. Raises ChunkError as read_chunks does. See map_chunks for the transactions."""
+        return self.map_chunks(name, lambda chunk_id, raw: (chunk_id, core.chunk_records(raw)), from_offset,
+                               to_offset, chunks_per_txn, bytes_per_txn, verify=False)
 
-        Records are decoded inside short read transactions of at most ``chunks_per_txn`` chunks or
-        ``bytes_per_txn`` stored bytes, so only about that much is materialised at a time (it stays
-        in the CPU cache) and no transaction outlives a ``yield``."""
+    def map_chunks(self, name, fn, from_offset=0, to_offset=None, chunks_per_txn=64, bytes_per_txn=1 << 20,
+                   verify=True):
+        """Yield ``fn(chunk_id, view)`` for each committed chunk from the one holding ``from_offset`` up
+        to (not including) the first chunk at or after ``to_offset`` (None: to the end).
+
+        ``view`` is a memoryview into the LMDB map, valid only during the call: ``fn`` must copy what it
+        keeps. With ``verify`` the chunk's header and CRC are checked before ``fn`` sees it; a ChunkError
+        from either is re-raised naming the stream and chunk id. Chunks are visited inside short read
+        transactions of at most ``chunks_per_txn`` chunks or ``bytes_per_txn`` stored bytes, so what
+        ``fn`` builds stays small and no transaction outlives a ``yield``. Raises StreamNotFound.
+        """
         s = self._current(name)
         sid = s.sid
         pos = from_offset
@@ -516,26 +536,44 @@ class Engine:
             size = 0
             with self.read_txn() as txn:
                 cur = txn.cursor(db=self._db_chunks)
-                ok = self._seek(cur, sid, pos)
+                ok = self._seek(cur, name, sid, pos)
                 while ok and len(batch) < chunks_per_txn and size < bytes_per_txn:
                     ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
-                    if ksid != sid:
+                    if ksid != sid or (to_offset is not None and chunk_id >= to_offset):
+                        ok = False
                         break
                     raw = cur.value()
                     try:
-                        records = core.chunk_records(raw)
+                        h = core.check_chunk(raw) if verify else core.read_header(raw)
+                        batch.append(fn(chunk_id, raw))
                     except ChunkError as e:
                         raise ChunkError(e.reason, name, chunk_id) from None
-                    batch.append((chunk_id, records))
                     size += len(raw)
+                    pos = chunk_id + max(h[H_RECORDS], 1)
                     ok = cur.next()
-            if not batch:
-                return
             yield from batch
-            last_id, last_records = batch[-1]
-            pos = last_id + max(len(last_records), 1)
+            if not ok:
+                return
 
-    def _seek(self, cur, sid, offset):
+    def chunk_index(self, name, from_offset=0, to_offset=None):
+        """``[(chunk_id, timestamp_ms), ...]`` of the committed chunks in ``[from_offset, to_offset)``,
+        read from the timestamp index alone (no chunk page is touched): for planning parallel scans."""
+        s = self._current(name)
+        out = []
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_time)
+            ok = cur.set_range(_SID.pack(s.sid))
+            while ok:
+                sid, ts, chunk_id = _TIME_KEY.unpack(cur.key())
+                if sid != s.sid:
+                    break
+                if chunk_id >= from_offset and (to_offset is None or chunk_id < to_offset):
+                    out.append((chunk_id, ts - TS_BIAS))
+                ok = cur.next()
+        out.sort()
+        return out
+
+    def _seek(self, cur, name, sid, offset):
         """Position ``cur`` on the chunk holding ``offset`` or the first after it; False if none."""
         key = _CHUNK_KEY.pack(sid, offset)
         if cur.set_range(key):
@@ -544,14 +582,21 @@ class Engine:
             here = cur.key()
             if cur.prev():
                 psid, pid = _CHUNK_KEY.unpack(cur.key())
-                if psid == sid and pid + core.read_header(cur.value())[H_RECORDS] > offset:
+                if psid == sid and pid + self._records_of(name, pid, cur.value()) > offset:
                     return True
             cur.set_key(here)
             return _SID.unpack_from(here)[0] == sid
         if cur.last():
             psid, pid = _CHUNK_KEY.unpack(cur.key())
-            return psid == sid and pid + core.read_header(cur.value())[H_RECORDS] > offset
+            return psid == sid and pid + self._records_of(name, pid, cur.value()) > offset
         return False
+
+    @staticmethod
+    def _records_of(name, chunk_id, raw):
+        try:
+            return core.read_header(raw)[H_RECORDS]
+        except ChunkError as e:
+            raise ChunkError(e.reason, name, chunk_id) from None
 
     def query_offset(self, name, reference):
         """The consumer offset stored for ``reference`` on ``name``, or None. Raises StreamNotFound."""
@@ -566,7 +611,7 @@ class Engine:
         s = self._current(name)
         with self.read_txn() as txn:
             raw = txn.get(_tracking_key(s.sid, kind, reference), db=self._db_tracking)
-        return None if raw is None else _I64.unpack(raw)[0]
+        return None if raw is None else _U64.unpack(raw)[0]
 
     # ------------------------------------------------------------------------------------------ waiting
 
@@ -679,7 +724,10 @@ class Engine:
     def store_offset(self, stream, reference, offset):
         """Store consumer ``offset`` for ``reference``. Future of None; StreamNotFound."""
         _check_name(reference, "consumer reference")
-        return self._submit(_OP_OFFSET, stream, reference, int(offset))
+        offset = int(offset)
+        if not 0 <= offset <= _U64_MAX:
+            raise InvalidArgument(f"offset {offset} is outside 0..2**64-1")
+        return self._submit(_OP_OFFSET, stream, reference, offset)
 
     def run_retention(self):
         """Future that completes after a retention pass over every stream (it also runs every
@@ -796,9 +844,10 @@ class _Writer(threading.Thread):
                     self._commit_batch(batch)
                     self._housekeeping()
             eng.env.sync(True)
-        except BaseException:  # pragma: no cover - a bug; fail loudly, never hang callers
-            log.exception("writer thread crashed")
-            self._fail_pending(RiverbedError("writer thread crashed; see the log"))
+        except BaseException:
+            log.exception("writer thread stopped by an error")
+            self.stopping = True
+            self._fail_pending(RiverbedError("the writer stopped after an error; see the log"))
         finally:
             self._stopped.set()
 
@@ -826,6 +875,30 @@ class _Writer(threading.Thread):
     # ----------------------------------------------------------------------------------- group commit
 
     def _commit_batch(self, batch):
+        try:
+            staged, results = self._commit(batch)
+        except BaseException as exc:
+            # an LMDB failure we cannot recover from (disk full, I/O error): fail this batch, and
+            # (stopping) everything after it, rather than leave any caller waiting
+            self.stopping = True
+            err = RiverbedError(f"write failed, engine stopped: {type(exc).__name__}: {exc}")
+            for _, _, fut in batch:
+                if fut is not None and not fut.done():
+                    fut.set_exception(err)
+            raise
+        self._publish(staged)
+        for (op, args, fut), res in zip(batch, results):
+            if fut is None:
+                continue
+            if isinstance(res, _Deferred):
+                res = res.resolve()
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
+
+    def _commit(self, batch):
+        """Apply ``batch`` in one write transaction, growing the map and retrying when it is full."""
         eng = self.engine
         while True:
             staged = _Staged(eng, self)
@@ -847,17 +920,7 @@ class _Writer(threading.Thread):
             except lmdb.MapResizedError:
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
                 continue
-            break
-        self._publish(staged)
-        for (op, args, fut), res in zip(batch, results):
-            if fut is None:
-                continue
-            if isinstance(res, _Deferred):
-                res = res.resolve()
-            if isinstance(res, BaseException):
-                fut.set_exception(res)
-            else:
-                fut.set_result(res)
+            return staged, results
 
     def _grow(self, need):
         eng = self.engine
@@ -873,7 +936,7 @@ class _Writer(threading.Thread):
             if op == _OP_OFFSET:
                 stream, reference, offset = args
                 s = staged.stream(stream)
-                staged.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _I64.pack(offset),
+                staged.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(offset),
                                db=self.engine._db_tracking)
                 staged.dirty = True
                 return None
@@ -884,8 +947,10 @@ class _Writer(threading.Thread):
             return None  # SYNC and STOP: completing after this commit is their whole job
         except RiverbedError as e:
             return e
-        except (ValueError, TypeError) as e:
-            return InvalidArgument(str(e))
+        except lmdb.Error:
+            raise   # MapFullError & co. concern the whole transaction: _commit_batch handles them
+        except Exception as e:  # noqa: BLE001 - one bad request fails alone; the writer goes on
+            return InvalidArgument(f"{type(e).__name__}: {e}")
 
     def _publish(self, staged):
         """Make the commit visible: swap in the new stream states, complete waiters, fire listeners."""
@@ -1105,7 +1170,7 @@ class _Staged:
             v = self.writer._seq_cache.get(key)
             if v is None:
                 raw = self.txn.get(_tracking_key(sid, TRACKING_SEQUENCE, publisher), db=self.engine._db_tracking)
-                v = _I64.unpack(raw)[0] if raw is not None else 0
+                v = _U64.unpack(raw)[0] if raw is not None else 0
         return v
 
     def append(self, req):
@@ -1130,7 +1195,7 @@ class _Staged:
                 entries = records = None
             if new_last != last:
                 self.seqs[(s.sid, req.publisher)] = new_last
-                self.txn.put(_tracking_key(s.sid, TRACKING_SEQUENCE, req.publisher), _I64.pack(new_last),
+                self.txn.put(_tracking_key(s.sid, TRACKING_SEQUENCE, req.publisher), _U64.pack(new_last),
                              db=self.engine._db_tracking)
         res = _Deferred(dups)
         if not data:

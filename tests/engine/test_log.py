@@ -373,3 +373,29 @@ def test_filter_values_build_a_bloom_that_skips_nonmatching_chunks(eng):
     assert core.bloom_match(blooms[1], [b"cherry"], False)
     assert core.bloom_match(blooms[2], [b"apple"], True)
     assert not core.bloom_match(blooms[2], [b"apple"], False)
+
+
+@pytest.mark.parametrize("how", ["records", "entries"])
+def test_append_larger_than_a_chunk_is_split_at_entry_boundaries(eng, how):
+    # rstream's send_batch sends 1.34 MB Publish frames: one append over chunk-max-bytes (~1 MiB)
+    eng.create_stream("s").result()
+    records = [rec(i, 1000) for i in range(3000)]
+    if how == "records":
+        res = eng.append("s", records).result()
+    else:
+        res = eng.append_entries("s", core.encode_entries(records), num_entries=3000, num_records=3000).result()
+    assert (res.first_offset, res.last_offset) == (0, 2999)
+    info = eng.stream_info("s")
+    assert info.chunks == 3 and info.records == 3000
+    assert [r for _, r in eng.scan("s")] == records
+    for _, raw in eng.read_chunks("s", 0, 10):
+        assert core.read_header(raw)[8] <= (1 << 20) - 1024
+
+
+def test_more_than_65535_entries_are_split_over_chunks(eng):
+    # NumEntries is a uint16
+    eng.create_stream("s").result()
+    records = [b"%d" % i for i in range(70000)]
+    eng.append("s", records).result()
+    assert [r for _, r in eng.scan("s")] == records
+    assert all(core.read_header(raw)[2] <= 0xFFFF for _, raw in eng.read_chunks("s", 0, 10))

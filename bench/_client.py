@@ -1,0 +1,410 @@
+"""One benchmark workload in one client process: ``python -m bench._client WORKLOAD --port P ...``.
+
+Each workload drives a real RabbitMQ Stream client (rstream 1.1.1 or rbfly 0.10.0) against one broker;
+the broker is whatever listens on ``--host``/``--port`` (RabbitMQ or ``riverbed serve``), so the same
+code runs against both. The process talks to the harness (``bench.compare``) over its stdin/stdout:
+
+1. it connects, creates its stream and, for consume workloads, fills it (untimed), then prints ``READY``;
+2. it waits for a ``GO`` line on stdin (so that two clients can start together);
+3. it runs the timed part, taking a snapshot of CPU counters at the start and the end of the timed
+   window: the server's process tree (utime+stime from /proc, ``--server-pid``), its own CPU
+   (getrusage), the harness's CPU (its parent) and the machine's /proc/stat;
+4. it prints ``RESULT <json>`` and deletes its stream.
+
+Workloads (bodies are ``--size`` bytes, default 100):
+
+- ``rstream-raw``: rstream ``Producer.send_batch`` of raw bytes, ``--batch`` (5,000) messages per call,
+  at most ``--inflight`` (16) batches unconfirmed.
+- ``rbfly-raw``: rbfly's binary publisher (``PublisherBin.send``, opaque bytes, no AMQP encoding), one
+  message per Publish frame, each publisher waits for its confirm before the next (rbfly's way);
+  ``--publishers`` (1 or 4) publishers run concurrently on the client's one connection.
+- ``rbfly-amqp``: the same with rbfly's AMQP publisher (``Publisher.send``; bodies AMQP 1.0 encoded).
+- ``rbfly-amqp-batch``: rbfly's AMQP batch publisher (``PublisherBatchFast``): ``batch()`` ``--batch``
+  messages, then ``flush()`` (which sends as many frames as needed and waits for their confirms).
+- ``consume-rstream``: rstream ``Consumer`` from ``first`` (credit 10, as rstream does), raw bodies.
+- ``consume-rbfly-raw`` / ``consume-rbfly-amqp``: rbfly ``subscribe(offset=Offset.FIRST, amqp=...)``;
+  the stream is filled with raw or AMQP-encoded bodies accordingly.
+- ``latency-rstream``: rstream ``send_wait`` one message at a time: ``--warmup`` (100) untimed, then
+  ``--timed`` (5,000) timed, each from the call to the confirm.
+- ``latency-rbfly``: the same with rbfly ``PublisherBin.send``.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+WORKLOADS = ("rstream-raw", "rbfly-raw", "rbfly-amqp", "rbfly-amqp-batch", "consume-rstream",
+             "consume-rbfly-raw", "consume-rbfly-amqp", "latency-rstream", "latency-rbfly")
+
+
+# --------------------------------------------------------------------------------------------------
+# /proc counters (the same helpers are used by the harness)
+
+def proc_cpu(pid):
+    """utime+stime of one process (all its threads), seconds; 0.0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def descendants(pid):
+    """pid and every process below it."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def tree_cpu(pid):
+    return sum(proc_cpu(p) for p in descendants(pid)) if pid else 0.0
+
+
+def machine_stat():
+    """Aggregate /proc/stat jiffies, seconds: busy (user+nice+system), irq (irq+softirq), steal, total."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    v += [0] * (10 - len(v))
+    user, nice, system, idle, iowait, irq, softirq, steal = v[:8]
+    return {"busy": (user + nice + system) / CLK_TCK, "irq": (irq + softirq) / CLK_TCK,
+            "steal": steal / CLK_TCK, "total": (user + nice + system + idle + iowait + irq + softirq + steal) / CLK_TCK}
+
+
+def self_cpu():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def snapshot(server_pid, idle_pids=()):
+    return {"t": time.monotonic(), "server": tree_cpu(server_pid), "client": self_cpu(),
+            "harness": proc_cpu(os.getppid()), "idle_brokers": sum(tree_cpu(p) for p in idle_pids),
+            "stat": machine_stat()}
+
+
+# --------------------------------------------------------------------------------------------------
+# workloads
+
+USER = PASSWORD = "guest"
+
+
+def rstream_producer(a):
+    from rstream import Producer
+    return Producer(a.host, a.port, username=USER, password=PASSWORD)
+
+
+async def rstream_create(a):
+    async with rstream_producer(a) as p:
+        await p.create_stream(a.stream, exists_ok=True)
+
+
+async def rstream_delete(a):
+    async with rstream_producer(a) as p:
+        await p.delete_stream(a.stream, missing_ok=True)
+
+
+async def rstream_fill(a, body):
+    """Untimed: put n messages into the stream with rstream send_batch."""
+    async with rstream_producer(a) as p:
+        await publish_rstream_batches(p, a.stream, a.n, body, a.batch, a.inflight)
+
+
+async def publish_rstream_batches(p, stream, n, body, batch, inflight):
+    state = {"confirmed": 0}
+    sent = 0
+    done = asyncio.Event()
+    room = asyncio.Event()
+    window = batch * inflight
+
+    def on_confirm(status):
+        state["confirmed"] += 1
+        if sent - state["confirmed"] < window:
+            room.set()
+        if state["confirmed"] >= n:
+            done.set()
+
+    while sent < n:
+        while sent - state["confirmed"] >= window:
+            room.clear()
+            await room.wait()
+        k = min(batch, n - sent)
+        sent += k
+        await p.send_batch(stream, [body] * k, on_publish_confirm=on_confirm)
+    await asyncio.wait_for(done.wait(), 900)
+
+
+def rbfly_client(a):
+    from rbfly.streams import streams_client
+    return streams_client(f"rabbitmq-stream://{USER}:{PASSWORD}@{a.host}:{a.port}")
+
+
+def publisher_name(i):
+    return f"bench/{os.getpid()}/{i}"
+
+
+async def rbfly_fill_amqp(a, body):
+    from rbfly.streams import PublisherBatchFast
+    client = rbfly_client(a)
+    try:
+        async with client.publisher(a.stream, name=publisher_name("fill"), cls=PublisherBatchFast) as pub:
+            left = a.n
+            while left:
+                k = min(a.batch, left)
+                for _ in range(k):
+                    pub.batch(body)
+                await pub.flush()
+                left -= k
+    finally:
+        await client.disconnect()
+
+
+class Runner:
+    """Setup, READY/GO handshake, timed window, RESULT line."""
+
+    def __init__(self, a):
+        self.a = a
+        self.body = b"x" * a.size
+        self.result = {"workload": a.workload, "n": a.n, "size": a.size}
+
+    def wait_go(self):
+        print("READY", flush=True)
+        if self.a.no_sync:
+            return
+        line = sys.stdin.readline()
+        if line.strip() != "GO":
+            raise SystemExit("harness went away")
+
+    def start(self):
+        self.s0 = snapshot(self.a.server_pid, self.a.idle_pid)
+
+    def stop(self):
+        self.s1 = snapshot(self.a.server_pid, self.a.idle_pid)
+
+    async def run(self):
+        a = self.a
+        w = a.workload
+        await rstream_create(a)
+        if w == "consume-rbfly-amqp":
+            await rbfly_fill_amqp(a, self.body)
+        elif w.startswith("consume-"):
+            await rstream_fill(a, self.body)
+        try:
+            await getattr(self, "w_" + w.replace("-", "_"))()
+        finally:
+            if not a.keep_stream:
+                await rstream_delete(a)
+
+    # --- publish ---
+
+    async def w_rstream_raw(self):
+        a = self.a
+        async with rstream_producer(a) as p:
+            # One untimed message declares the publisher and opens the data connection.
+            await p.send_wait(a.stream, self.body)
+            self.wait_go()
+            self.start()
+            await publish_rstream_batches(p, a.stream, a.n, self.body, a.batch, a.inflight)
+            self.stop()
+
+    async def _rbfly_send(self, cls, amqp):
+        a = self.a
+        client = rbfly_client(a)
+        pubs = []
+        try:
+            from contextlib import AsyncExitStack
+            async with AsyncExitStack() as stack:
+                for i in range(a.publishers):
+                    pubs.append(await stack.enter_async_context(
+                        client.publisher(a.stream, name=publisher_name(i), cls=cls)))
+                body = self.body
+                share = [a.n // a.publishers + (1 if i < a.n % a.publishers else 0) for i in range(a.publishers)]
+
+                async def one(pub, k):
+                    send = pub.send
+                    for _ in range(k):
+                        await send(body)
+
+                self.wait_go()
+                self.start()
+                await asyncio.gather(*(one(p, k) for p, k in zip(pubs, share)))
+                self.stop()
+        finally:
+            await client.disconnect()
+        self.result["publishers"] = a.publishers
+
+    async def w_rbfly_raw(self):
+        from rbfly.streams._client import PublisherBin
+        await self._rbfly_send(PublisherBin, amqp=False)
+
+    async def w_rbfly_amqp(self):
+        from rbfly.streams import Publisher
+        await self._rbfly_send(Publisher, amqp=True)
+
+    async def w_rbfly_amqp_batch(self):
+        from rbfly.streams import PublisherBatchFast
+        a = self.a
+        client = rbfly_client(a)
+        try:
+            async with client.publisher(a.stream, name=publisher_name(0), cls=PublisherBatchFast) as pub:
+                body = self.body
+                self.wait_go()
+                self.start()
+                left = a.n
+                while left:
+                    k = min(a.batch, left)
+                    for _ in range(k):
+                        pub.batch(body)
+                    await pub.flush()
+                    left -= k
+                self.stop()
+        finally:
+            await client.disconnect()
+
+    # --- consume ---
+
+    async def w_consume_rstream(self):
+        from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
+        a = self.a
+        state = {"got": 0, "bytes": 0}
+        done = asyncio.Event()
+
+        async def on_message(msg, ctx):
+            state["got"] += 1
+            state["bytes"] += len(msg)
+            if state["got"] >= a.n:
+                done.set()
+
+        async with Consumer(a.host, a.port, username=USER, password=PASSWORD) as c:
+            self.wait_go()
+            self.start()
+            await c.subscribe(a.stream, on_message,
+                              offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None),
+                              initial_credit=10)
+            await asyncio.wait_for(done.wait(), 900)
+            self.stop()
+        self.result["received"] = state["got"]
+        self.result["received_bytes"] = state["bytes"]
+
+    async def _consume_rbfly(self, amqp):
+        from rbfly.streams import Offset
+        a = self.a
+        client = rbfly_client(a)
+        got = nbytes = 0
+        try:
+            # Connect before the timed window (rbfly connects lazily).
+            await client.get_protocol()
+            self.wait_go()
+            self.start()
+            async for msg in client.subscribe(a.stream, offset=Offset.FIRST, amqp=amqp):
+                got += 1
+                nbytes += len(msg)
+                if got >= a.n:
+                    break
+            self.stop()
+        finally:
+            await client.disconnect()
+        self.result["received"] = got
+        self.result["received_bytes"] = nbytes
+
+    async def w_consume_rbfly_raw(self):
+        await self._consume_rbfly(False)
+
+    async def w_consume_rbfly_amqp(self):
+        await self._consume_rbfly(True)
+
+    # --- latency ---
+
+    async def w_latency_rstream(self):
+        a = self.a
+        body = self.body
+        lat = []
+        async with rstream_producer(a) as p:
+            self.wait_go()
+            for _ in range(a.warmup):
+                await p.send_wait(a.stream, body)
+            self.start()
+            clock = time.perf_counter_ns
+            for _ in range(a.timed):
+                t = clock()
+                await p.send_wait(a.stream, body)
+                lat.append(clock() - t)
+            self.stop()
+        self._latency(lat)
+
+    async def w_latency_rbfly(self):
+        from rbfly.streams._client import PublisherBin
+        a = self.a
+        body = self.body
+        lat = []
+        client = rbfly_client(a)
+        try:
+            async with client.publisher(a.stream, name=publisher_name(0), cls=PublisherBin) as pub:
+                self.wait_go()
+                for _ in range(a.warmup):
+                    await pub.send(body)
+                self.start()
+                clock = time.perf_counter_ns
+                for _ in range(a.timed):
+                    t = clock()
+                    await pub.send(body)
+                    lat.append(clock() - t)
+                self.stop()
+        finally:
+            await client.disconnect()
+        self._latency(lat)
+
+    def _latency(self, lat):
+        lat.sort()
+        k = len(lat)
+        pct = lambda q: lat[min(k - 1, int(q * k))] / 1e3  # noqa: E731  (µs)
+        self.result.update(n=k, lat_p50_us=pct(0.50), lat_p99_us=pct(0.99), lat_max_us=lat[-1] / 1e3,
+                           lat_mean_us=sum(lat) / k / 1e3)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description="one benchmark workload (see the module docstring)")
+    ap.add_argument("workload", choices=WORKLOADS)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--stream", required=True)
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument("--batch", type=int, default=5000)
+    ap.add_argument("--inflight", type=int, default=16)
+    ap.add_argument("--publishers", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--timed", type=int, default=5000)
+    ap.add_argument("--server-pid", type=int, default=0, help="the broker process to measure")
+    ap.add_argument("--idle-pid", type=int, action="append", default=[],
+                    help="other brokers running meanwhile (their CPU is reported, and counts as noise)")
+    ap.add_argument("--no-sync", action="store_true", help="do not wait for GO on stdin")
+    ap.add_argument("--keep-stream", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    r = Runner(a)
+    asyncio.run(r.run())
+    res = r.result
+    res["s0"], res["s1"] = r.s0, r.s1
+    res.setdefault("received_bytes", None)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

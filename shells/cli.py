@@ -1,0 +1,232 @@
+"""The ``riverbed`` command: ``serve`` (the broker), ``users`` (the users file), ``dump`` (a data dir).
+
+``riverbed serve`` opens the engine on the data directory, starts one listener per enabled protocol,
+logs ``listening <protocol> <host>:<port>`` for each and then ``ready``. SIGTERM or SIGINT stops it:
+no new connections, in-flight writes commit and are confirmed, every client gets a Close, the engine
+flushes, and the process exits 0. Exit status 2 for a configuration or start-up error.
+
+A protocol shell other than RabbitMQ Stream plugs in by providing ``async serve(engine, *, host, port,
+auth, config)`` in its module (see ``SHELLS``) that returns an object with ``port``,
+``stop_accepting()`` and ``async shutdown()``.
+"""
+
+import argparse
+import asyncio
+import getpass
+import importlib
+import logging
+import signal
+import sys
+
+from riverbed.shells import config as _config
+
+log = logging.getLogger("riverbed")
+
+# (config key, protocol name in the log, module)
+SHELLS = [
+    ("stream_port", "rabbitmq-stream", "riverbed.shells.rmq_stream"),
+    ("bson_port", "bson", "riverbed.shells.bson_tcp"),
+    ("zmq_port", "zmq", "riverbed.shells.zmq_mc0"),
+    ("ws_port", "ws", "riverbed.shells.ws_json"),
+    ("text_port", "text", "riverbed.shells.ream_text"),
+    ("http_port", "http", "riverbed.shells.http"),
+]
+DEFAULT_USERS_FILE = "riverbed-users.toml"
+
+
+def _setup_logging(level):
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)-7s %(message)s")
+
+
+def _fmt_addr(host, port):
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _start_listener(name, module, engine, cfg, auth, port):
+    if module == "riverbed.shells.rmq_stream":
+        from riverbed.shells import rmq_stream
+        return await rmq_stream.serve(
+            engine, host=cfg.host, port=port, auth=auth, data_dir=cfg.data_dir,
+            advertised_host=cfg.advertised_host, advertised_port=cfg.advertised_port, frame_max=cfg.frame_max,
+            heartbeat=cfg.heartbeat, handshake_timeout=cfg.handshake_timeout)
+    try:
+        mod = importlib.import_module(module)
+    except ImportError:
+        raise RuntimeError(f"the {name} protocol is not available in this build ({module})") from None
+    return await mod.serve(engine, host=cfg.host, port=port, auth=auth, config=cfg)
+
+
+async def run_server(cfg, stop=None):
+    """Run the broker until ``stop`` (an asyncio.Event; default: SIGTERM/SIGINT) is set. Returns 0."""
+    from riverbed.engine import Engine
+    from riverbed.shells.auth import Authenticator
+
+    loop = asyncio.get_running_loop()
+    if stop is None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
+    engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+    listeners = []
+    try:
+        for key, name, module in SHELLS:
+            port = cfg[key]
+            if port is None:
+                continue
+            server = await _start_listener(name, module, engine, cfg, auth, port)
+            listeners.append(server)
+            log.info("listening %s %s", name, _fmt_addr(cfg.host, server.port))
+        log.info("ready")
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        for server in listeners:
+            server.stop_accepting()
+        for server in listeners:
+            try:
+                await server.shutdown()
+            except Exception:
+                log.exception("error while stopping a listener")
+        await loop.run_in_executor(None, engine.close)
+    log.info("stopped")
+    return 0
+
+
+def _run(coro):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on POSIX
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def cmd_serve(args):
+    flags = {o.name: getattr(args, o.name) for o in _config.OPTIONS}
+    flags["config"] = args.config
+    try:
+        cfg = _config.load(flags)
+    except _config.ConfigError as e:
+        print(f"riverbed serve: {e}", file=sys.stderr)
+        return 2
+    _setup_logging(cfg.log_level)
+    try:
+        return _run(run_server(cfg))
+    except (OSError, RuntimeError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 2
+    except Exception as e:
+        from riverbed.engine.errors import RiverbedError
+        if isinstance(e, RiverbedError):
+            log.error("cannot start: %s", e)
+            return 2
+        raise
+
+
+def _users_file(args):
+    if args.users:
+        return args.users
+    try:
+        cfg = _config.load({"config": args.config})
+    except _config.ConfigError as e:
+        raise SystemExit(f"riverbed users: {e}")
+    return cfg.users or DEFAULT_USERS_FILE
+
+
+def cmd_users(args):
+    from riverbed.shells import auth
+    path = _users_file(args)
+    if args.action == "add":
+        if args.password is not None:
+            password = args.password
+        elif args.password_stdin or not sys.stdin.isatty():
+            password = sys.stdin.readline().rstrip("\r\n")
+        else:
+            password = getpass.getpass(f"password for {args.name}: ")
+            if getpass.getpass("again: ") != password:
+                print("riverbed users: the passwords differ", file=sys.stderr)
+                return 1
+        if not password:
+            print("riverbed users: empty password", file=sys.stderr)
+            return 1
+        try:
+            auth.add_user(path, args.name, password, configure=args.configure, write=args.write, read=args.read,
+                          loopback_only=args.loopback_only)
+        except (ValueError, OSError) as e:
+            print(f"riverbed users: {e}", file=sys.stderr)
+            return 1
+        print(f"user {args.name!r} written to {path}")
+        return 0
+    if args.action == "delete":
+        try:
+            found = auth.delete_user(path, args.name)
+        except (OSError, ValueError) as e:
+            print(f"riverbed users: {e}", file=sys.stderr)
+            return 1
+        if not found:
+            print(f"riverbed users: no user {args.name!r} in {path}", file=sys.stderr)
+            return 1
+        return 0
+    try:
+        users = auth.load_users(path)
+    except (OSError, ValueError) as e:
+        print(f"riverbed users: {e}", file=sys.stderr)
+        return 1
+    for name, u in sorted(users.items()):
+        perms = " ".join(f"{k}={v.pattern if v else ''!r}" for k, v in u.patterns.items())
+        print(f"{name}\t{perms}{' loopback-only' if u.loopback_only else ''}")
+    return 0
+
+
+def cmd_dump(argv):
+    from riverbed.engine import dump   # written by the engine side; imported only when asked for
+    return dump.main(argv)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="riverbed", description="One durable event log, many wire protocols.")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the broker",
+                       description="Run the broker. Every flag can also be set as RIVERBED_<FLAG> in the "
+                                   "environment or as a key in the --config TOML file.")
+    _config.add_arguments(s)
+    u = sub.add_parser("users", help="manage the users file")
+    u.add_argument("--users", metavar="FILE", help=f"users file (default: from config, else {DEFAULT_USERS_FILE})")
+    u.add_argument("--config", metavar="FILE", help="TOML config file whose `users` setting to use")
+    us = u.add_subparsers(dest="action", required=True)
+    a = us.add_parser("add", help="add or replace a user")
+    a.add_argument("name")
+    a.add_argument("--password", help="the password (default: prompt, or one line from stdin)")
+    a.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    a.add_argument("--configure", default=".*", metavar="REGEX", help="streams it may create/delete (.*)")
+    a.add_argument("--write", default=".*", metavar="REGEX", help="streams it may publish to (.*)")
+    a.add_argument("--read", default=".*", metavar="REGEX", help="streams it may consume (.*)")
+    a.add_argument("--loopback-only", action="store_true", help="allow connections from loopback only")
+    d = us.add_parser("delete", help="remove a user")
+    d.add_argument("name")
+    us.add_parser("list", help="list users and permissions")
+    sub.add_parser("dump", help="print the streams and chunks of a data directory", add_help=False)
+    sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
+                   add_help=False)
+    return p
+
+
+def main(argv=None):
+    """Entry point of the ``riverbed`` console script. Returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "dump":
+        return cmd_dump(argv[1:])
+    if argv and argv[0] == "spark-load":
+        from riverbed.spark import load   # needs the spark extra; imported only when asked for
+        return load.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return cmd_serve(args)
+    if args.command == "users":
+        return cmd_users(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Settings of ``riverbed serve``: command-line flags > ``RIVERBED_*`` environment variables > a TOML
+config file (``--config FILE`` or ``RIVERBED_CONFIG``) > defaults.
+
+Every setting has one name used everywhere: flag ``--stream-port``, environment variable
+``RIVERBED_STREAM_PORT``, TOML key ``stream_port`` (or ``stream-port``)::
+
+    # riverbed.toml
+    data_dir = "/var/lib/riverbed"
+    host = "0.0.0.0"
+    stream_port = 5552
+    advertised_host = "broker.example.com"
+    users = "/etc/riverbed/users.toml"
+    fsync = "batch"
+
+Ports take a number (0 = any free port; the log line says which) or ``off`` to disable that listener.
+"""
+
+import os
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+from dataclasses import dataclass, field
+
+PORT_OFF = None
+
+
+class ConfigError(ValueError):
+    """A setting has a bad value or the config file is unreadable; the message names the setting and
+    where it came from."""
+
+
+def parse_port(value):
+    """``off`` -> None; otherwise an int 0..65535."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("not a port")
+    if isinstance(value, str):
+        v = value.strip().lower()
+        if v in ("off", "none", "disabled", "false", ""):
+            return None
+        value = int(v, 10)
+    value = int(value)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"port {value} is out of range 0..65535")
+    return value
+
+
+def parse_bool(value):
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{value!r} is not a boolean")
+
+
+def _opt_str(value):
+    return None if value is None or str(value) == "" else str(value)
+
+
+def _opt_port(value):
+    p = parse_port(value)
+    if p == 0:
+        raise ValueError("an advertised port cannot be 0")
+    return p
+
+
+def _positive_float(value):
+    v = float(value)
+    if v <= 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+def _non_negative_int(value):
+    v = int(value)
+    if v < 0:
+        raise ValueError("must be >= 0")
+    return v
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    parse: object
+    default: object
+    help: str
+    metavar: str = None
+    flag: bool = False        # a boolean switch on the command line
+
+
+OPTIONS = [
+    Option("data_dir", str, "riverbed-data", "data directory (created if missing; default ./riverbed-data)", "DIR"),
+    Option("host", str, "127.0.0.1", "address every listener binds (default 127.0.0.1)", "HOST"),
+    Option("stream_port", parse_port, 5552, "RabbitMQ Stream port (default 5552; 0 = any free; off)", "PORT"),
+    Option("bson_port", parse_port, None, "BSON-over-TCP port (default off)", "PORT"),
+    Option("zmq_port", parse_port, None, "ZeroMQ port (default off)", "PORT"),
+    Option("ws_port", parse_port, None, "WebSocket JSON port (default off)", "PORT"),
+    Option("text_port", parse_port, None, "text protocol port (default off)", "PORT"),
+    Option("http_port", parse_port, None, "HTTP port (default off)", "PORT"),
+    Option("advertised_host", _opt_str, None,
+           "host clients are told to dial (Metadata/OpenResponse; default: the address they connected to)",
+           "HOST"),
+    Option("advertised_port", _opt_port, None, "port clients are told to dial (default: the bound port)", "PORT"),
+    Option("fsync", str, "batch", "durability policy: always, batch (default) or never", "POLICY"),
+    Option("users", _opt_str, None,
+           "users file (see `riverbed users add`); without one guest/guest works from loopback only", "FILE"),
+    Option("anonymous", parse_bool, False, "also offer SASL ANONYMOUS (logs in as the anonymous user)",
+           flag=True),
+    Option("anonymous_user", str, "guest", "user that ANONYMOUS logs in as (default guest)", "NAME"),
+    Option("heartbeat", _non_negative_int, 60, "heartbeat offered to clients, seconds (0 = none)", "SECONDS"),
+    Option("frame_max", _non_negative_int, 1048576, "frame_max offered to clients, bytes", "BYTES"),
+    Option("handshake_timeout", _positive_float, 10.0, "seconds a new connection has to complete Open",
+           "SECONDS"),
+    Option("log_level", str, "info", "debug, info, warning or error", "LEVEL"),
+]
+BY_NAME = {o.name: o for o in OPTIONS}
+ENV_PREFIX = "RIVERBED_"
+
+
+@dataclass
+class Config:
+    """Resolved settings; ``sources`` tells where each value came from (flag, env, file, default)."""
+    values: dict
+    sources: dict = field(default_factory=dict)
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __getitem__(self, name):
+        return self.values[name]
+
+
+def env_name(name):
+    return ENV_PREFIX + name.upper()
+
+
+def read_file(path):
+    """The settings in a TOML config file as ``{name: raw value}``. Raises ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    out = {}
+    for key, value in doc.items():
+        name = key.replace("-", "_")
+        if name not in BY_NAME:
+            raise ConfigError(f"config file {path}: unknown setting {key!r}")
+        out[name] = value
+    return out
+
+
+def load(flags=None, env=None, config_file=None):
+    """Resolve every option. ``flags`` holds command-line values (None = not given), ``env`` defaults
+    to ``os.environ``, ``config_file`` to ``flags['config']`` or ``$RIVERBED_CONFIG``.
+
+    Returns a Config. Raises ConfigError naming the bad setting and its source.
+    """
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    env = os.environ if env is None else env
+    config_file = config_file or flags.pop("config", None) or env.get(ENV_PREFIX + "CONFIG")
+    flags.pop("config", None)
+    layers = [("file " + str(config_file), read_file(config_file))] if config_file else []
+    layers.append(("environment", {o.name: env[env_name(o.name)] for o in OPTIONS if env_name(o.name) in env}))
+    layers.append(("flag", {k: v for k, v in flags.items() if k in BY_NAME}))
+    values = {o.name: o.default for o in OPTIONS}
+    sources = {o.name: "default" for o in OPTIONS}
+    for source, layer in layers:
+        for name, raw in layer.items():
+            opt = BY_NAME[name]
+            try:
+                values[name] = opt.parse(raw)
+            except (ValueError, TypeError) as e:
+                where = {"flag": f"--{name.replace('_', '-')}", "environment": env_name(name)}.get(source, source)
+                raise ConfigError(f"bad value {raw!r} for {name} ({where}): {e}") from None
+            sources[name] = source
+    if values["fsync"] not in ("always", "batch", "never"):
+        raise ConfigError(f"fsync must be always, batch or never, not {values['fsync']!r} ({sources['fsync']})")
+    if values["log_level"].lower() not in ("debug", "info", "warning", "error"):
+        raise ConfigError(f"log_level must be debug, info, warning or error, not {values['log_level']!r}")
+    return Config(values, sources)
+
+
+def add_arguments(parser):
+    """Add one ``--flag`` per option to an argparse parser (defaults None: unset flags do not
+    override lower layers)."""
+    parser.add_argument("--config", metavar="FILE", help="TOML config file (also $RIVERBED_CONFIG)")
+    for o in OPTIONS:
+        flag = "--" + o.name.replace("_", "-")
+        if o.flag:
+            parser.add_argument(flag, dest=o.name, action="store_const", const=True, default=None, help=o.help)
+        else:
+            parser.add_argument(flag, dest=o.name, metavar=o.metavar, default=None, help=o.help)

@@ -1,0 +1,103 @@
+"""``riverbed serve`` as a subprocess for tests and benchmarks: start on port 0, read the port from the
+log line, stop with a signal, read RSS and CPU time from /proc."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+
+
+class ServerProcess:
+    """``riverbed serve`` in a subprocess. ``port`` is known once ``start()`` returns."""
+
+    def __init__(self, data_dir, *args, env=None):
+        self.data_dir = str(data_dir)
+        self.args = list(args)
+        self.env = env
+        self.proc = None
+        self.port = None
+        self.lines = []
+        self._ready = threading.Event()
+        self._reader = None
+
+    def start(self, timeout=20):
+        env = dict(os.environ)
+        env.update(self.env or {})
+        cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir,
+               "--stream-port", "0", *self.args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, env=env)
+        self._ready.clear()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self._ready.wait(timeout):
+            self.kill()
+            raise RuntimeError("server did not become ready:\n" + "\n".join(self.lines))
+        if self.port is None:
+            raise RuntimeError("server exited:\n" + "\n".join(self.lines))
+        return self
+
+    def _read(self):
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.lines.append(line)
+            m = LISTEN_RE.search(line)
+            if m:
+                self.port = int(m.group(2))
+            if line.endswith(" ready"):
+                self._ready.set()
+        self._ready.set()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def log(self):
+        return "\n".join(self.lines)
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        """Signal the server and wait; returns its exit status."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError("server did not stop in time:\n" + self.log())
+        finally:
+            if self._reader is not None:
+                self._reader.join(2)
+
+    def kill(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self._reader is not None:
+            self._reader.join(2)
+
+    def rss_kb(self):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def anon_kb(self):
+        """Anonymous resident memory (heap and buffers, without the LMDB map's file pages)."""
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+        return 0
+
+    def cpu_seconds(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / tick

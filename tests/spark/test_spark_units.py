@@ -1,0 +1,98 @@
+"""Pieces of riverbed.spark that need no SparkSession: options, planning, AMQP decoding, the URI.
+
+Marked ``spark`` like the rest of the folder: they need the spark extra (pyspark, pyarrow) installed."""
+
+import struct
+
+import pyarrow as pa
+import pytest
+
+from riverbed.engine import Engine
+from riverbed.spark import amqp
+from riverbed.spark.remote import parse_uri
+from riverbed.spark.source import LocalBackend, Options, OptionError, PushedFilters, plan_ranges, split_ranges
+
+pytestmark = pytest.mark.spark
+MAP = pa.map_(pa.string(), pa.string())
+
+
+def data(body):
+    return b"\x00\x53\x75\xa0" + bytes([len(body)]) + body
+
+
+def test_options_are_validated():
+    o = Options({"path": "/d", "stream": " a, b ", "startingOffset": '{"a": 5, "b": "latest"}',
+                 "endingTimestamp": "2024-01-01T00:00:00", "numPartitions": "3"})
+    assert o.names == ["a", "b"] and o.start_per == {"a": 5, "b": "latest"} and o.start_default == "earliest"
+    assert o.end_ts == 1704067200000 and o.num_partitions == 3 and o.ddl().endswith("body binary")
+    for bad in [{"stream": "a"}, {"path": "/d", "uri": "rabbitmq-stream://h", "stream": "a"},
+                {"path": "/d"}, {"path": "/d", "stream": "a", "decode": "xml"},
+                {"path": "/d", "stream": "a", "decode": "json"}, {"path": "/d", "stream": "a", "startingOffset": "-1"},
+                {"path": "/d", "stream": "a", "startingTimestamp": "yesterday"},
+                {"path": "/d", "stream": "a", "numPartitions": "0"}]:
+        with pytest.raises(OptionError):
+            Options(bad)
+    with pytest.raises(ValueError):
+        Options({"uri": "http://h", "stream": "a"})
+
+
+def test_uri():
+    assert parse_uri("rabbitmq-stream://127.0.0.1") == ("127.0.0.1", 5552, "guest", "guest", "/")
+    assert parse_uri("rabbitmq-stream://u:p%40ss@h:1234/v%2F1") == ("h", 1234, "u", "p@ss", "v/1")
+
+
+def test_planning_splits_evenly_at_chunk_boundaries(tmp_path):
+    path = str(tmp_path / "d")
+    with Engine(path) as eng:
+        eng.create_stream("s").result()
+        for i in range(10):
+            eng.append("s", [b"x"] * 100).result()
+    o = Options({"path": path, "stream": "s", "startingOffset": "150", "endingOffset": "950"})
+    backend = LocalBackend(o)
+    ranges = plan_ranges(o, backend)
+    assert ranges == [("s", 0, 150, 950)]
+    parts = split_ranges(ranges, backend, 4)
+    assert [(p.start, p.end) for p in parts] == [(150, 300), (300, 500), (500, 700), (700, 950)]
+    pushed = PushedFilters()
+    from pyspark.sql.datasource import GreaterThan, LessThanOrEqual
+    assert pushed.accept(GreaterThan(("offset",), 420)) and pushed.accept(LessThanOrEqual(("offset",), 600))
+    assert plan_ranges(o, backend, pushed) == [("s", 0, 421, 601)]
+    assert split_ranges([("s", 0, 5, 5)], backend, 4) == []
+
+
+def test_amqp_message_sections():
+    props = b"\x00\x53\x74\xc1\x0c\x04\xa1\x01k\xa1\x01v\xa3\x01n\x54\x07"        # {"k": "v", "n": 7 (byte)}
+    header = b"\x00\x53\x70\x45"                                                # header section: list0
+    assert amqp.decode_message(header + props + data(b"hi") + data(b"!")) == (b"hi!", {"k": "v", "n": "7"})
+    big = b"\x00\x53\x75\xb0" + struct.pack(">I", 300) + b"z" * 300
+    assert amqp.decode_message(big) == (b"z" * 300, {})
+    assert amqp.decode_message(b"\x00\x53\x77\xa1\x03abc") == (b"abc", {})       # amqp-value string
+    for bad in [b"plain text", b"\x00\x53\x75\xa0\x09short", b"\x00\x53\x74\xa1\x01x"]:
+        with pytest.raises(amqp.AmqpError):
+            amqp.decode_message(bad)
+
+
+def test_amqp_batch_fast_and_slow_paths_agree():
+    bare = [data(b"a" * i) for i in range(20)] + [b"\x00\x53\x75\xb0" + struct.pack(">I", 3) + b"xyz"]
+    body, props = amqp.decode_batch(pa.array(bare, pa.binary()).slice(1), MAP)
+    assert body.to_pylist() == [b"a" * i for i in range(1, 20)] + [b"xyz"]
+    assert props.to_pylist() == [[]] * 20 and props.type == MAP
+    mixed = bare + [b"junk", None]
+    body, props = amqp.decode_batch(pa.array(mixed, pa.binary()), MAP)
+    assert body.to_pylist() == [b"a" * i for i in range(20)] + [b"xyz", b"junk", None]
+    assert props.to_pylist()[-3:] == [[], None, None]
+
+
+def test_json_and_bson_documents_become_typed_columns():
+    import bson
+
+    from riverbed.spark.batches import decode_documents
+    fields = [pa.field("id", pa.int64()), pa.field("at", pa.timestamp("us", tz="UTC")), pa.field("name", pa.string())]
+    docs = [b'{"id": 1, "at": "2024-05-01T12:00:00Z", "name": "a"}', b"nope", b'{"id": "x", "name": {"k": 1}}']
+    ids, at, names = decode_documents(pa.array(docs, pa.binary()), "json", fields)
+    assert ids.to_pylist() == [1, None, None] and names.to_pylist() == ["a", None, '{"k": 1}']
+    assert at[0].value == 1714564800 * 1_000_000 and at[1].as_py() is None
+    from datetime import datetime, timezone
+    raw = bson.encode({"id": 7, "at": datetime(2024, 5, 1, 12, tzinfo=timezone.utc), "name": "b"})
+    ids, at, names = decode_documents(pa.array([raw, b"\x05\x00"], pa.binary()), "bson", fields)
+    assert ids.to_pylist() == [7, None] and at[0].value == 1714564800 * 1_000_000

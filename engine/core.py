@@ -38,3 +38,4 @@ build_bloom = impl.build_bloom
 bloom_match = impl.bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
+publish_chunk = impl.publish_chunk

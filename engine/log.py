@@ -106,6 +106,37 @@ AppendResult.__doc__ = """Outcome of an append: the offsets given to the stored 
 entry was a duplicate) and the publishing ids dropped as duplicates."""
 
 
+class PublishingIds:
+    """The publishing ids of one append's entries, kept as the raw big-endian uint64s they arrived as
+    (``raw``, 8 bytes each: a PublishConfirm body as is) plus ``first``, ``last`` and ``increasing``
+    (strictly rising), so the writer's duplicate check costs nothing per id in the common case. It is a
+    read-only sequence of ints too: indexing or iterating expands them once, for the duplicate path."""
+
+    __slots__ = ("raw", "first", "last", "increasing", "_ints")
+
+    def __init__(self, raw, first, last, increasing):
+        self.raw = raw
+        self.first = first
+        self.last = last
+        self.increasing = increasing
+        self._ints = None
+
+    def __len__(self):
+        return len(self.raw) >> 3
+
+    def __getitem__(self, i):
+        return self.ints()[i]
+
+    def __iter__(self):
+        return iter(self.ints())
+
+    def ints(self):
+        """The ids as a list of ints (built on first use)."""
+        if self._ints is None:
+            self._ints = list(struct.unpack(f">{len(self.raw) >> 3}Q", self.raw))
+        return self._ints
+
+
 class OffsetSpec(namedtuple("OffsetSpec", "kind value")):
     """Where a reader starts: ``OffsetSpec.first()``, ``.last()``, ``.next()``, ``.offset(n)`` or
     ``.timestamp(ms)``. Resolve it with :meth:`Engine.resolve`."""
@@ -702,6 +733,27 @@ class Engine:
                                    publisher=publisher, filter_values=filter_values,
                                    num_entries=len(records), num_records=len(records))
 
+    def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None):
+        """Append a chunk the caller built whole: a ``bytearray`` laid out as :func:`core.encode_chunk_buffer`
+        or :func:`core.publish_chunk` make it (48-byte header with the data CRC, length and counts, then
+        the data section; no bloom, no filter values). The writer stamps chunk id and timestamp into it in
+        place, so the caller hands it over and must not use it again.
+
+        ``num_entries`` and ``num_records`` must be exact. Over 65535 entries (more than a header can
+        count) the data section is appended as entries and split over several chunks. ``publishing_ids``
+        (per entry: a list of ints or a :class:`PublishingIds`) and ``publisher`` work as in
+        append_entries. Returns a Future of AppendResult.
+        """
+        if publisher is not None:
+            _check_name(publisher, "publisher reference")
+        if type(chunk) is not bytearray:
+            raise InvalidArgument("a chunk to append must be a bytearray (the writer stamps it in place)")
+        if num_entries > MAX_CHUNK_ENTRIES:
+            return self._submit(_OP_APPEND, _Append(stream, memoryview(chunk)[LEN_CHUNK_HEADER:], publishing_ids,
+                                                    publisher, None, num_entries, num_records))
+        return self._submit(_OP_APPEND, _Append(stream, chunk, publishing_ids, publisher, None, num_entries,
+                                                num_records, True))
+
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None):
         """Append an Osiris data section (simple and/or sub-batch entries, format.py) to ``stream``.
@@ -1187,8 +1239,13 @@ class _Staged:
         ends = counts = None
         if req.publisher is not None and ids is not None:
             last = self.seq(s.sid, req.publisher)
-            if ids and ids[0] > last and all(ids[i] < ids[i + 1] for i in range(len(ids) - 1)):
-                new_last = ids[-1]
+            if type(ids) is PublishingIds:
+                # summarised by the caller: no per-id work unless some entry is a duplicate
+                fresh = ids.increasing and len(ids) > 0 and ids.first > last
+            else:
+                fresh = ids and ids[0] > last and all(ids[i] < ids[i + 1] for i in range(len(ids) - 1))
+            if fresh:
+                new_last = ids.last if type(ids) is PublishingIds else ids[-1]
             else:
                 data, ends, counts, filters, dups, new_last = self._drop_duplicates(data, ids, filters, last)
                 sealed = False

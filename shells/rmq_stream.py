@@ -49,10 +49,10 @@ import platform
 import struct
 import time
 
-from riverbed.engine import OffsetSpec, core
+from riverbed.engine import OffsetSpec, PublishingIds, core
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import (
-    ChunkError, FrameTooLarge, InvalidArgument, RiverbedError, StreamExists, StreamNotFound,
+    ChunkError, FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StreamExists, StreamNotFound,
     UnsupportedCompression,
 )
 from riverbed.shells import auth as _auth
@@ -188,6 +188,7 @@ _DELIVER_V1 = struct.Struct(">IHHB")
 _DELIVER_V2 = struct.Struct(">IHHBQ")
 _CREDIT = struct.Struct(">BH")
 _KMM = struct.Struct(">HHH")
+_CONFIRM_HEAD = struct.Struct(">IHHBi")  # size, key, version, publisher id, id count
 
 
 class DecodeError(ValueError):
@@ -1156,7 +1157,51 @@ class RmqStreamSession:
         self.broker.query_publisher_sequence(stream, reference, self._later(answer))
 
     def _on_publish(self, f, version):
-        batch = decode_publish(f, version)
+        if version == 1:
+            self._on_publish_v1(f)
+        else:
+            self._publish_batch(decode_publish(f, version))
+
+    def _on_publish_v1(self, f):
+        """The hot path: one compiled pass turns the frame into a sealed chunk (CRC included) and the raw
+        publishing ids, so nothing here is per message unless a sub-batch or the publisher is bad."""
+        try:
+            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = core.publish_chunk(f)
+        except FrameError as e:
+            raise DecodeError(e.reason) from None
+        pub = self.publishers.get(publisher_id)
+        if pub is None or pub.stream_gone or count == 0:
+            self._publish_batch(decode_publish(f, 1))   # errors for every id (or nothing to do)
+            return
+        if subs:
+            mv = memoryview(f)
+            if any(check_sub_batch(flags, nrec, usize, mv[a:b]) is not None for _, flags, nrec, usize, a, b in subs):
+                # rare: the general path drops the refused sub-batches and reports why
+                self._publish_batch(decode_publish(f, 1))
+                return
+        size = len(chunk) - fmt.LEN_CHUNK_HEADER
+        self._inflight_bytes += size
+        ids = PublishingIds(raw_ids, first, last, increasing)
+
+        def done(result, exc):
+            self._inflight_bytes -= size
+            if exc is None:
+                # the confirm body is the ids as they came in: header, then the raw bytes, unjoined
+                self._send(_CONFIRM_HEAD.pack(9 + len(raw_ids), CMD_PUBLISH_CONFIRM, 1, publisher_id, count))
+                self._send(raw_ids)
+            else:
+                code = response_code_for(exc)
+                if code == RC_INTERNAL_ERROR:
+                    log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
+                self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
+
+        self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
+                                 self._later(done), count, records)
+        if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
+            self._update_reading()
+
+    def _publish_batch(self, batch):
+        """Publish v2, and v1 frames the fast path hands over (refused sub-batches, unknown publisher)."""
         pub = self.publishers.get(batch.publisher_id)
         ids = batch.ids
         if pub is None or pub.stream_gone:
@@ -1735,7 +1780,6 @@ class RmqBroker:
     def append(self, stream, data, ids, publisher, filters, cb, num_entries=None, num_records=None):
         """Append a data section; ``cb(AppendResult, exc)`` after the commit. ``num_entries`` and
         ``num_records``, when given, must be exact."""
-        key = (stream, publisher) if publisher else None
         try:
             fut = self.engine.append_entries(stream, data, publishing_ids=ids, publisher=publisher,
                                              filter_values=filters, num_entries=num_entries,
@@ -1743,6 +1787,22 @@ class RmqBroker:
         except RiverbedError as e:
             cb(None, e)
             return
+        self._appended(fut, stream, publisher, cb)
+
+    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records):
+        """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
+        counts must be exact; the chunk belongs to the engine from here on."""
+        try:
+            fut = self.engine.append_chunk(stream, chunk, num_entries=num_entries, num_records=num_records,
+                                           publishing_ids=ids, publisher=publisher)
+        except RiverbedError as e:
+            cb(None, e)
+            return
+        self._appended(fut, stream, publisher, cb)
+
+    def _appended(self, fut, stream, publisher, cb):
+        # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
+        key = (stream, publisher) if publisher else None
         if key is None:
             self._then(fut, cb)
             return

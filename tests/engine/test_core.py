@@ -28,7 +28,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
 
 PUBLIC = ["crc32", "encode_entries", "encode_sub_batch", "build_chunk", "encode_chunk", "read_header",
           "check_chunk", "scan_entries", "data_records", "chunk_records", "split_frames", "split_bson_frames",
-          "build_bloom", "bloom_match"]
+          "build_bloom", "bloom_match", "publish_chunk"]
 
 # ---- golden bytes, built by hand ----------------------------------------------------------------------
 

@@ -156,8 +156,9 @@ class Riverbed:
         try:
             rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
                                  capture_output=True).stdout.strip()
-            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                                   text=True, capture_output=True).stdout.strip()
+            # dirty = the server's own sources differ from the commit (bench/ edits do not count)
+            dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--", "engine", "shells",
+                                    "setup.py"], text=True, capture_output=True).stdout.strip()
             self.version = f"riverbed git {rev}{'+dirty' if dirty else ''}"
         except OSError:
             self.version = "riverbed"

@@ -1815,12 +1815,18 @@ class RmqBroker:
 
     def query_publisher_sequence(self, stream, publisher, cb):
         """``cb(sequence, exc)``, after this process's in-flight appends of that publisher commit."""
+        self._after_writes(self._seq_writes, (stream, publisher),
+                           lambda: self.engine.query_publisher_sequence(stream, publisher), cb)
+
+    @staticmethod
+    def _after_writes(table, key, read, cb):
+        # read-your-writes: answer ``cb(read(), None)`` once the writes in flight under ``key`` commit
         def answer():
             try:
-                cb(self.engine.query_publisher_sequence(stream, publisher), None)
+                cb(read(), None)
             except RiverbedError as e:
                 cb(None, e)
-        entry = self._seq_writes.get((stream, publisher))
+        entry = table.get(key)
         if entry is None:
             answer()
         else:
@@ -1850,16 +1856,8 @@ class RmqBroker:
     def query_offset(self, stream, reference, cb):
         """``cb(offset or None, exc)``, after in-flight StoreOffsets of that reference commit, so a
         client reads back what it (or a consumer it replaced) just stored."""
-        def answer():
-            try:
-                cb(self.engine.query_offset(stream, reference), None)
-            except RiverbedError as e:
-                cb(None, e)
-        entry = self._offset_writes.get((stream, reference))
-        if entry is None:
-            answer()
-        else:
-            entry[1].append(answer)
+        self._after_writes(self._offset_writes, (stream, reference),
+                           lambda: self.engine.query_offset(stream, reference), cb)
 
     # --------------------------------------------------------------------- single active consumer
     #

@@ -1140,21 +1140,31 @@ class RmqStreamSession:
         self._respond(CMD_DELETE_PUBLISHER, corr, code)
 
     def _on_query_publisher_sequence(self, f, version):
+        self._tracking_query(f, CMD_QUERY_PUBLISHER_SEQUENCE, None, self.broker.query_publisher_sequence)
+
+    def _tracking_query(self, f, cmd, permission, query):
+        """QueryOffset and QueryPublisherSequence: ``corr | reference | stream`` answered with ``code |
+        u64``; a value of None (no offset stored) is code 0x13."""
         r = Reader(f)
         corr = r.u32()
         reference = r.string() or ""
         stream = r.string()
         r.done()
         if not stream or not self.broker.engine.has_stream(stream):
-            self._respond(CMD_QUERY_PUBLISHER_SEQUENCE, corr, RC_STREAM_DOES_NOT_EXIST, _U64.pack(0))
+            self._respond(cmd, corr, RC_STREAM_DOES_NOT_EXIST, _U64.pack(0))
+            return
+        if permission is not None and not self._can(permission, stream):
+            self._respond(cmd, corr, RC_ACCESS_REFUSED, _U64.pack(0))
             return
 
-        def answer(seq, exc):
+        def answer(value, exc):
             if exc is not None:
-                self._respond(CMD_QUERY_PUBLISHER_SEQUENCE, corr, response_code_for(exc), _U64.pack(0))
+                self._respond(cmd, corr, response_code_for(exc), _U64.pack(0))
+            elif value is None:
+                self._respond(cmd, corr, RC_NO_OFFSET, _U64.pack(0))
             else:
-                self._respond(CMD_QUERY_PUBLISHER_SEQUENCE, corr, RC_OK, _U64.pack(max(seq, 0)))
-        self.broker.query_publisher_sequence(stream, reference, self._later(answer))
+                self._respond(cmd, corr, RC_OK, _U64.pack(value & 0xFFFFFFFFFFFFFFFF))
+        query(stream, reference, self._later(answer))
 
     def _on_publish(self, f, version):
         if version == 1:
@@ -1464,26 +1474,7 @@ class RmqStreamSession:
             self.broker.store_offset(stream, reference, offset, self._later(lambda exc: None))
 
     def _on_query_offset(self, f, version):
-        r = Reader(f)
-        corr = r.u32()
-        reference = r.string() or ""
-        stream = r.string()
-        r.done()
-        if not stream or not self.broker.engine.has_stream(stream):
-            self._respond(CMD_QUERY_OFFSET, corr, RC_STREAM_DOES_NOT_EXIST, _U64.pack(0))
-            return
-        if not self._can("read", stream):
-            self._respond(CMD_QUERY_OFFSET, corr, RC_ACCESS_REFUSED, _U64.pack(0))
-            return
-
-        def answer(value, exc):
-            if exc is not None:
-                self._respond(CMD_QUERY_OFFSET, corr, response_code_for(exc), _U64.pack(0))
-            elif value is None:
-                self._respond(CMD_QUERY_OFFSET, corr, RC_NO_OFFSET, _U64.pack(0))
-            else:
-                self._respond(CMD_QUERY_OFFSET, corr, RC_OK, _U64.pack(value & 0xFFFFFFFFFFFFFFFF))
-        self.broker.query_offset(stream, reference, self._later(answer))
+        self._tracking_query(f, CMD_QUERY_OFFSET, "read", self.broker.query_offset)
 
     def _on_resolve_offset_spec(self, f, version):
         r = Reader(f)

@@ -8,5 +8,6 @@ from riverbed.engine.errors import (  # noqa: F401
     StreamNotFound, UnsupportedCompression,
 )
 from riverbed.engine.log import (  # noqa: F401
-    DEFAULT_FSYNC, FSYNC_POLICIES, AppendResult, Engine, OffsetSpec, PublishingIds, StreamInfo, parse_max_age,
+    DEFAULT_FSYNC, FSYNC_POLICIES, AppendResult, Engine, OffsetSpec, PublishingIds, StreamInfo, WriteContext,
+    parse_max_age,
 )

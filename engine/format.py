@@ -13,7 +13,7 @@ Chunk (osiris ``osiris_log.erl``), big-endian throughout::
     8                                               16
     | Timestamp int64, ms since the Unix epoch       |
     16                                              24
-    | Epoch uint64 (leader epoch; Riverbed writes 0) |
+    | Epoch uint64 (leader epoch; Riverbed writes 1) |
     24                                              32
     | ChunkId uint64 = offset of the chunk's first record |
     32              36              40              44      45           48
@@ -44,8 +44,10 @@ means "the chunk holds an entry without a filter value". A value v sets bits h1(
 different seeds) instead of Erlang's phash2.
 
 Deliver on the RabbitMQ Stream wire = the 48-byte header as stored + the data entries; bloom and trailer
-are skipped while the header keeps BloomSize and TrailerLength. Riverbed writes TrailerLength 0 (tracking
-state lives in its own LMDB table), so a stored chunk without a bloom is header + data, contiguous.
+are skipped while the header keeps BloomSize and TrailerLength. Riverbed writes TrailerLength 0: Osiris
+appends a 24-byte writer-tracking trailer to user chunks, but Riverbed keeps publisher sequences and
+consumer offsets in its own LMDB table, and the trailer is never sent to clients anyway. So a stored
+chunk without a bloom is header + data, contiguous. The epoch is 1, as Osiris writes for a new stream.
 """
 
 import struct

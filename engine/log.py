@@ -12,6 +12,11 @@ database per stream makes every transaction pay for all of them)::
     tracking   sid u32 BE | kind u8 | reference (UTF-8)         value uint64 BE (kind 0 publisher sequence,
                                                                 1 consumer offset; format.TRACKING_*)
     meta       b"next-sid" | b"format"                           u32 BE
+    superstreams  name (UTF-8)                                      JSON {"partitions", "binding_keys",
+                                                                    "arguments"}; written in the same
+                                                                    transaction as the partitions
+    docs, docidx, collections                                       the document store (engine/docstore.py
+                                                                    owns their layout)
 
     STATE (64 bytes, big-endian, FMT_STATE):
     0 sid u32 | 4 reserved u32 | 8 next offset i64 | 16 first chunk id i64 | 24 last chunk id i64 |
@@ -76,6 +81,7 @@ MAX_STREAM_NAME = 255                 # bytes of UTF-8, as RabbitMQ queue names
 MAX_REFERENCE = 255                   # bytes of UTF-8 (publisher and consumer references)
 FORMAT_VERSION = 1
 TS_BIAS = 1 << 63
+CHUNK_EPOCH = 1      # Osiris starts a new stream's leader epoch at 1, and clients assert it
 WRITEMAP = os.environ.get("RIVERBED_WRITEMAP", "1") == "1"
 
 FMT_CHUNK_KEY = ">IQ"
@@ -302,7 +308,8 @@ class _Gate:
 # --------------------------------------------------------------------------------------------------------
 # requests queued to the writer
 
-_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION = range(7)
+(_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION, _OP_TXN, _OP_SUPER_CREATE,
+ _OP_SUPER_DELETE) = range(10)
 
 
 class _Append:
@@ -361,7 +368,7 @@ class Engine:
             os.makedirs(self.path, exist_ok=True)
             self._lockfile = _take_writer_lock(self.path)
         self.env = lmdb.open(
-            self.path, map_size=map_size, max_dbs=8, max_readers=1024, subdir=True, readonly=readonly,
+            self.path, map_size=map_size, max_dbs=32, max_readers=1024, subdir=True, readonly=readonly,
             sync=fsync != "never", metasync=fsync == "always", writemap=WRITEMAP, readahead=True,
             lock=True, create=not readonly)
         self._db_streams = self.env.open_db(b"streams", create=not readonly)
@@ -369,6 +376,11 @@ class Engine:
         self._db_time = self.env.open_db(b"timeidx", create=not readonly)
         self._db_tracking = self.env.open_db(b"tracking", create=not readonly)
         self._db_meta = self.env.open_db(b"meta", create=not readonly)
+        # added after format 1 shipped: a read-only open of an older directory finds them missing
+        self._db_supers = self._open_db(b"superstreams")
+        self._db_docs = self._open_db(b"docs")
+        self._db_docidx = self._open_db(b"docidx")
+        self._db_collections = self._open_db(b"collections")
         self._closed = False
         # name -> _Stream as last committed; replaced (never mutated) by the writer after each commit
         self._streams = {}
@@ -382,6 +394,12 @@ class Engine:
             self._writer.start()
 
     # ---------------------------------------------------------------------------------------- lifecycle
+
+    def _open_db(self, name):
+        try:
+            return self.env.open_db(name, create=not self.readonly)
+        except lmdb.NotFoundError:
+            return None
 
     def _load(self):
         with self.read_txn() as txn:
@@ -781,6 +799,57 @@ class Engine:
             raise InvalidArgument(f"offset {offset} is outside 0..2**64-1")
         return self._submit(_OP_OFFSET, stream, reference, offset)
 
+    def transact(self, fn):
+        """Run ``fn(ctx)`` on the writer thread inside the next group commit; a Future of its result.
+
+        ``ctx`` is a :class:`WriteContext`: the write transaction and the named databases, plus
+        ``store_offset`` and ``append`` that stage in the same transaction, so a caller's own writes and
+        stream state commit atomically (a projection's documents and its position, say). The future
+        completes after the commit and the fsync the policy asks for.
+
+        ``fn`` may run more than once (the transaction is retried when the map grows), so it must have
+        no side effects outside ``ctx``; use ``ctx.on_commit(cb)`` for what should happen once, after
+        the commit. If ``fn`` raises, nothing it wrote is kept: the group transaction is redone without
+        it and the future raises the exception (RiverbedError subclasses as they are).
+        """
+        return self._submit(_OP_TXN, fn)
+
+    # ----------------------------------------------------------------------------------- super streams
+
+    def create_super_stream(self, name, partitions, binding_keys, arguments=None):
+        """Create the partition streams and record super stream ``name`` in one transaction.
+
+        Future of None; raises (through it) StreamExists when the super stream or any partition exists,
+        InvalidArgument for bad names, arguments or a partition/binding-key count mismatch."""
+        _check_name(name, "super stream name")
+        partitions = [str(p) for p in partitions]
+        binding_keys = [str(k) for k in binding_keys]
+        if not partitions or len(partitions) != len(binding_keys) or len(set(partitions)) != len(partitions):
+            raise InvalidArgument("a super stream needs distinct partitions, one binding key each")
+        for p in partitions:
+            _check_name(p)
+        return self._submit(_OP_SUPER_CREATE, name, partitions, binding_keys, normalize_arguments(arguments))
+
+    def delete_super_stream(self, name):
+        """Forget super stream ``name`` and delete its partitions (those that still exist) in one
+        transaction. Future of None; StreamNotFound when there is no such super stream."""
+        return self._submit(_OP_SUPER_DELETE, name)
+
+    def super_stream(self, name):
+        """``{"partitions": [...], "binding_keys": [...], "arguments": {...}}`` or None."""
+        if self._db_supers is None:
+            return None
+        with self.read_txn() as txn:
+            raw = txn.get(name.encode("utf-8"), db=self._db_supers)
+            return None if raw is None else json.loads(bytes(raw))
+
+    def list_super_streams(self):
+        """Names of all super streams, sorted."""
+        if self._db_supers is None:
+            return []
+        with self.read_txn() as txn:
+            return [bytes(k).decode() for k, _ in txn.cursor(db=self._db_supers)]
+
     def run_retention(self):
         """Future that completes after a retention pass over every stream (it also runs every
         ``retention_interval`` seconds by itself)."""
@@ -939,6 +1008,11 @@ class _Writer(threading.Thread):
                     fut.set_exception(err)
             raise
         self._publish(staged)
+        for cb in staged.on_commit:
+            try:
+                cb()
+            except Exception:  # a broken callback must not take the writer down
+                log.exception("on_commit callback failed")
         for (op, args, fut), res in zip(batch, results):
             if fut is None:
                 continue
@@ -950,8 +1024,11 @@ class _Writer(threading.Thread):
                 fut.set_result(res)
 
     def _commit(self, batch):
-        """Apply ``batch`` in one write transaction, growing the map and retrying when it is full."""
+        """Apply ``batch`` in one write transaction, growing the map and retrying when it is full. A
+        ``transact`` function that raises is taken out and the transaction redone without it (LMDB has
+        no nested transactions under WRITEMAP, so this is how its partial writes are undone)."""
         eng = self.engine
+        failed = {}     # batch index -> exception of a transact function, kept across the redo
         while True:
             staged = _Staged(eng, self)
             results = []
@@ -960,12 +1037,20 @@ class _Writer(threading.Thread):
                 try:
                     with eng.env.begin(write=True, buffers=True) as txn:
                         staged.txn = txn
-                        for op, args, fut in batch:
-                            results.append(self._apply(staged, op, args))
+                        for i, (op, args, fut) in enumerate(batch):
+                            if i in failed:
+                                results.append(failed[i])
+                            elif op == _OP_TXN:
+                                results.append(self._run_txn(staged, i, args[0]))
+                            else:
+                                results.append(self._apply(staged, op, args))
                         staged.flush_all()
                         staged.write_states()
                 finally:
                     eng._gate.leave()
+            except _TxnFailed as f:
+                failed[f.index] = f.exc
+                continue
             except lmdb.MapFullError:
                 self._grow(staged.bytes_written)
                 continue
@@ -973,6 +1058,18 @@ class _Writer(threading.Thread):
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
                 continue
             return staged, results
+
+    @staticmethod
+    def _run_txn(staged, index, fn):
+        try:
+            return fn(WriteContext(staged))
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            raise
+        except RiverbedError as e:
+            raise _TxnFailed(index, e) from None
+        except Exception as e:  # noqa: BLE001 - the caller's bug fails the caller, not the batch
+            log.debug("transact function failed", exc_info=True)
+            raise _TxnFailed(index, e) from None
 
     def _grow(self, need):
         eng = self.engine
@@ -996,6 +1093,10 @@ class _Writer(threading.Thread):
                 return staged.create(*args)
             if op == _OP_DELETE:
                 return staged.delete(args[0])
+            if op == _OP_SUPER_CREATE:
+                return staged.create_super(*args)
+            if op == _OP_SUPER_DELETE:
+                return staged.delete_super(args[0])
             return None  # SYNC and STOP: completing after this commit is their whole job
         except RiverbedError as e:
             return e
@@ -1145,6 +1246,76 @@ class _Writer(threading.Thread):
         self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] != sid}
 
 
+class _TxnFailed(Exception):
+    def __init__(self, index, exc):
+        super().__init__(index, exc)
+        self.index = index
+        self.exc = exc
+
+
+class WriteContext:
+    """What a :meth:`Engine.transact` function gets: the writer's transaction for this group commit.
+
+    ``txn`` is the LMDB write transaction (buffers=True: values read are memoryviews valid only inside
+    it); ``db_docs``, ``db_docidx`` and ``db_collections`` are the document store's databases. Writer
+    thread only, and only during the call."""
+
+    __slots__ = ("txn", "engine", "_staged")
+
+    def __init__(self, staged):
+        self._staged = staged
+        self.txn = staged.txn
+        self.engine = staged.engine
+
+    @property
+    def db_docs(self):
+        return self.engine._db_docs
+
+    @property
+    def db_docidx(self):
+        return self.engine._db_docidx
+
+    @property
+    def db_collections(self):
+        return self.engine._db_collections
+
+    def has_stream(self, name):
+        """Whether ``name`` exists as staged in this transaction."""
+        st = self._staged
+        return name in st.streams or (name in self.engine._streams and name not in st.deleted)
+
+    def store_offset(self, stream, reference, offset):
+        """Stage consumer/position ``offset`` of ``reference`` on ``stream`` (StreamNotFound)."""
+        _check_name(reference, "consumer reference")
+        s = self._staged.stream(stream)
+        self.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(int(offset)),
+                     db=self.engine._db_tracking)
+        self._staged.dirty = True
+
+    def query_offset(self, stream, reference):
+        """The offset of ``reference`` as staged in this transaction, or None."""
+        s = self._staged.stream(stream)
+        raw = self.txn.get(_tracking_key(s.sid, TRACKING_OFFSET, reference), db=self.engine._db_tracking)
+        return None if raw is None else _U64.unpack(raw)[0]
+
+    def delete_offset(self, stream, reference):
+        """Remove the stored offset of ``reference`` (no error when there is none)."""
+        s = self._staged.stream(stream)
+        self.txn.delete(_tracking_key(s.sid, TRACKING_OFFSET, reference), db=self.engine._db_tracking)
+
+    def append(self, stream, records):
+        """Stage ``records`` (bytes-like) for ``stream``, contiguous and in order. Returns an object
+        whose ``first`` and ``last`` offsets are set once the transaction's chunks are built (read them
+        in an ``on_commit`` callback). Raises StreamNotFound."""
+        records = list(records)
+        req = _Append(stream, core.encode_entries(records), None, None, None, len(records), len(records))
+        return self._staged.append(req)
+
+    def on_commit(self, cb):
+        """Call ``cb()`` on the writer thread once this transaction has committed (not on a redo)."""
+        self._staged.on_commit.append(cb)
+
+
 class _Deferred:
     """An append result whose offsets are known only once its chunk is flushed."""
 
@@ -1174,6 +1345,7 @@ class _Staged:
         self.dirty = False
         self.bytes_written = 0
         self.next_sid = None
+        self.on_commit = []
 
     def stream(self, name):
         s = self.streams.get(name)
@@ -1211,6 +1383,33 @@ class _Staged:
         self.deleted.append(name)
         self.dirty = True
         # the stream's keys are purged after the commit in small transactions; its sid is never reused
+        return None
+
+    def create_super(self, name, partitions, binding_keys, args):
+        eng = self.engine
+        key = name.encode("utf-8")
+        if self.txn.get(key, db=eng._db_supers) is not None:
+            raise StreamExists(f"super stream {name!r} already exists")
+        for p in partitions:
+            if (p in eng._streams and p not in self.deleted) or p in self.streams:
+                raise StreamExists(f"stream {p!r} already exists")
+        for p in partitions:
+            self.create(p, args)
+        self.txn.put(key, json.dumps({"partitions": partitions, "binding_keys": binding_keys,
+                                      "arguments": args}).encode(), db=eng._db_supers)
+        return None
+
+    def delete_super(self, name):
+        eng = self.engine
+        key = name.encode("utf-8")
+        raw = self.txn.get(key, db=eng._db_supers)
+        if raw is None:
+            raise StreamNotFound(f"super stream {name!r} does not exist")
+        for p in json.loads(bytes(raw))["partitions"]:
+            if (p in eng._streams and p not in self.deleted) or p in self.streams:
+                self.delete(p)
+        self.txn.delete(key, db=eng._db_supers)
+        self.dirty = True
         return None
 
     # ----------------------------------------------------------------------------------------- append
@@ -1369,6 +1568,7 @@ class _Staged:
         if convert is not None:
             chunk = convert(chunk)
         _STAMP_TS.pack_into(chunk, 8, ts)
+        _STAMP_ID.pack_into(chunk, 16, CHUNK_EPOCH)
         _STAMP_ID.pack_into(chunk, 24, chunk_id)
         txn = self.txn
         txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)

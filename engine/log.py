@@ -49,6 +49,7 @@ Durability (``fsync``):
 """
 
 import bisect
+import itertools
 import json
 import logging
 import os
@@ -77,6 +78,9 @@ FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_FSYNC = "batch"
 DEFAULT_MAP_SIZE = 1 << 30            # bytes; grows by doubling when full
 DEFAULT_CHUNK_MAX_BYTES = (1 << 20) - 1024   # data bytes; a chunk + Deliver prefix fits a 1 MiB frame_max
+# Records per chunk. A reader at "last" starts at the last chunk, so the bound is how far back "last"
+# reaches: RabbitMQ splits a 4,999-message Publish into chunks of about that many, and users expect it.
+DEFAULT_CHUNK_MAX_RECORDS = 1000
 MAX_STREAM_NAME = 255                 # bytes of UTF-8, as RabbitMQ queue names
 MAX_REFERENCE = 255                   # bytes of UTF-8 (publisher and consumer references)
 FORMAT_VERSION = 1
@@ -193,7 +197,7 @@ def normalize_arguments(arguments):
     for key, value in (arguments or {}).items():
         name = key[2:] if key.startswith("x-") else key
         value = str(value)
-        if name == "max-length-bytes" or name == "chunk-max-bytes":
+        if name in ("max-length-bytes", "chunk-max-bytes", "chunk-max-records"):
             if not value.isdigit() or int(value) <= 0:
                 raise InvalidArgument(f"{key} must be a positive integer of bytes, not {value!r}")
         elif name == "max-age":
@@ -224,7 +228,7 @@ class _Stream:
     """Committed (or, inside the writer, staged) state of one stream."""
 
     __slots__ = ("name", "sid", "args", "next_offset", "first_chunk", "last_chunk", "bytes", "records",
-                 "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "bloom_size")
+                 "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "chunk_max_records", "bloom_size")
 
     def __init__(self, name, sid, args):
         self.name = name
@@ -240,6 +244,7 @@ class _Stream:
         self.max_bytes = int(args["max-length-bytes"]) if "max-length-bytes" in args else None
         self.max_age_ms = parse_max_age(args["max-age"]) if "max-age" in args else None
         self.chunk_max = int(args.get("chunk-max-bytes", DEFAULT_CHUNK_MAX_BYTES))
+        self.chunk_max_records = int(args.get("chunk-max-records", DEFAULT_CHUNK_MAX_RECORDS))
         self.bloom_size = int(args.get("stream-filter-size-bytes", BLOOM_DEFAULT_SIZE))
 
     @classmethod
@@ -816,11 +821,12 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- super streams
 
-    def create_super_stream(self, name, partitions, binding_keys, arguments=None):
+    def create_super_stream(self, name, partitions, binding_keys, arguments=None, *, adopt=False):
         """Create the partition streams and record super stream ``name`` in one transaction.
 
-        Future of None; raises (through it) StreamExists when the super stream or any partition exists,
-        InvalidArgument for bad names, arguments or a partition/binding-key count mismatch."""
+        Future of None; raises (through it) StreamExists when the super stream or any partition exists
+        (with ``adopt=True``, existing partitions are taken as they are: for importing old
+        definitions), InvalidArgument for bad names, arguments or a partition/binding-key mismatch."""
         _check_name(name, "super stream name")
         partitions = [str(p) for p in partitions]
         binding_keys = [str(k) for k in binding_keys]
@@ -828,7 +834,8 @@ class Engine:
             raise InvalidArgument("a super stream needs distinct partitions, one binding key each")
         for p in partitions:
             _check_name(p)
-        return self._submit(_OP_SUPER_CREATE, name, partitions, binding_keys, normalize_arguments(arguments))
+        return self._submit(_OP_SUPER_CREATE, name, partitions, binding_keys, normalize_arguments(arguments),
+                            adopt)
 
     def delete_super_stream(self, name):
         """Forget super stream ``name`` and delete its partitions (those that still exist) in one
@@ -1385,16 +1392,21 @@ class _Staged:
         # the stream's keys are purged after the commit in small transactions; its sid is never reused
         return None
 
-    def create_super(self, name, partitions, binding_keys, args):
+    def _exists(self, name):
+        return (name in self.engine._streams and name not in self.deleted) or name in self.streams
+
+    def create_super(self, name, partitions, binding_keys, args, adopt):
         eng = self.engine
         key = name.encode("utf-8")
         if self.txn.get(key, db=eng._db_supers) is not None:
             raise StreamExists(f"super stream {name!r} already exists")
+        if not adopt:
+            for p in partitions:
+                if self._exists(p):
+                    raise StreamExists(f"stream {p!r} already exists")
         for p in partitions:
-            if (p in eng._streams and p not in self.deleted) or p in self.streams:
-                raise StreamExists(f"stream {p!r} already exists")
-        for p in partitions:
-            self.create(p, args)
+            if not self._exists(p):
+                self.create(p, args)
         self.txn.put(key, json.dumps({"partitions": partitions, "binding_keys": binding_keys,
                                       "arguments": args}).encode(), db=eng._db_supers)
         return None
@@ -1406,7 +1418,7 @@ class _Staged:
         if raw is None:
             raise StreamNotFound(f"super stream {name!r} does not exist")
         for p in json.loads(bytes(raw))["partitions"]:
-            if (p in eng._streams and p not in self.deleted) or p in self.streams:
+            if self._exists(p):
                 self.delete(p)
         self.txn.delete(key, db=eng._db_supers)
         self.dirty = True
@@ -1459,7 +1471,7 @@ class _Staged:
         p = self.pending.get(s.name)
         if p is None:
             p = self.pending[s.name] = _Pending()
-        if sealed and filters is None and OWN_CHUNK_MIN <= len(data) <= s.chunk_max:
+        if sealed and filters is None and OWN_CHUNK_MIN <= len(data) <= s.chunk_max and records <= s.chunk_max_records:
             # big enough to be a chunk of its own: stamp the caller's buffer, no copy
             self._flush(s, p)
             res.first = s.next_offset
@@ -1470,9 +1482,10 @@ class _Staged:
             # the common case: the caller counted the entries and they fit in one chunk
             if filters is not None and len(filters) != entries:
                 raise ChunkError(f"{len(filters)} filter values for {entries} entries")
-            if p.entries and (p.size + len(data) > s.chunk_max or p.entries + entries > MAX_CHUNK_ENTRIES):
+            if p.entries and (p.size + len(data) > s.chunk_max or p.entries + entries > MAX_CHUNK_ENTRIES
+                              or p.records + records > s.chunk_max_records):
                 self._flush(s, p)
-            if len(data) <= s.chunk_max or entries == 1:
+            if (len(data) <= s.chunk_max and records <= s.chunk_max_records) or entries == 1:
                 p.parts.append(data)
                 p.size += len(data)
                 p.entries += entries
@@ -1524,14 +1537,17 @@ class _Staged:
                 p.filters.add(bytes(f))
 
     def _add(self, s, p, data, ends, counts, filters, res):
-        """Add entries that may need splitting over several chunks (by bytes or by entry count)."""
+        """Add entries that may need splitting over several chunks (by bytes, entries or records)."""
         start = 0
         n = len(ends)
         i = 0
         mv = memoryview(data)
+        # records before entry k: cum[k]; so entries i..j-1 hold cum[j] - cum[i] records
+        cum = list(itertools.accumulate(counts, initial=0))
         while i < n:
             j = bisect.bisect_right(ends, start + s.chunk_max - p.size, i)
             j = min(j, i + MAX_CHUNK_ENTRIES - p.entries)
+            j = min(j, max(bisect.bisect_right(cum, cum[i] + s.chunk_max_records - p.records, i) - 1, i))
             if j == i and p.entries == 0:
                 j = i + 1   # an entry larger than a whole chunk gets a chunk of its own
             if j == i:

@@ -5,9 +5,10 @@ logs ``listening <protocol> <host>:<port>`` for each and then ``ready``. SIGTERM
 no new connections, in-flight writes commit and are confirmed, every client gets a Close, the engine
 flushes, and the process exits 0. Exit status 2 for a configuration or start-up error.
 
-A protocol shell other than RabbitMQ Stream plugs in by providing ``async serve(engine, *, host, port,
-auth, config)`` in its module (see ``SHELLS``) that returns an object with ``port``,
-``stop_accepting()`` and ``async shutdown()``.
+Every protocol shell plugs in the same way: its package (see ``SHELLS``) provides ``async serve(broker,
+*, host, port, config)``, where ``broker`` is the one :class:`riverbed.shells.broker.Broker` of the
+process (engine, auth, sessions), and returns an object with ``port``, ``stop_accepting()`` and
+``async shutdown()``.
 """
 
 import argparse
@@ -43,24 +44,21 @@ def _fmt_addr(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _start_listener(name, module, engine, cfg, auth, port):
-    if module == "riverbed.shells.rmq_stream":
-        from riverbed.shells import rmq_stream
-        return await rmq_stream.serve(
-            engine, host=cfg.host, port=port, auth=auth, data_dir=cfg.data_dir,
-            advertised_host=cfg.advertised_host, advertised_port=cfg.advertised_port, frame_max=cfg.frame_max,
-            heartbeat=cfg.heartbeat, handshake_timeout=cfg.handshake_timeout)
+async def _start_listener(name, module, broker, cfg, port):
     try:
         mod = importlib.import_module(module)
-    except ImportError:
-        raise RuntimeError(f"the {name} protocol is not available in this build ({module})") from None
-    return await mod.serve(engine, host=cfg.host, port=port, auth=auth, config=cfg)
+    except ImportError as e:
+        if e.name is not None and module.startswith(e.name):
+            raise RuntimeError(f"the {name} protocol is not available in this build ({module})") from None
+        raise
+    return await mod.serve(broker, host=cfg.host, port=port, config=cfg)
 
 
 async def run_server(cfg, stop=None):
     """Run the broker until ``stop`` (an asyncio.Event; default: SIGTERM/SIGINT) is set. Returns 0."""
     from riverbed.engine import Engine
     from riverbed.shells.auth import Authenticator
+    from riverbed.shells.broker import Broker
 
     loop = asyncio.get_running_loop()
     if stop is None:
@@ -69,13 +67,15 @@ async def run_server(cfg, stop=None):
             loop.add_signal_handler(sig, stop.set)
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+    # one broker layer for every listener: a deletion through one protocol is heard by all of them
+    broker = Broker(engine, post=loop.call_soon_threadsafe, auth=auth, data_dir=cfg.data_dir)
     listeners = []
     try:
         for key, name, module in SHELLS:
             port = cfg[key]
             if port is None:
                 continue
-            server = await _start_listener(name, module, engine, cfg, auth, port)
+            server = await _start_listener(name, module, broker, cfg, port)
             listeners.append(server)
             log.info("listening %s %s", name, _fmt_addr(cfg.host, server.port))
         log.info("ready")
@@ -89,6 +89,7 @@ async def run_server(cfg, stop=None):
                 await server.shutdown()
             except Exception:
                 log.exception("error while stopping a listener")
+        broker.close()
         await loop.run_in_executor(None, engine.close)
     log.info("stopped")
     return 0

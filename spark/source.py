@@ -28,8 +28,8 @@ its position among all the streams read, 0 when there is one), ``offset`` bigint
 (UTC, the chunk's), ``chunk_id`` bigint, then ``body`` binary (raw), ``body`` + ``properties``
 map<string,string> (amqp), or the ``schema`` columns (json, bson).
 
-Super streams: their partition lists are read from ``rmq-super-streams.json`` in the data directory,
-the file the RabbitMQ Stream shell keeps them in (remote: the Partitions command).
+Super streams: their partition lists are read from the engine's super stream table (remote: the
+Partitions command).
 
 Filter pushdown (``spark.sql.python.filterPushdown.enabled=true``): comparisons of ``offset`` and
 ``timestamp`` with literals and ``stream =``/``IN`` are applied to the planned ranges,
@@ -54,7 +54,6 @@ except ImportError:  # pragma: no cover - pyspark 4.0
 from riverbed.spark import batches
 
 NAME = "riverbed"
-SUPER_STREAMS_FILE = "rmq-super-streams.json"   # riverbed.shells.rmq_stream.SUPER_STREAMS_FILE
 DECODES = ("raw", "amqp", "json", "bson")
 FIXED_DDL = "stream string, partition int, offset bigint, timestamp timestamp, chunk_id bigint"
 INT64_MAX = (1 << 63) - 1
@@ -165,13 +164,8 @@ class LocalBackend:
         self.engine = batches.engine_for(opts.path)
 
     def expand(self, name):
-        path = os.path.join(self.opts.path, SUPER_STREAMS_FILE)
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                d = json.load(f).get("super_streams", {}).get(name)
-            if d:
-                return list(d["partitions"])
-        return None
+        d = self.engine.super_stream(name)
+        return list(d["partitions"]) if d else None
 
     def exists(self, name):
         return self.engine.has_stream(name)

@@ -15,6 +15,7 @@ from rstream.encoding import decode_frame, encode_frame, encode_publish
 
 from riverbed.engine import Engine
 from riverbed.shells import rmq_stream as rs
+from riverbed.shells.broker import Broker
 
 
 class FakeIO:
@@ -65,7 +66,7 @@ class Conn:
     def __init__(self, harness, loopback=True):
         self.h = harness
         self.io = FakeIO()
-        self.s = rs.RmqStreamSession(harness.broker, self.io, peer="test", local_host="127.0.0.1",
+        self.s = rs.RmqStreamSession(harness.shell, self.io, peer="test", local_host="127.0.0.1",
                                      peer_loopback=loopback)
         self.corr = 0
 
@@ -151,12 +152,13 @@ def rs_offset_type(t):
 
 
 class Harness:
-    def __init__(self, tmp_path, **broker_options):
+    def __init__(self, tmp_path, auth=None, **shell_options):
         self.q = queue.Queue()
         self.now = 1000.0
         self.eng = Engine(tmp_path / "data", fsync="never", retention_interval=0)
-        self.broker = rs.RmqBroker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
-                                   data_dir=str(tmp_path / "data"), **broker_options)
+        self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
+                             data_dir=str(tmp_path / "data"), auth=auth)
+        self.shell = rs.RmqShell(self.broker, **shell_options)
 
     def connect(self, **kw):
         return Conn(self, **kw)

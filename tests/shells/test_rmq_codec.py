@@ -207,4 +207,4 @@ def test_offset_spec_decoding():
 
 def test_filter_values_in_index_order():
     props = {"filter.10": "k", "filter.2": "b", "filter.0": "a", "name": "x", "match-unfiltered": "true"}
-    assert rs._filter_values(props) == [b"a", b"b", b"k"]
+    assert rs.filter_values(props) == [b"a", b"b", b"k"]

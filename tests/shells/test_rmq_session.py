@@ -12,6 +12,7 @@ from rstream.encoding import encode_frame
 from riverbed.engine import core
 from riverbed.shells import auth
 from riverbed.shells import rmq_stream as rs
+from riverbed.shells.broker import tail
 
 from .conftest import Harness, split_out
 
@@ -36,7 +37,7 @@ def messages(frames):
 # ------------------------------------------------------------------------------------------- handshake
 
 def test_handshake_advertises_the_address_the_client_used(h):
-    h.broker.listen_port = 5599
+    h.shell.listen_port = 5599
     c = h.connect()
     props = c.handshake()
     assert props == {"advertised_host": "127.0.0.1", "advertised_port": "5599"}
@@ -281,8 +282,9 @@ def test_unsupported_sub_batch_gets_publish_error_others_are_stored(conn, h):
 
 
 def test_publish_flow_control_pauses_reading(conn, h, monkeypatch):
-    monkeypatch.setattr(rs, "PUBLISH_INFLIGHT_HIGH", 1000)
-    monkeypatch.setattr(rs, "PUBLISH_INFLIGHT_LOW", 100)
+    for module in (rs.session, rs.publish):
+        monkeypatch.setattr(module, "PUBLISH_INFLIGHT_HIGH", 1000)
+    monkeypatch.setattr(rs.session, "PUBLISH_INFLIGHT_LOW", 100)
     conn.create("s")
     conn.declare(1, "s")
     conn.publish(1, [(1, b"x" * 2000)])
@@ -405,7 +407,7 @@ def test_pause_writing_stops_delivery_until_resumed(conn):
 
 
 def test_deliver_budget_yields_to_other_connections(conn, monkeypatch):
-    monkeypatch.setattr(rs, "DELIVER_BUDGET", 2)
+    monkeypatch.setattr(tail, "DELIVER_BUDGET", 2)
     conn.create("s")
     fill(conn, "s", 5)
     assert len(deliveries(conn.subscribe(1, "s", credit=10))) == 2
@@ -480,9 +482,8 @@ def test_super_stream_lifecycle(conn, h, tmp_path):
     assert (r.response_code, r.streams) == (rs.RC_OK, [])
     r = conn.request(schema.SuperStreamPartitions(6, "nope"), schema.SuperStreamPartitionsResponse)
     assert r.response_code == rs.RC_STREAM_DOES_NOT_EXIST
-    # survives a restart of the broker (kept next to the LMDB environment)
-    assert rs.SuperStreamStore(str(tmp_path / "data" / rs.SUPER_STREAMS_FILE)).get("orders")["binding_keys"] == \
-        ["eu", "us"]
+    # kept in the engine's LMDB environment, committed with the partitions
+    assert h.eng.super_stream("orders")["binding_keys"] == ["eu", "us"]
     r = conn.request(schema.DeleteSuperStream(7, "orders"), schema.DeleteSuperStreamResponse)
     assert r.response_code == rs.RC_OK and not h.eng.has_stream("orders-eu")
     r = conn.request(schema.DeleteSuperStream(8, "orders"), schema.DeleteSuperStreamResponse)
@@ -575,7 +576,7 @@ def test_single_active_consumer_spreads_super_stream_partitions(h):
 
 # ------------------------------------------------------------------------------------------- fuzzing
 
-_KEYS = list(rs._COMMANDS) + [0x0008, 0x0003, 0x7FFF, 0xFFFF]
+_KEYS = list(rs.COMMANDS) + [0x0008, 0x0003, 0x7FFF, 0xFFFF]
 
 
 @st.composite

@@ -77,10 +77,8 @@ def write_data(path):
         for p in range(3):
             for i in range(0, 4000, 1000):
                 eng.append(f"ss-{p}", [b"p%d-%d" % (p, j) for j in range(i, i + 1000)]).result()
-    # the super stream as the RabbitMQ Stream shell records it
-    with open(os.path.join(path, "rmq-super-streams.json"), "w") as f:
-        json.dump({"super_streams": {"ss": {"partitions": ["ss-0", "ss-1", "ss-2"],
-                                            "binding_keys": ["0", "1", "2"], "arguments": {}}}}, f)
+        # the super stream over those partitions, in the engine's table as every shell records it
+        eng.create_super_stream("ss", ["ss-0", "ss-1", "ss-2"], ["0", "1", "2"], adopt=True).result()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,401 @@
+"""The broker layer: what every protocol shell needs from the log, said once.
+
+    transport -> session (sans-I/O, one per connection) -> codec
+                    |
+                    v
+                 Broker (this module: one per ``riverbed serve``, shared by every listener)
+                    |
+                    v
+                 Engine (the log and the document store; its own writer thread)
+
+A session never touches LMDB and never blocks: it calls the broker with a callback, and the broker
+runs that callback on the loop thread once the engine has answered. The engine completes its futures on
+its writer thread; the broker hands them to the loop through ``post`` (``loop.call_soon_threadsafe``
+in a server, a queue in sans-I/O tests).
+
+What lives here, protocol-neutral:
+
+* streams and super streams: create and delete, with the permission checks of the one Authenticator;
+  a deletion is heard by every session of every protocol (``session.stream_deleted(name)``), after the
+  deleting request has been answered (RabbitMQ answers first, and rstream 0.20 closes a consumer
+  connection on the notification of its last stream);
+* publishing with completion callbacks, publisher dedup, and read-your-writes barriers (a query of a
+  publisher sequence or consumer offset waits for that reference's writes in flight; a NEXT position is
+  resolved after every append already accepted has committed);
+* reading: offset specs, chunks, watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
+  (tailing subscriptions with per-chunk credit or a byte window);
+* consumer offsets and named durable positions;
+* the session registry (every protocol's connections, for the management API and shutdown).
+
+Loop-thread only, except :meth:`post`-ed completions, which arrive from the writer thread.
+"""
+
+import json
+import logging
+import os
+import time
+
+from riverbed.engine import OffsetSpec
+from riverbed.engine import format as fmt
+from riverbed.engine import core
+from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.shells import auth as _auth
+
+log = logging.getLogger("riverbed.broker")
+
+LEGACY_SUPER_STREAMS_FILE = "rmq-super-streams.json"   # where super streams lived before the engine table
+
+CONFIGURE, WRITE, READ = "configure", "write", "read"
+
+
+class Broker:
+    """The protocol-neutral broker over one engine. Create one per process and hand it to every listener.
+
+    ``post(fn, *args)`` must run ``fn(*args)`` on the loop thread (thread-safe). ``auth`` is the one
+    :class:`~riverbed.shells.auth.Authenticator` (default: guest/guest from loopback). ``clock`` is in
+    seconds (monotonic; heartbeats and timeouts), ``wall_clock`` in ms since the epoch. ``data_dir``,
+    when given, is searched once for a legacy ``rmq-super-streams.json`` to import into the engine.
+
+    Callbacks given to the methods below run on the loop thread, possibly before the method returns
+    (when the answer is known at once), never in the middle of another callback.
+    """
+
+    def __init__(self, engine, *, post, auth=None, clock=time.monotonic, wall_clock=None, data_dir=None):
+        self.engine = engine
+        self.post = post
+        self.auth = auth or _auth.Authenticator()
+        self.clock = clock
+        self.wall_clock = wall_clock or (lambda: int(time.time() * 1000))
+        self.sessions = set()
+        self._closed = False
+        self._offset_writes = {}   # (stream, reference) -> [in-flight count, waiting callbacks]
+        self._seq_writes = {}      # (stream, publisher) -> [in-flight count, waiting callbacks]
+        self._deleting = {}        # stream -> deletes requested through this broker, not yet answered
+        self._delete_hooks = []    # fn(stream) run before sessions hear of a deletion (SAC groups, ...)
+        self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
+        engine.add_delete_listener(self._deleted_on_writer)
+        if data_dir and not engine.readonly:
+            self._import_legacy_super_streams(os.path.join(data_dir, LEGACY_SUPER_STREAMS_FILE))
+
+    def close(self):
+        """Stop delivering engine completions (the process is stopping)."""
+        self._closed = True
+
+    # ------------------------------------------------------------------------------- loop hand-off
+
+    def _post(self, fn, *args):
+        if self._closed:
+            return
+        try:
+            self.post(fn, *args)
+        except RuntimeError:  # the loop is closed: the process is stopping, nobody waits for this
+            pass
+
+    def then(self, fut, cb):
+        """Run ``cb(result, exc)`` on the loop thread once the engine future ``fut`` completes."""
+        def done(f):
+            try:
+                res, exc = f.result(), None
+            except BaseException as e:  # the engine reports every failure through the future
+                res, exc = None, e
+            self._post(cb, res, exc)
+        fut.add_done_callback(done)
+
+    def _call(self, submit, cb):
+        """``submit()`` an engine operation and ``cb(result, exc)`` on the loop; an error raised at once
+        (a bad name, a closed engine) goes to ``cb`` too."""
+        try:
+            fut = submit()
+        except RiverbedError as e:
+            cb(None, e)
+            return
+        self.then(fut, cb)
+
+    # ------------------------------------------------------------------------------------ sessions
+
+    def register(self, session):
+        """Add a live connection (any protocol). It must offer ``stream_deleted(name)``; for the
+        management API also ``connection_info()`` and ``close_by_admin(reason)``."""
+        self.sessions.add(session)
+
+    def unregister(self, session):
+        self.sessions.discard(session)
+
+    def connections(self):
+        """``connection_info()`` of every live connection that has one."""
+        return [s.connection_info() for s in list(self.sessions) if hasattr(s, "connection_info")]
+
+    @staticmethod
+    def allowed(user, what, resource):
+        """Whether ``user`` (an auth.User, or None for nobody) holds ``what`` on stream ``resource``."""
+        return user is not None and user.can(what, resource)
+
+    # ---------------------------------------------------------------------------------- streams
+
+    def has_stream(self, name):
+        return bool(name) and self.engine.has_stream(name)
+
+    def list_streams(self):
+        return self.engine.list_streams()
+
+    def stream_info(self, name):
+        """Committed statistics (engine StreamInfo). Raises StreamNotFound, ChunkError."""
+        return self.engine.stream_info(name)
+
+    def create_stream(self, name, arguments, cb):
+        """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...)."""
+        self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
+
+    def delete_stream(self, name, cb):
+        """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is
+        answered before any notification goes out."""
+        self._deleting_enter([name])
+        self._call(lambda: self.engine.delete_stream(name), lambda res, exc: self._deleted_then([name], cb, exc))
+
+    def _deleting_enter(self, names):
+        for n in names:
+            self._deleting[n] = self._deleting.get(n, 0) + 1
+
+    def _deleted_then(self, names, cb, exc):
+        try:
+            cb(exc)
+        finally:
+            for n in names:
+                left = self._deleting.get(n, 0) - 1
+                if left > 0:
+                    self._deleting[n] = left
+                else:
+                    self._deleting.pop(n, None)
+                    # notify once the request is answered: deletions by this broker were held back
+                    if exc is None or not self.engine.has_stream(n):
+                        self.stream_deleted(n)
+
+    def _deleted_on_writer(self, name):
+        self._post(self._engine_deleted, name)
+
+    def _engine_deleted(self, name):
+        if name not in self._deleting:   # else the request's completion notifies, after its answer
+            self.stream_deleted(name)
+
+    def on_stream_deleted(self, hook):
+        """Run ``hook(name)`` on the loop thread when a stream is deleted, before sessions hear of it."""
+        self._delete_hooks.append(hook)
+
+    def stream_deleted(self, name):
+        """Forget per-stream state and tell every session of every protocol."""
+        for hook in self._delete_hooks:
+            try:
+                hook(name)
+            except Exception:
+                log.exception("stream deletion hook failed for %r", name)
+        for s in list(self.sessions):
+            try:
+                s.stream_deleted(name)
+            except Exception:
+                log.exception("session failed to handle the deletion of %r", name)
+
+    # ------------------------------------------------------------------------------ super streams
+
+    def partitions(self, name):
+        """Partition stream names in order, or None when there is no such super stream."""
+        d = self.engine.super_stream(name) if name else None
+        return list(d["partitions"]) if d else None
+
+    def route(self, name, routing_key):
+        """Partitions whose binding key equals ``routing_key`` ([] when none), or None when there is no
+        such super stream."""
+        d = self.engine.super_stream(name) if name else None
+        if d is None:
+            return None
+        return [p for p, k in zip(d["partitions"], d["binding_keys"]) if k == routing_key]
+
+    def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
+        """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
+        self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
+                   lambda res, exc: cb(exc))
+
+    def delete_super_stream(self, name, cb):
+        """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the
+        sessions hear of each partition's deletion."""
+        parts = [p for p in (self.partitions(name) or ()) if self.engine.has_stream(p)]
+        self._deleting_enter(parts)
+        self._call(lambda: self.engine.delete_super_stream(name),
+                   lambda res, exc: self._deleted_then(parts, cb, exc))
+
+    def _import_legacy_super_streams(self, path):
+        # Super streams used to live in a JSON file beside LMDB; adopt them once, then rename the file.
+        if not os.path.exists(path):
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                defs = json.load(f).get("super_streams", {})
+            for name, d in defs.items():
+                if self.engine.super_stream(name) is None:
+                    self.engine.create_super_stream(name, d["partitions"], d["binding_keys"], d.get("arguments"),
+                                                    adopt=True).result(timeout=60)
+            os.replace(path, path + ".imported")
+            log.info("imported %d super stream definition(s) from %s", len(defs), path)
+        except (OSError, ValueError, KeyError, RiverbedError) as e:
+            log.error("cannot import the super streams of %s: %s", path, e)
+
+    # -------------------------------------------------------------------------- reading, waiting
+
+    def resolve(self, stream, spec):
+        """The offset a reader of ``spec`` (an engine OffsetSpec) starts at. Raises StreamNotFound,
+        InvalidArgument."""
+        return self.engine.resolve(stream, spec)
+
+    def resolve_after_writes(self, stream, spec, cb):
+        """``cb(offset, exc)`` with ``spec`` resolved once every write the engine had already accepted
+        has committed: a NEXT reader then starts after every message the broker received before it
+        asked, not just the committed ones."""
+        def resolved(res, exc):
+            if exc is None:
+                try:
+                    res = self.engine.resolve(stream, spec)
+                except RiverbedError as e:
+                    res, exc = None, e
+            cb(res, exc)
+        if spec.kind != "next":
+            resolved(None, None)
+            return
+        self._call(self.engine.sync, resolved)
+
+    def read_chunks(self, stream, offset, n):
+        """Up to ``n`` committed chunks from the one holding ``offset`` (engine.read_chunks)."""
+        return self.engine.read_chunks(stream, offset, n)
+
+    def committed_chunk_id(self, stream):
+        try:
+            return self.engine.committed_chunk_id(stream)
+        except StreamNotFound:
+            return 0
+
+    def watch(self, stream, offset, cb):
+        """``cb(exc)`` on the loop thread once a committed chunk holds ``offset`` (exc None), or the
+        stream is deleted (StreamNotFound). Returns a cancel function."""
+        return self.engine.watch(stream, offset, lambda exc: self._post(cb, exc))
+
+    def first_matching_chunk(self, stream, offset, filters, match_unfiltered):
+        """The id of the first user chunk at or after ``offset`` whose bloom filter may match
+        ``filters``, or the stream's next offset when none does."""
+        pos = offset
+        while True:
+            chunks = self.engine.read_chunks(stream, pos, 64)
+            if not chunks:
+                return self.engine.resolve(stream, OffsetSpec.next())
+            for chunk_id, raw in chunks:
+                bloom = raw[44]
+                if raw[1] == fmt.CHUNK_USER and core.bloom_match(raw[48:48 + bloom] if bloom else b"", filters,
+                                                                 match_unfiltered):
+                    return chunk_id
+                pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+
+    # -------------------------------------------------------------------------- appends, barriers
+
+    @staticmethod
+    def _barrier_enter(table, key):
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = [0, []]
+        entry[0] += 1
+
+    @staticmethod
+    def _barrier_leave(table, key):
+        entry = table[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del table[key]
+            for fn in entry[1]:
+                fn()
+
+    @staticmethod
+    def _after_writes(table, key, read, cb):
+        # read-your-writes: answer ``cb(read(), None)`` once the writes in flight under ``key`` commit
+        def answer():
+            try:
+                cb(read(), None)
+            except RiverbedError as e:
+                cb(None, e)
+        entry = table.get(key)
+        if entry is None:
+            answer()
+        else:
+            entry[1].append(answer)
+
+    def append(self, stream, data, ids, publisher, filters, cb, num_entries=None, num_records=None):
+        """Append an Osiris data section; ``cb(AppendResult, exc)`` after the commit. ``num_entries`` and
+        ``num_records``, when given, must be exact."""
+        self._appended(lambda: self.engine.append_entries(
+            stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
+            num_entries=num_entries, num_records=num_records), stream, publisher, cb)
+
+    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records):
+        """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
+        counts must be exact; the chunk belongs to the engine from here on."""
+        self._appended(lambda: self.engine.append_chunk(
+            stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
+            publisher=publisher), stream, publisher, cb)
+
+    def append_records(self, stream, records, cb):
+        """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
+        and in order; ``cb(AppendResult, exc)`` after the commit."""
+        self._appended(lambda: self.engine.append(stream, records), stream, None, cb)
+
+    def _appended(self, submit, stream, publisher, cb):
+        # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
+        key = (stream, publisher) if publisher else None
+        if key is None:
+            self._call(submit, cb)
+            return
+        try:
+            fut = submit()
+        except RiverbedError as e:
+            cb(None, e)
+            return
+        self._barrier_enter(self._seq_writes, key)
+
+        def done(res, exc):
+            self._barrier_leave(self._seq_writes, key)
+            cb(res, exc)
+        self.then(fut, done)
+
+    def query_publisher_sequence(self, stream, publisher, cb):
+        """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit."""
+        self._after_writes(self._seq_writes, (stream, publisher),
+                           lambda: self.engine.query_publisher_sequence(stream, publisher), cb)
+
+    # ------------------------------------------------------------------- offsets, durable positions
+
+    def store_offset(self, stream, reference, offset, cb=None):
+        """Store a consumer offset (a named durable position); ``cb(exc)`` after the commit."""
+        key = (stream, reference)
+        try:
+            fut = self.engine.store_offset(stream, reference, offset)
+        except RiverbedError as e:
+            log.info("storing offset %r on %r refused: %s", reference, stream, e)
+            if cb is not None:
+                cb(e)
+            return
+        self._barrier_enter(self._offset_writes, key)
+
+        def done(res, exc):
+            self._barrier_leave(self._offset_writes, key)
+            if exc is not None:
+                log.info("storing offset %r on %r failed: %s", reference, stream, exc)
+            if cb is not None:
+                cb(exc)
+        self.then(fut, done)
+
+    def query_offset(self, stream, reference, cb):
+        """``cb(offset or None, exc)``, after in-flight stores of that reference commit, so a client
+        reads back what it (or a consumer it replaced) just stored."""
+        self._after_writes(self._offset_writes, (stream, reference),
+                           lambda: self.engine.query_offset(stream, reference), cb)
+
+    def delete_offset(self, stream, reference, cb=None):
+        """Forget the stored offset of ``reference``; ``cb(exc)`` after the commit."""
+        def drop(ctx):
+            if ctx.has_stream(stream):
+                ctx.delete_offset(stream, reference)
+        self._call(lambda: self.engine.transact(drop), lambda res, exc: cb and cb(exc))

@@ -1,0 +1,169 @@
+"""The transport layer every TCP shell shares: asyncio glue around a sans-I/O session, and a listener
+with the lifecycle ``riverbed serve`` drives (start, stop accepting, graceful shutdown).
+
+A session (one per connection, built by the shell's ``session_factory``) takes bytes and flow-control
+signals and writes through its ``io``, which is the :class:`SessionProtocol` here::
+
+    io.write(bytes)  io.writelines(list)  io.close()  io.pause_reading()  io.resume_reading()
+    io.defer(fn, *args)        # run soon on the loop (yield between deliveries)
+
+and offers, for the listener::
+
+    data_received(bytes)  connection_lost()  pause_writing()  resume_writing()
+    tick(now)             # seconds, the broker's clock, every TICK_INTERVAL: heartbeats, timeouts
+    begin_shutdown()      # stop reading; in-flight work still completes
+    pending_ops           # engine operations not completed yet (shutdown waits for 0)
+    close_gracefully(reason)   # say goodbye in the protocol's terms, then close
+    peer                  # "host:port", for logs
+"""
+
+import asyncio
+import logging
+
+from riverbed.shells import auth as _auth
+
+log = logging.getLogger("riverbed.broker")
+
+TICK_INTERVAL = 0.25         # seconds between heartbeat/timeout checks of all sessions
+WRITE_BUFFER_HIGH = 4 << 20  # transport write buffer marks, bytes: delivery pauses above the high mark
+WRITE_BUFFER_LOW = 1 << 20
+CLOSE_GRACE = 1.0            # seconds a graceful close may take before the socket is aborted
+
+
+class SessionProtocol(asyncio.Protocol):
+    """Moves bytes and flow-control signals between an asyncio transport and a session; is its ``io``.
+    A bug in a session costs that connection only: it is logged and the connection aborted."""
+
+    __slots__ = ("listener", "loop", "transport", "session")
+
+    def __init__(self, listener):
+        self.listener = listener
+        self.loop = listener.loop
+        self.transport = None
+        self.session = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        peer = transport.get_extra_info("peername") or ("?", 0)
+        local = transport.get_extra_info("sockname") or (None, 0)
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
+        self.session = self.listener.session_factory(
+            self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
+            peer_loopback=_auth.is_loopback(peer[0]))
+        self.listener.protocols.add(self)
+
+    def _guard(self, fn, *args):
+        try:
+            fn(*args)
+        except Exception:  # a bug must cost this connection only, never the server
+            log.exception("%s: internal error; closing the connection", getattr(self.session, "peer", "?"))
+            self.transport.abort()
+
+    def data_received(self, data):
+        self._guard(self.session.data_received, data)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc):
+        self.listener.protocols.discard(self)
+        if self.session is not None:
+            self._guard(self.session.connection_lost)
+
+    def pause_writing(self):
+        self._guard(self.session.pause_writing)
+
+    def resume_writing(self):
+        self._guard(self.session.resume_writing)
+
+    # the session's io
+    def write(self, data):
+        self.transport.write(data)
+
+    def writelines(self, parts):
+        self.transport.writelines(parts)
+
+    def close(self):
+        self.transport.close()
+
+    def pause_reading(self):
+        if not self.transport.is_closing():
+            self.transport.pause_reading()
+
+    def resume_reading(self):
+        if not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    def defer(self, fn, *args):
+        self.loop.call_soon(self._guard, fn, *args)
+
+
+class TcpListener:
+    """One TCP listener of a shell over the shared :class:`~riverbed.shells.broker.core.Broker`.
+
+    ``session_factory(io, *, peer, local, remote, peer_loopback)`` builds a session per connection
+    (``local``/``remote`` are (host, port)). ``port`` is the bound port once :meth:`start` returned
+    (useful with port 0). Loop-thread only.
+    """
+
+    name = "tcp"
+
+    def __init__(self, broker, session_factory, *, host="127.0.0.1", port=0, name=None):
+        self.broker = broker
+        self.session_factory = session_factory
+        self.host = host
+        self.port = port
+        if name:
+            self.name = name
+        self.loop = None
+        self.protocols = set()
+        self._server = None
+        self._ticker = None
+
+    async def start(self):
+        """Bind and start accepting. Raises OSError when the address cannot be bound."""
+        self.loop = asyncio.get_running_loop()
+        self._server = await self.loop.create_server(lambda: SessionProtocol(self), self.host, self.port,
+                                                     reuse_address=True, backlog=1024)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+        return self
+
+    def sessions(self):
+        return [p.session for p in list(self.protocols) if p.session is not None]
+
+    def _tick(self):
+        now = self.broker.clock()
+        for s in self.sessions():
+            try:
+                s.tick(now)
+            except Exception:
+                log.exception("%s: internal error in tick", s.peer)
+        self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+
+    def stop_accepting(self):
+        if self._server is not None:
+            self._server.close()
+
+    async def shutdown(self, drain_timeout=10.0):
+        """Stop accepting, stop reading, let in-flight work complete and be answered (at most
+        ``drain_timeout`` seconds), close every session gracefully, wait briefly, abort the rest."""
+        self.stop_accepting()
+        for s in self.sessions():
+            s.begin_shutdown()
+        deadline = self.loop.time() + drain_timeout
+        while any(s.pending_ops for s in self.sessions()) and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for s in self.sessions():
+            try:
+                s.close_gracefully("server shutdown")
+            except Exception:
+                log.exception("%s: error while closing", s.peer)
+        deadline = self.loop.time() + CLOSE_GRACE
+        while self.protocols and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for p in list(self.protocols):
+            p.transport.abort()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await asyncio.sleep(0)

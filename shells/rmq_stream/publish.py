@@ -1,0 +1,199 @@
+"""Publishing commands of a RabbitMQ Stream session: DeclarePublisher, Publish (v1 hot path, v2),
+DeletePublisher, QueryPublisherSequence. Part of :class:`~riverbed.shells.rmq_stream.session.RmqStreamSession`.
+
+Publish: an undeclared publisher gets PublishError 0x12 per id; a publisher whose stream was deleted
+gets MetadataUpdate 0x06 once, then PublishError 0x02; a sub-batch with an unsupported codec, or one that
+does not decompress to its declared records, gets PublishError 0x11 and the rest of the frame is stored.
+Duplicates (named publishers) are confirmed, as in RabbitMQ. Confirms go out after the commit.
+"""
+
+import logging
+
+from riverbed.engine import PublishingIds, core
+from riverbed.engine import format as fmt
+from riverbed.engine.errors import FrameError
+from riverbed.shells.broker import WRITE
+from riverbed.shells.rmq_stream.codec import (
+    _CONFIRM_HEAD, _U64, DecodeError, Reader, check_sub_batch, decode_publish, encode_publish_confirm,
+    encode_publish_error, response_code_for,
+)
+from riverbed.shells.rmq_stream.constants import (
+    CMD_DECLARE_PUBLISHER, CMD_DELETE_PUBLISHER, CMD_PUBLISH_CONFIRM, CMD_QUERY_PUBLISHER_SEQUENCE, MAX_REFERENCE,
+    PUBLISH_INFLIGHT_HIGH, RC_ACCESS_REFUSED, RC_INTERNAL_ERROR, RC_NO_OFFSET, RC_OK, RC_PRECONDITION_FAILED,
+    RC_PUBLISHER_DOES_NOT_EXIST, RC_STREAM_DOES_NOT_EXIST,
+)
+
+log = logging.getLogger("riverbed.rmq")
+
+
+class Publisher:
+    """A declared publisher of one connection."""
+
+    __slots__ = ("publisher_id", "stream", "reference", "stream_gone")
+
+    def __init__(self, publisher_id, stream, reference):
+        self.publisher_id = publisher_id
+        self.stream = stream
+        self.reference = reference or None     # "" = unnamed: no deduplication
+        self.stream_gone = False               # deleted under it: Publish gets 0x02
+
+
+class PublishCommands:
+    """Mixin: the publishing half of RmqStreamSession (uses its ``_send``, ``_later``, ``publishers``)."""
+
+    def _on_declare_publisher(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        publisher_id = r.u8()
+        reference = r.string()
+        stream = r.string()
+        r.done()
+        if publisher_id in self.publishers:
+            code = RC_PRECONDITION_FAILED
+        elif reference and len(reference.encode("utf-8")) > MAX_REFERENCE:
+            code = RC_PRECONDITION_FAILED
+        elif not stream or not self.broker.has_stream(stream):
+            code = RC_STREAM_DOES_NOT_EXIST
+        elif not self._can(WRITE, stream):
+            code = RC_ACCESS_REFUSED
+        elif reference and any(p.reference == reference and p.stream == stream and not p.stream_gone
+                               for p in self.publishers.values()):
+            code = RC_PRECONDITION_FAILED
+        else:
+            self.publishers[publisher_id] = Publisher(publisher_id, stream, reference)
+            code = RC_OK
+        self._respond(CMD_DECLARE_PUBLISHER, corr, code)
+
+    def _on_delete_publisher(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        publisher_id = r.u8()
+        r.done()
+        code = RC_OK if self.publishers.pop(publisher_id, None) is not None else RC_PUBLISHER_DOES_NOT_EXIST
+        self._respond(CMD_DELETE_PUBLISHER, corr, code)
+
+    def _on_query_publisher_sequence(self, f, version):
+        self._tracking_query(f, CMD_QUERY_PUBLISHER_SEQUENCE, None, self.broker.query_publisher_sequence)
+
+    def _tracking_query(self, f, cmd, permission, query):
+        """QueryOffset and QueryPublisherSequence: ``corr | reference | stream`` answered with ``code |
+        u64``; a value of None (no offset stored) is code 0x13."""
+        r = Reader(f)
+        corr = r.u32()
+        reference = r.string() or ""
+        stream = r.string()
+        r.done()
+        if not stream or not self.broker.has_stream(stream):
+            self._respond(cmd, corr, RC_STREAM_DOES_NOT_EXIST, _U64.pack(0))
+            return
+        if permission is not None and not self._can(permission, stream):
+            self._respond(cmd, corr, RC_ACCESS_REFUSED, _U64.pack(0))
+            return
+
+        def answer(value, exc):
+            if exc is not None:
+                self._respond(cmd, corr, response_code_for(exc), _U64.pack(0))
+            elif value is None:
+                self._respond(cmd, corr, RC_NO_OFFSET, _U64.pack(0))
+            else:
+                self._respond(cmd, corr, RC_OK, _U64.pack(value & 0xFFFFFFFFFFFFFFFF))
+        query(stream, reference, self._later(answer))
+
+    def _on_publish(self, f, version):
+        if version == 1:
+            self._on_publish_v1(f)
+        else:
+            self._publish_batch(decode_publish(f, version))
+
+    def _on_publish_v1(self, f):
+        """The hot path: one compiled pass turns the frame into a sealed chunk (CRC included) and the raw
+        publishing ids, so nothing here is per message unless a sub-batch or the publisher is bad."""
+        try:
+            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = core.publish_chunk(f)
+        except FrameError as e:
+            raise DecodeError(e.reason) from None
+        pub = self.publishers.get(publisher_id)
+        if pub is None or pub.stream_gone or count == 0:
+            self._publish_batch(decode_publish(f, 1))   # errors for every id (or nothing to do)
+            return
+        if subs:
+            mv = memoryview(f)
+            if any(check_sub_batch(flags, nrec, usize, mv[a:b]) is not None for _, flags, nrec, usize, a, b in subs):
+                # rare: the general path drops the refused sub-batches and reports why
+                self._publish_batch(decode_publish(f, 1))
+                return
+        size = len(chunk) - fmt.LEN_CHUNK_HEADER
+        self._inflight_bytes += size
+        ids = PublishingIds(raw_ids, first, last, increasing)
+
+        def done(result, exc):
+            self._inflight_bytes -= size
+            if exc is None:
+                # the confirm body is the ids as they came in: header, then the raw bytes, unjoined
+                self._send(_CONFIRM_HEAD.pack(9 + len(raw_ids), CMD_PUBLISH_CONFIRM, 1, publisher_id, count))
+                self._send(raw_ids)
+            else:
+                code = response_code_for(exc)
+                if code == RC_INTERNAL_ERROR:
+                    log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
+                self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
+
+        self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
+                                 self._later(done), count, records)
+        if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
+            self._update_reading()
+
+    def _publish_batch(self, batch):
+        """Publish v2, and v1 frames the fast path hands over (refused sub-batches, unknown publisher)."""
+        pub = self.publishers.get(batch.publisher_id)
+        ids = batch.ids
+        if pub is None or pub.stream_gone:
+            if ids:
+                code = RC_PUBLISHER_DOES_NOT_EXIST if pub is None else RC_STREAM_DOES_NOT_EXIST
+                self._send(encode_publish_error(batch.publisher_id, [(i, code) for i in ids]))
+            return
+        parts = batch.parts
+        filters = batch.filters
+        records = len(ids)
+        if batch.sub_batches:
+            bad = {}
+            for idx, flags, nrec, usize, body in batch.sub_batches:
+                why = check_sub_batch(flags, nrec, usize, body)
+                if why is not None:
+                    bad[idx] = why
+                else:
+                    records += nrec - 1
+            if bad:
+                log.warning("%s: refusing %d sub-batch(es) from publisher %d: %s", self.peer, len(bad),
+                            batch.publisher_id, next(iter(bad.values())))
+                self._send(encode_publish_error(batch.publisher_id,
+                                                [(ids[i], RC_PRECONDITION_FAILED) for i in sorted(bad)]))
+                keep = [i for i in range(len(ids)) if i not in bad]
+                parts = [parts[i] for i in keep]
+                ids = [ids[i] for i in keep]
+                records -= len(bad)
+        if not parts:
+            return
+        data = b"".join(parts)
+        size = len(data)
+        self._inflight_bytes += size
+        publisher_id = batch.publisher_id
+
+        def done(result, exc):
+            self._inflight_bytes -= size
+            if exc is None:
+                self._send(encode_publish_confirm(publisher_id, ids))
+            else:
+                code = response_code_for(exc)
+                if code == RC_INTERNAL_ERROR:
+                    log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
+                self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
+
+        # the entry and record counts are exact (every entry was parsed and every sub-batch checked),
+        # which spares the writer a walk over the data section
+        self.broker.append(pub.stream, data, ids if pub.reference else None, pub.reference, filters,
+                           self._later(done), len(ids), records)
+        if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
+            self._update_reading()
+
+    # ------------------------------------------------------------------------------------- consuming

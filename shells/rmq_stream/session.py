@@ -1,0 +1,631 @@
+"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role).
+
+It takes bytes (``data_received``), clock ticks (``tick``) and flow-control signals, and it emits bytes
+and actions through a small ``io`` object (``write``/``writelines``/``close``/``pause_reading``/
+``resume_reading``/``defer``). Storage is reached only through the shared broker layer; the RabbitMQ
+specifics shared by the connections of a listener (settings, single-active-consumer groups) are in
+:class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
+consuming ones in ``consume.py``; this module has the connection itself: framing, handshake, lifecycle,
+stream administration and the dispatch table.
+
+Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
+
+* Limits: 8 KiB frames until Open, then the negotiated frame_max, except Publish, which may be up to
+  ``MAX_PUBLISH_FRAME`` (64 MiB). Over the cap: Close 0x0e. Unknown key or version, or a body that does
+  not parse: Close 0x0d. A command that needs authentication (or Open) before it: Close 0x10.
+* Authentication failures answer SaslAuthenticate with 0x08 / 0x0b / 0x09 and close the socket; an
+  unknown mechanism (0x07) leaves the connection open for another try.
+* Flow control: a connection stops being read while 32 MiB of its appends are uncommitted, while 10,000
+  of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
+  consumer that does not read, or a peer that does not read its replies, costs bounded memory).
+* Delete and DeleteSuperStream are answered before the MetadataUpdate of the deleted streams goes out
+  (rstream 0.20 closes a consumer's connection on the MetadataUpdate of its last stream).
+* QueryOffset and QueryPublisherSequence wait for the broker's in-flight StoreOffset / appends of the
+  same reference, so a client reads back what it just wrote.
+"""
+
+import logging
+
+from riverbed.engine import core
+from riverbed.engine.errors import FrameTooLarge, StreamNotFound
+from riverbed.shells.broker import CONFIGURE, READ
+from riverbed.shells.rmq_stream.codec import (
+    _AUTH_CODES, _KEY_VERSION, _U32, DecodeError, Reader, enc_properties, enc_strings, encode_close,
+    encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
+    encode_stream_stats, encode_tune, response, response_code_for,
+)
+from riverbed.shells.rmq_stream.constants import (
+    CLOSE_TIMEOUT, CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT,
+    CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELETE_PUBLISHER, CMD_DELETE_SUPER_STREAM, CMD_DELIVER,
+    CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
+    CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
+    CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
+    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, PENDING_OPS_HIGH,
+    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_FRAME_TOO_LARGE, RC_OK,
+    RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
+    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
+    RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
+    SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
+)
+from riverbed.shells.rmq_stream.consume import ConsumeCommands
+from riverbed.shells.rmq_stream.publish import PublishCommands
+
+log = logging.getLogger("riverbed.rmq")
+
+
+class RmqStreamSession(PublishCommands, ConsumeCommands):
+    """One RabbitMQ Stream connection as a sans-I/O state machine.
+
+    Feed it bytes with :meth:`data_received`, the clock with :meth:`tick` (seconds, the broker's clock),
+    and the transport's flow-control signals with :meth:`pause_writing` / :meth:`resume_writing`. It
+    writes through ``io`` (``write``, ``writelines``, ``close``, ``pause_reading``, ``resume_reading``,
+    ``defer(fn, *args)``) and reaches storage only through ``broker`` (:class:`RmqBroker`).
+
+    Not thread-safe: every method, and every callback the broker runs for it, must run on one thread
+    (the event loop's). Bad input never raises out of here: it ends in a response code or a
+    server-initiated Close (0x0d unknown frame, 0x0e frame too large, ...) and the connection closes.
+    """
+
+    def __init__(self, shell, io, *, peer="?", local_host=None, peer_loopback=False, local=None, remote=None):
+        self.shell = shell
+        self.broker = broker = shell.broker
+        self.io = io
+        self.peer = peer
+        self.local_host = local_host if local_host is not None else (local[0] if local else None)
+        self.local = local or (self.local_host, shell.listen_port or 0)
+        self.remote = remote or (peer.rpartition(":")[0] or peer, 0)
+        self.peer_loopback = peer_loopback
+        self.state = ST_HANDSHAKE
+        now = broker.clock()
+        self.created = now
+        self.connected_at = broker.wall_clock()
+        self.last_recv = now
+        self.last_sent = now
+        self.frame_max = shell.frame_max
+        self.heartbeat = shell.heartbeat
+        self.user = None
+        self.username = None
+        self.mechanism = None
+        self.client_properties = {}
+        self.publishers = {}
+        self.subscriptions = {}
+        self.deliver_version = 1
+        self._buf = bytearray()
+        self._need = 0
+        self._max_frame = INITIAL_FRAME_MAX
+        self._out = []
+        self._corr = 0
+        self._pending_updates = {}      # correlation id of a ConsumerUpdate we sent -> subscription id
+        self._write_paused = False
+        self._read_paused = False
+        self._shutting_down = False
+        self._inflight_bytes = 0        # Publish data handed to the engine and not committed yet
+        self.pending_ops = 0            # engine operations of this connection not completed yet
+        self._close_deadline = None
+        broker.register(self)
+
+    # ------------------------------------------------------------------------------- input and output
+
+    def data_received(self, data):
+        """Bytes from the peer. Processes every complete frame and writes the replies."""
+        if self.state >= ST_CLOSED:
+            return
+        self.last_recv = self.broker.clock()
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return
+            src = buf
+        else:
+            src = data
+        try:
+            frames, used = core.split_frames(src, self._max_frame)
+        except FrameTooLarge:
+            # Frames before the big one may include Open, which raises the cap: go one at a time.
+            frames, used = self._split_slowly(src)
+            if frames is None:
+                return
+        if src is buf:
+            if used:
+                del buf[:used]
+        elif used < len(data):
+            self._buf = bytearray(memoryview(data)[used:])
+        rest = self._buf
+        self._need = LEN_SIZE + _U32.unpack_from(rest, 0)[0] if len(rest) >= LEN_SIZE else LEN_SIZE
+        for f in frames:
+            self._dispatch(f)
+            if self.state >= ST_CLOSED:
+                return
+        self._flush()
+
+    def _split_slowly(self, src):
+        """Frame by frame with the cap in force at each frame; dispatches as it goes. Returns
+        ``([], used)``, or ``(None, 0)`` once the connection has been closed."""
+        mv = memoryview(src)
+        pos = 0
+        while len(mv) - pos >= LEN_SIZE:
+            n = _U32.unpack_from(mv, pos)[0]
+            if n > self._max_frame:
+                self._fatal(RC_FRAME_TOO_LARGE, f"frame of {n} bytes is over the {self._max_frame}-byte limit")
+                return None, 0
+            if len(mv) - pos - LEN_SIZE < n:
+                break
+            self._dispatch(bytes(mv[pos + LEN_SIZE:pos + LEN_SIZE + n]))
+            pos += LEN_SIZE + n
+            if self.state >= ST_CLOSED:
+                return None, 0
+        return [], pos
+
+    def _send(self, data):
+        self._out.append(data)
+
+    def _flush(self):
+        if self._out and self.state < ST_CLOSED:
+            out, self._out = self._out, []
+            self.io.writelines(out)
+            self.last_sent = self.broker.clock()
+
+    def _next_corr(self):
+        self._corr = (self._corr + 1) & 0xFFFFFFFF
+        return self._corr
+
+    def _respond(self, key, corr, code, body=b""):
+        self._send(response(key, corr, code, body))
+
+    def _later(self, fn):
+        """Wrap a completion callback: counted for flow control and shutdown, dropped once the
+        connection is gone, flushes after running."""
+        self.pending_ops += 1
+        if self.pending_ops > PENDING_OPS_HIGH and not self._read_paused:
+            self._update_reading()
+
+        def run(*args):
+            self.pending_ops -= 1
+            if self.state >= ST_CLOSED:
+                return
+            fn(*args)
+            if self._read_paused:
+                self._update_reading()
+            self._flush()
+        return run
+
+    # ------------------------------------------------------------------------------ flow and lifecycle
+
+    def pause_writing(self):
+        """The transport's buffer is over its high-water mark: stop delivering and stop reading (a peer
+        that does not read its replies must not make us buffer them without bound)."""
+        self._write_paused = True
+        for sub in self.subscriptions.values():
+            sub.tail.pause()
+        self._update_reading()
+
+    def resume_writing(self):
+        self._write_paused = False
+        self._update_reading()
+        for sub in list(self.subscriptions.values()):
+            sub.tail.resume()
+        self._flush()
+
+    def _update_reading(self):
+        want_pause = self._write_paused or self._shutting_down or self._inflight_bytes > PUBLISH_INFLIGHT_HIGH \
+            or self.pending_ops > PENDING_OPS_HIGH
+        if want_pause and not self._read_paused:
+            self._read_paused = True
+            self.io.pause_reading()
+        elif self._read_paused and not want_pause and self._inflight_bytes <= PUBLISH_INFLIGHT_LOW \
+                and self.pending_ops <= PENDING_OPS_LOW:
+            self._read_paused = False
+            self.io.resume_reading()
+
+    def tick(self, now):
+        """Clock tick (seconds): heartbeats both ways, the handshake timeout and the Close timeout."""
+        if self.state >= ST_CLOSED:
+            return
+        if self.state == ST_CLOSING:
+            if now >= self._close_deadline:
+                self._hard_close()
+            return
+        if self.state < ST_OPEN:
+            if now - self.created > self.shell.handshake_timeout:
+                log.info("%s: no Open within %.0f s; closing", self.peer, self.shell.handshake_timeout)
+                self._hard_close()
+            return
+        hb = self.heartbeat
+        if hb:
+            if now - self.last_recv > 2 * hb:
+                log.info("%s: nothing received for %.1f s (heartbeat %d s); closing", self.peer,
+                         now - self.last_recv, hb)
+                self._hard_close()
+            elif now - self.last_sent >= hb:
+                self._send(encode_heartbeat())
+                self._flush()
+
+    def begin_shutdown(self):
+        """Server shutdown, step 1: stop reading; in-flight appends still complete and confirm."""
+        self._shutting_down = True
+        self._update_reading()
+
+    def close_gracefully(self, reason="server shutdown", code=RC_OK):
+        """Send Close and wait (``CLOSE_TIMEOUT``) for the CloseResponse before closing the socket."""
+        if self.state >= ST_CLOSING:
+            return
+        self._send(encode_close(self._next_corr(), code, reason))
+        self._flush()
+        self.state = ST_CLOSING
+        self._close_deadline = self.broker.clock() + CLOSE_TIMEOUT
+
+    def _fatal(self, code, reason):
+        """Protocol error: Close with ``code`` and drop the connection (the bytes already queued,
+        including the Close, are flushed by the transport before it closes)."""
+        log.warning("%s: closing connection: %s (code 0x%02x)", self.peer, reason, code)
+        if self.state < ST_CLOSING:
+            self._send(encode_close(self._next_corr(), code, reason))
+        self._flush()
+        self._hard_close()
+
+    def _hard_close(self):
+        if self.state >= ST_CLOSED:
+            return
+        self._flush()
+        self.state = ST_CLOSED
+        self._release()
+        self.io.close()
+
+    def connection_lost(self):
+        """The transport is gone (peer closed, reset, or we closed it)."""
+        self.state = ST_CLOSED
+        self._release()
+
+    def _release(self):
+        for sub in list(self.subscriptions.values()):
+            self._drop_subscription(sub)
+        self.subscriptions.clear()
+        self._out = []
+        self.broker.unregister(self)
+
+    # ----------------------------------------------------------------------------- management API
+
+    @property
+    def name(self):
+        """The connection's name: the ``connection_name`` client property when the client chose one,
+        else RabbitMQ's form ``"peer -> local"``."""
+        chosen = self.client_properties.get("connection_name")
+        if chosen:
+            return chosen
+        return f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}"
+
+    def connection_info(self):
+        """What the management API shows of this connection (RabbitMQ's field names)."""
+        state = {ST_HANDSHAKE: "starting", ST_TUNING: "tuning", ST_OPEN: "running", ST_CLOSING: "closing"}
+        return {
+            "name": self.name, "protocol": "stream", "peer_host": self.remote[0], "peer_port": self.remote[1],
+            "host": self.local[0], "port": self.local[1], "user": self.username or "",
+            "client_properties": dict(self.client_properties), "connected_at": self.connected_at,
+            "state": state.get(self.state, "closed"), "vhost": "/",
+            "publishers": len(self.publishers), "subscriptions": len(self.subscriptions),
+        }
+
+    def close_by_admin(self, reason="closed via management API"):
+        """Close the connection as RabbitMQ does for a management DELETE: a Close frame, then the socket."""
+        log.info("%s: closing connection %r: %s", self.peer, self.name, reason)
+        self.close_gracefully(reason)
+
+    # -------------------------------------------------------------------------------------- dispatch
+
+    def _dispatch(self, f):
+        if len(f) < LEN_KEY_VERSION:
+            self._fatal(RC_UNKNOWN_FRAME, f"frame of {len(f)} bytes has no key and version")
+            return
+        key, version = _KEY_VERSION.unpack_from(f, 0)
+        if key == CMD_PUBLISH and self.state == ST_OPEN:
+            if version != 1 and version != 2:
+                self._fatal(RC_UNKNOWN_FRAME, f"unsupported version {version} of Publish")
+                return
+            try:
+                self._on_publish(f, version)
+            except DecodeError as e:
+                self._fatal(RC_UNKNOWN_FRAME, f"malformed Publish frame: {e}")
+            return
+        entry = COMMANDS.get(key)
+        if entry is None:
+            self._fatal(RC_UNKNOWN_FRAME, f"unknown command key 0x{key:04x}")
+            return
+        method, versions, min_state, name = entry
+        if version not in versions:
+            self._fatal(RC_UNKNOWN_FRAME, f"unsupported version {version} of {name}")
+            return
+        if self.state == ST_CLOSING and key not in (CMD_CLOSE, CMD_CLOSE | RESPONSE, CMD_HEARTBEAT):
+            return  # we are closing: the peer's in-flight requests are moot
+        if self.state < min_state:
+            self._fatal(RC_ACCESS_REFUSED, f"{name} is not allowed before "
+                        f"{'authentication' if self.state == ST_HANDSHAKE else 'Open'}")
+            return
+        if self.state == ST_OPEN and self.frame_max and len(f) + LEN_SIZE > self.frame_max:
+            self._fatal(RC_FRAME_TOO_LARGE, f"{name} frame of {len(f) + LEN_SIZE} bytes is over the "
+                        f"negotiated frame_max {self.frame_max}")
+            return
+        try:
+            method(self, f, version)
+        except DecodeError as e:
+            self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {e}")
+
+    def _can(self, what, resource):
+        return self.user is not None and self.user.can(what, resource)
+
+    # ------------------------------------------------------------------------------------ handshake
+
+    def _on_peer_properties(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        self.client_properties = r.properties()
+        r.done()
+        self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(self.shell.server_properties()))
+
+    def _on_sasl_handshake(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        r.done()
+        self._respond(CMD_SASL_HANDSHAKE, corr, RC_OK, enc_strings(self.broker.auth.mechanisms()))
+
+    def _on_sasl_authenticate(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        mechanism = r.string() or ""
+        data = r.bytes_() or b""
+        r.done()
+        result = self.broker.auth.authenticate(mechanism, data, self.peer_loopback)
+        code = _AUTH_CODES[result.outcome]
+        if self.state >= ST_TUNING:
+            # re-authentication after the handshake (a refreshed secret; RabbitMQ 3.13)
+            if mechanism != self.mechanism:
+                self._respond(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_MECHANISM)
+            elif code == RC_OK and result.username != self.username:
+                self._respond(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_USERNAME)
+            elif code == RC_OK:
+                self.user = result.user
+                self._respond(CMD_SASL_AUTHENTICATE, corr, RC_OK)
+            else:
+                self._respond(CMD_SASL_AUTHENTICATE, corr, code)
+                log.warning("%s: re-authentication of %r failed: %s", self.peer, self.username, result.reason)
+                self._hard_close()
+            return
+        if code == RC_OK:
+            self.user = result.user
+            self.username = result.username
+            self.mechanism = mechanism
+            self.state = ST_TUNING
+            self._respond(CMD_SASL_AUTHENTICATE, corr, RC_OK)
+            self._send(encode_tune(self.shell.frame_max, self.shell.heartbeat))
+            return
+        self._respond(CMD_SASL_AUTHENTICATE, corr, code)
+        if code == RC_SASL_MECHANISM_NOT_SUPPORTED:
+            return  # the client may try another mechanism
+        log.warning("%s: authentication failed: %s", self.peer, result.reason)
+        self._hard_close()
+
+    def _on_tune(self, f, version):
+        r = Reader(f)
+        frame_max = r.u32()
+        heartbeat = r.u32()
+        r.done()
+        ours = self.shell.frame_max
+        self.frame_max = min(frame_max, ours) if frame_max and ours else (frame_max or ours)
+        hb = self.shell.heartbeat
+        # as RabbitMQ: 0 from one side means "no preference", so the other side's value holds
+        self.heartbeat = min(heartbeat, hb) if heartbeat and hb else (heartbeat or hb)
+
+    def _on_open(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        vhost = r.string()
+        r.done()
+        if vhost not in ("/", None, ""):
+            self._respond(CMD_OPEN, corr, RC_VIRTUAL_HOST_ACCESS_FAILURE, enc_properties({}))
+            log.warning("%s: virtual host %r does not exist", self.peer, vhost)
+            self._hard_close()
+            return
+        self.state = ST_OPEN
+        self._max_frame = MAX_PUBLISH_FRAME
+        host, port = self.shell.advertised(self.local_host)
+        self._respond(CMD_OPEN, corr, RC_OK,
+                      enc_properties({"advertised_host": host, "advertised_port": str(port)}))
+
+    def _on_close(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        code = r.u16()
+        reason = r.string()
+        r.done()
+        log.debug("%s: client closed (0x%02x %s)", self.peer, code, reason)
+        self._respond(CMD_CLOSE, corr, RC_OK)
+        self._hard_close()
+
+    def _on_close_response(self, f, version):
+        if self.state == ST_CLOSING:
+            self._hard_close()
+
+    def _on_heartbeat(self, f, version):
+        pass  # data_received already noted the time
+
+    # --------------------------------------------------------------------------------------- streams
+
+    def _on_create(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        stream = r.string()
+        args = r.properties()
+        r.done()
+        if not stream:
+            self._respond(CMD_CREATE, corr, RC_PRECONDITION_FAILED)
+        elif not self._can(CONFIGURE, stream):
+            self._respond(CMD_CREATE, corr, RC_ACCESS_REFUSED)
+        elif self.broker.has_stream(stream):
+            self._respond(CMD_CREATE, corr, RC_STREAM_ALREADY_EXISTS)
+        else:
+            self.broker.create_stream(stream, args, self._later(
+                lambda exc: self._respond(CMD_CREATE, corr, response_code_for(exc))))
+
+    def _on_delete(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        stream = r.string()
+        r.done()
+        if not self.broker.has_stream(stream):
+            self._respond(CMD_DELETE, corr, RC_STREAM_DOES_NOT_EXIST)
+        elif not self._can(CONFIGURE, stream):
+            self._respond(CMD_DELETE, corr, RC_ACCESS_REFUSED)
+        else:
+            self.broker.delete_stream(stream, self._later(
+                lambda exc: self._respond(CMD_DELETE, corr, response_code_for(exc))))
+
+    def _on_metadata(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        streams = r.strings()
+        r.done()
+        host, port = self.shell.advertised(self.local_host)
+        has = self.broker.has_stream
+        entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
+                   for s in streams]
+        self._send(encode_metadata_response(corr, [(0, host, port)], entries))
+
+    def stream_deleted(self, stream):
+        """The engine deleted ``stream``: drop its subscriptions, orphan its publishers (their Publish
+        frames get 0x02 from now on) and send MetadataUpdate 0x06 once. Called by the broker."""
+        if self.state >= ST_CLOSED:
+            return
+        notify = False
+        for sub in list(self.subscriptions.values()):
+            if sub.stream == stream:
+                self._drop_subscription(sub, sac_handover=False)
+                del self.subscriptions[sub.sub_id]
+                notify = True
+        for pub in self.publishers.values():
+            if pub.stream == stream and not pub.stream_gone:
+                pub.stream_gone = True
+                notify = True
+        if notify:
+            self._send(encode_metadata_update(RC_STREAM_NOT_AVAILABLE, stream))
+            self._flush()
+
+    def _on_stream_stats(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        stream = r.string()
+        r.done()
+        if not self.broker.has_stream(stream):
+            self._send(encode_stream_stats(corr, RC_STREAM_DOES_NOT_EXIST, []))
+        elif not self._can(READ, stream):
+            self._send(encode_stream_stats(corr, RC_ACCESS_REFUSED, []))
+        else:
+            try:
+                info = self.broker.stream_info(stream)
+            except StreamNotFound:
+                self._send(encode_stream_stats(corr, RC_STREAM_DOES_NOT_EXIST, []))
+                return
+            self._send(encode_stream_stats(corr, RC_OK, [
+                ("first_chunk_id", info.first_chunk_id), ("committed_chunk_id", info.committed_chunk_id),
+                ("last_chunk_id", info.last_chunk_id)]))
+
+    def _on_exchange_command_versions(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        for _ in range(r.count(6)):
+            key = r.u16()
+            r.u16()                      # the client's min version: we support every v1
+            hi = r.u16()
+            if key == CMD_DELIVER and hi >= 2:
+                self.deliver_version = 2
+        r.done()
+        self._send(encode_command_versions(corr, SERVER_COMMAND_VERSIONS))
+
+    # ---------------------------------------------------------------------------------- super streams
+
+    def _on_create_super_stream(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        name = r.string()
+        partitions = r.strings()
+        keys = r.strings()
+        args = r.properties()
+        r.done()
+        if not name or not partitions or len(partitions) != len(keys) or not all(partitions) \
+                or None in keys or len(set(partitions)) != len(partitions):
+            self._respond(CMD_CREATE_SUPER_STREAM, corr, RC_PRECONDITION_FAILED)
+        elif not all(self._can(CONFIGURE, x) for x in [name] + partitions):
+            self._respond(CMD_CREATE_SUPER_STREAM, corr, RC_ACCESS_REFUSED)
+        else:
+            self.broker.create_super_stream(name, partitions, keys, args, self._later(
+                lambda exc: self._respond(CMD_CREATE_SUPER_STREAM, corr, response_code_for(exc))))
+
+    def _on_delete_super_stream(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        name = r.string()
+        r.done()
+        parts = self.broker.partitions(name or "")
+        if parts is None:
+            self._respond(CMD_DELETE_SUPER_STREAM, corr, RC_STREAM_DOES_NOT_EXIST)
+        elif not all(self._can(CONFIGURE, x) for x in [name] + parts):
+            self._respond(CMD_DELETE_SUPER_STREAM, corr, RC_ACCESS_REFUSED)
+        else:
+            self.broker.delete_super_stream(name, self._later(
+                lambda exc: self._respond(CMD_DELETE_SUPER_STREAM, corr, response_code_for(exc))))
+
+    def _on_route(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        routing_key = r.string()
+        super_stream = r.string()
+        r.done()
+        streams = self.broker.route(super_stream or "", routing_key)
+        code = RC_OK if streams is not None else RC_STREAM_DOES_NOT_EXIST
+        self._respond(CMD_ROUTE, corr, code, enc_strings(streams or []))
+
+    def _on_partitions(self, f, version):
+        r = Reader(f)
+        corr = r.u32()
+        super_stream = r.string()
+        r.done()
+        streams = self.broker.partitions(super_stream or "")
+        code = RC_OK if streams is not None else RC_STREAM_DOES_NOT_EXIST
+        self._respond(CMD_PARTITIONS, corr, code, enc_strings(streams or []))
+
+    # ------------------------------------------------------------------------------------ publishing
+
+
+# key -> (method, accepted versions, lowest state, name)
+COMMANDS = {
+    CMD_PEER_PROPERTIES: (RmqStreamSession._on_peer_properties, (1,), ST_HANDSHAKE, "PeerProperties"),
+    CMD_SASL_HANDSHAKE: (RmqStreamSession._on_sasl_handshake, (1,), ST_HANDSHAKE, "SaslHandshake"),
+    CMD_SASL_AUTHENTICATE: (RmqStreamSession._on_sasl_authenticate, (1,), ST_HANDSHAKE, "SaslAuthenticate"),
+    CMD_TUNE: (RmqStreamSession._on_tune, (1,), ST_TUNING, "Tune"),
+    CMD_OPEN: (RmqStreamSession._on_open, (1,), ST_TUNING, "Open"),
+    CMD_CLOSE: (RmqStreamSession._on_close, (1,), ST_HANDSHAKE, "Close"),
+    CMD_CLOSE | RESPONSE: (RmqStreamSession._on_close_response, (1,), ST_HANDSHAKE, "CloseResponse"),
+    CMD_HEARTBEAT: (RmqStreamSession._on_heartbeat, (1,), ST_HANDSHAKE, "Heartbeat"),
+    CMD_DECLARE_PUBLISHER: (RmqStreamSession._on_declare_publisher, (1,), ST_OPEN, "DeclarePublisher"),
+    CMD_PUBLISH: (None, (1, 2), ST_OPEN, "Publish"),   # handled before the table (hot path)
+    CMD_QUERY_PUBLISHER_SEQUENCE: (RmqStreamSession._on_query_publisher_sequence, (1,), ST_OPEN,
+                                   "QueryPublisherSequence"),
+    CMD_DELETE_PUBLISHER: (RmqStreamSession._on_delete_publisher, (1,), ST_OPEN, "DeletePublisher"),
+    CMD_SUBSCRIBE: (RmqStreamSession._on_subscribe, (1,), ST_OPEN, "Subscribe"),
+    CMD_CREDIT: (RmqStreamSession._on_credit, (1,), ST_OPEN, "Credit"),
+    CMD_STORE_OFFSET: (RmqStreamSession._on_store_offset, (1,), ST_OPEN, "StoreOffset"),
+    CMD_QUERY_OFFSET: (RmqStreamSession._on_query_offset, (1,), ST_OPEN, "QueryOffset"),
+    CMD_UNSUBSCRIBE: (RmqStreamSession._on_unsubscribe, (1,), ST_OPEN, "Unsubscribe"),
+    CMD_CREATE: (RmqStreamSession._on_create, (1,), ST_OPEN, "Create"),
+    CMD_DELETE: (RmqStreamSession._on_delete, (1,), ST_OPEN, "Delete"),
+    CMD_METADATA: (RmqStreamSession._on_metadata, (1,), ST_OPEN, "Metadata"),
+    CMD_ROUTE: (RmqStreamSession._on_route, (1,), ST_OPEN, "Route"),
+    CMD_PARTITIONS: (RmqStreamSession._on_partitions, (1,), ST_OPEN, "Partitions"),
+    CMD_CONSUMER_UPDATE | RESPONSE: (RmqStreamSession._on_consumer_update_response, (1,), ST_OPEN,
+                                     "ConsumerUpdateResponse"),
+    CMD_EXCHANGE_COMMAND_VERSIONS: (RmqStreamSession._on_exchange_command_versions, (1,), ST_OPEN,
+                                    "ExchangeCommandVersions"),
+    CMD_STREAM_STATS: (RmqStreamSession._on_stream_stats, (1,), ST_OPEN, "StreamStats"),
+    CMD_CREATE_SUPER_STREAM: (RmqStreamSession._on_create_super_stream, (1,), ST_OPEN, "CreateSuperStream"),
+    CMD_DELETE_SUPER_STREAM: (RmqStreamSession._on_delete_super_stream, (1,), ST_OPEN, "DeleteSuperStream"),
+    CMD_RESOLVE_OFFSET_SPEC: (RmqStreamSession._on_resolve_offset_spec, (1,), ST_OPEN, "ResolveOffsetSpec"),
+}

@@ -1,0 +1,147 @@
+"""What the RabbitMQ Stream connections of one listener share beyond the broker layer: the settings
+offered in Tune and Open, the server properties, and single-active-consumer groups.
+
+Single active consumer: a group is (stream, name). On a plain stream the first member (in arrival
+order) is active until it leaves. On a partition of a super stream (the subscription names it in
+``super-stream``), the active member is members[partition index mod N], as RabbitMQ spreads partitions
+over the instances of an application: when a join or leave moves that choice, the current active member
+is first told to step down (ConsumerUpdate inactive) and the new one is activated only after the old one
+has answered, so two members are never active at once. A group lives exactly as long as its members
+and its stream: a deleted stream takes its groups along, so a re-created stream of the same name starts
+with none.
+"""
+
+import logging
+import platform
+
+from riverbed.engine import OffsetSpec
+from riverbed.engine.errors import InvalidArgument
+from riverbed.shells.rmq_stream.constants import (
+    DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
+    OFFSET_TYPE_NEXT, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, PRODUCT, VERSION,
+)
+
+log = logging.getLogger("riverbed.rmq")
+
+_SPEC_BUILDERS = {
+    OFFSET_TYPE_FIRST: lambda v: OffsetSpec.first(),
+    OFFSET_TYPE_LAST: lambda v: OffsetSpec.last(),
+    OFFSET_TYPE_NEXT: lambda v: OffsetSpec.next(),
+    OFFSET_TYPE_OFFSET: OffsetSpec.offset,
+    OFFSET_TYPE_TIMESTAMP: OffsetSpec.timestamp,
+}
+
+
+class RmqShell:
+    """Per-listener RabbitMQ Stream state over the shared ``broker``. Loop-thread only.
+
+    ``advertised_host``/``advertised_port`` override the address given in OpenResponse and Metadata;
+    ``frame_max`` (bytes) and ``heartbeat`` (seconds) are offered in Tune; ``handshake_timeout``
+    (seconds) bounds the time from accept to Open.
+    """
+
+    def __init__(self, broker, *, advertised_host=None, advertised_port=None, frame_max=DEFAULT_FRAME_MAX,
+                 heartbeat=DEFAULT_HEARTBEAT, handshake_timeout=DEFAULT_HANDSHAKE_TIMEOUT):
+        self.broker = broker
+        self.advertised_host = advertised_host
+        self.advertised_port = advertised_port
+        self.listen_host = None
+        self.listen_port = None
+        self.frame_max = frame_max
+        self.heartbeat = heartbeat
+        self.handshake_timeout = handshake_timeout
+        self.sac = SacGroups(broker)
+
+    def server_properties(self):
+        return {"product": PRODUCT, "version": VERSION, "cluster_name": "riverbed",
+                "platform": f"Python {platform.python_version()}",
+                "copyright": "Copyright (c) the Riverbed authors",
+                "information": "Licensed under the Apache 2.0 license, see https://www.apache.org/licenses/"}
+
+    def advertised(self, local_host=None):
+        """``(host, port)`` for OpenResponse and Metadata: the configured advertised address, else the
+        address the client reached us on (always reachable by that client), else the listen address."""
+        host = self.advertised_host or local_host or self.listen_host or "localhost"
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]
+        return host, self.advertised_port or self.listen_port or 5552
+
+    @staticmethod
+    def offset_spec(offset_type, value=None):
+        """The engine OffsetSpec of a protocol offset type. Raises InvalidArgument for an unknown type."""
+        build = _SPEC_BUILDERS.get(offset_type)
+        if build is None:
+            raise InvalidArgument(f"offset type {offset_type}")
+        return build(value)
+
+
+class _SacGroup:
+    __slots__ = ("members", "active", "stepping_down", "partition_index")
+
+    def __init__(self, partition_index):
+        self.members = []            # [(session, subscription)] in arrival order
+        self.active = None           # the member delivering (or being activated)
+        self.stepping_down = None    # the member told to step down, until it answers
+        self.partition_index = partition_index   # -1: not a super stream partition
+
+
+class SacGroups:
+    """Single-active-consumer groups of one listener (see the module docstring)."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self._groups = {}            # (stream, name) -> _SacGroup
+        broker.on_stream_deleted(self._forget_stream)
+
+    def _forget_stream(self, stream):
+        for key in [k for k in self._groups if k[0] == stream]:
+            del self._groups[key]
+
+    def register(self, stream, name, session, sub, super_stream=None):
+        """Join the group ``(stream, name)``; the chosen member gets ``session.sac_activate(sub)``."""
+        group = self._groups.get((stream, name))
+        if group is None:
+            index = -1
+            parts = self.broker.partitions(super_stream) if super_stream else None
+            if parts and stream in parts:
+                index = parts.index(stream)
+            group = self._groups[(stream, name)] = _SacGroup(index)
+        group.members.append((session, sub))
+        self._rebalance(group)
+
+    def unregister(self, stream, name, session, sub):
+        """Leave the group; a new active member is chosen when needed."""
+        key = (stream, name)
+        group = self._groups.get(key)
+        if group is None:
+            return
+        group.members = [m for m in group.members if m[1] is not sub]
+        if group.active is not None and group.active[1] is sub:
+            group.active = None
+        if group.stepping_down is not None and group.stepping_down[1] is sub:
+            group.stepping_down = None
+        if not group.members:
+            del self._groups[key]
+            return
+        self._rebalance(group)
+
+    def stepped_down(self, stream, name, session, sub):
+        """The member told to step down has answered: activate the member that should now be active."""
+        group = self._groups.get((stream, name))
+        if group is not None and group.stepping_down is not None and group.stepping_down[1] is sub:
+            group.stepping_down = None
+            self._rebalance(group)
+
+    def _rebalance(self, group):
+        if not group.members or group.stepping_down is not None:
+            return
+        if group.partition_index >= 0:
+            want = group.members[group.partition_index % len(group.members)]
+        else:
+            want = group.active if group.active is not None else group.members[0]
+        if group.active is None:
+            group.active = want
+            want[0].sac_activate(want[1])
+        elif group.active[1] is not want[1]:
+            group.stepping_down, group.active = group.active, None
+            group.stepping_down[0].sac_step_down(group.stepping_down[1])

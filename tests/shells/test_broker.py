@@ -1,0 +1,198 @@
+"""The protocol-neutral broker layer over a real engine: deletion notices, super streams, tails with
+credit and with byte windows, read-your-writes and NEXT barriers. Engine completions are drained by the
+test (the ``post`` queue of the harness) instead of an event loop."""
+
+import queue
+
+import pytest
+
+from riverbed.engine import Engine, OffsetSpec, core
+from riverbed.engine.errors import StreamExists, StreamNotFound
+from riverbed.shells.broker import MODE_WINDOW, Broker, Tail
+
+
+class Loop:
+    def __init__(self, tmp_path, **engine_kw):
+        self.q = queue.Queue()
+        self.deferred = []
+        self.eng = Engine(tmp_path / "data", fsync="never", retention_interval=0, **engine_kw)
+        self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)))
+
+    def settle(self):
+        for _ in range(100):
+            self.eng.sync().result(timeout=10)
+            ran = False
+            while True:
+                try:
+                    fn, args = self.q.get_nowait()
+                except queue.Empty:
+                    break
+                fn(*args)
+                ran = True
+            while self.deferred:
+                self.deferred.pop(0)()
+                ran = True
+            if not ran:
+                return
+        raise AssertionError("never settled")
+
+    def close(self):
+        self.broker.close()
+        self.eng.close()
+
+
+class Listener:
+    """A session of some protocol: records what the broker tells it."""
+
+    def __init__(self, log, name):
+        self.log = log
+        self.name = name
+
+    def stream_deleted(self, stream):
+        self.log.append((self.name, "deleted", stream))
+
+
+@pytest.fixture
+def lp(tmp_path):
+    loop = Loop(tmp_path)
+    yield loop
+    loop.close()
+
+
+def test_delete_is_answered_before_any_session_hears_of_it(lp):
+    events = []
+    for name in ("rmq", "bson"):
+        lp.broker.register(Listener(events, name))
+    lp.broker.create_stream("s", {}, lambda exc: events.append(("create", exc)))
+    lp.settle()
+    lp.broker.delete_stream("s", lambda exc: events.append(("answer", exc)))
+    lp.settle()
+    assert events == [("create", None), ("answer", None), ("rmq", "deleted", "s"), ("bson", "deleted", "s")]
+
+
+def test_a_delete_made_elsewhere_is_heard_by_every_session(lp):
+    events = []
+    lp.broker.register(Listener(events, "ws"))
+    lp.eng.create_stream("s").result()
+    lp.eng.delete_stream("s").result()      # not through this broker (another process part, say)
+    lp.settle()
+    assert events == [("ws", "deleted", "s")]
+
+
+def test_super_stream_lives_in_the_engine_and_delete_notifies_each_partition(lp):
+    events = []
+    lp.broker.register(Listener(events, "rmq"))
+    lp.broker.create_super_stream("o", ["o-0", "o-1"], ["a", "b"], {}, lambda exc: events.append(("made", exc)))
+    lp.settle()
+    assert lp.broker.partitions("o") == ["o-0", "o-1"] and lp.broker.route("o", "b") == ["o-1"]
+    assert lp.eng.super_stream("o")["binding_keys"] == ["a", "b"]
+    lp.broker.create_super_stream("o", ["o-2"], ["c"], {}, lambda exc: events.append(("again", type(exc))))
+    lp.settle()
+    lp.broker.delete_super_stream("o", lambda exc: events.append(("gone", exc)))
+    lp.settle()
+    assert events == [("made", None), ("again", StreamExists), ("gone", None), ("rmq", "deleted", "o-0"),
+                      ("rmq", "deleted", "o-1")]
+    assert lp.broker.partitions("o") is None and not lp.eng.has_stream("o-0")
+
+
+def test_legacy_super_stream_file_is_imported_once(tmp_path):
+    data = tmp_path / "data"
+    with Engine(data) as eng:
+        for p in ("x-0", "x-1"):
+            eng.create_stream(p).result()
+    (data / "rmq-super-streams.json").write_text(
+        '{"super_streams": {"x": {"partitions": ["x-0", "x-1"], "binding_keys": ["0", "1"], "arguments": {}}}}')
+    with Engine(data) as eng:
+        broker = Broker(eng, post=lambda fn, *a: fn(*a), data_dir=str(data))
+        assert broker.partitions("x") == ["x-0", "x-1"]
+    assert not (data / "rmq-super-streams.json").exists()
+    assert (data / "rmq-super-streams.json.imported").exists()
+
+
+def test_resolve_next_waits_for_appends_already_accepted(lp):
+    lp.eng.create_stream("s").result()
+    got = []
+    lp.broker.append_records("s", [b"a"] * 10, lambda res, exc: got.append(("appended", res.last_offset)))
+    lp.broker.resolve_after_writes("s", OffsetSpec.next(), lambda off, exc: got.append(("next", off)))
+    lp.settle()
+    assert got == [("appended", 9), ("next", 10)]
+
+
+def chunk_records(raw):
+    return core.chunk_records(raw)
+
+
+def test_tail_in_credit_mode_delivers_one_chunk_per_credit(lp):
+    lp.eng.create_stream("s").result()
+    for i in range(5):
+        lp.eng.append("s", [b"r%d" % i]).result()
+    seen = []
+    tail = Tail(lp.broker, "s", 0, lambda t, cid, raw, start: seen.append(cid) or 1, defer=lp.deferred.append,
+                credit=2)
+    tail.start()
+    lp.settle()
+    assert seen == [0, 1]
+    tail.grant(10)
+    lp.settle()
+    assert seen == [0, 1, 2, 3, 4]
+    lp.eng.append("s", [b"live"]).result()     # the armed watch wakes it
+    lp.settle()
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_tail_in_window_mode_pauses_above_high_and_resumes_at_low(lp):
+    lp.eng.create_stream("s").result()
+    for i in range(20):
+        lp.eng.append("s", [b"x" * 1000]).result()
+    seen = []
+
+    def on_chunk(t, cid, raw, start):
+        seen.append(cid)
+        return 1000      # bytes sent
+    tail = Tail(lp.broker, "s", 0, on_chunk, defer=lp.deferred.append, mode=MODE_WINDOW, window_high=4000,
+                window_low=2000)
+    tail.start()
+    lp.settle()
+    assert len(seen) == 5                       # 5,000 > 4,000 unacknowledged: paused
+    tail.ack(2000)                              # 3,000 outstanding: still above the low mark
+    lp.settle()
+    assert len(seen) == 5
+    tail.ack(1000)                              # 2,000: resumes
+    lp.settle()
+    assert len(seen) == 8 and seen == list(range(8))
+
+
+def test_tail_starting_inside_a_chunk_is_told_where(lp):
+    lp.eng.create_stream("s").result()
+    lp.eng.append("s", [b"a", b"b", b"c"]).result()
+    starts = []
+    tail = Tail(lp.broker, "s", 2, lambda t, cid, raw, start: starts.append((cid, start)) or 1,
+                defer=lp.deferred.append, credit=5)
+    tail.start()
+    lp.settle()
+    assert starts == [(0, 2)]
+
+
+def test_tail_hears_of_deletion(lp):
+    lp.eng.create_stream("s").result()
+    gone = []
+    tail = Tail(lp.broker, "s", 0, lambda *a: 1, defer=lp.deferred.append, credit=5, on_gone=gone.append)
+    tail.start()
+    lp.settle()
+    lp.eng.delete_stream("s").result()
+    lp.settle()
+    assert len(gone) == 1 and isinstance(gone[0], StreamNotFound)
+
+
+def test_offsets_read_back_what_was_just_stored(lp):
+    lp.eng.create_stream("s").result()
+    got = []
+    lp.broker.store_offset("s", "app", 41)
+    lp.broker.store_offset("s", "app", 42)
+    lp.broker.query_offset("s", "app", lambda v, exc: got.append(v))    # before any commit was drained
+    lp.settle()
+    assert got == [42]
+    lp.broker.delete_offset("s", "app", lambda exc: got.append(exc))
+    lp.settle()
+    lp.broker.query_offset("s", "app", lambda v, exc: got.append(v))
+    assert got == [42, None, None]

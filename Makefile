@@ -31,6 +31,7 @@ test: test-compiled test-pure
 
 test-compiled: install
 	@ci/ensure-java.sh
+	@ci/rstream-old.sh >/dev/null
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install

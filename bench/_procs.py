@@ -130,7 +130,7 @@ class Riverbed:
         self.tmp = tempfile.mkdtemp(prefix=f"riverbed-bench-{self.fsync}-")
         data = os.path.join(self.tmp, "data")
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", data, "--host", "127.0.0.1",
-               "--stream-port", "0", "--fsync", self.fsync]
+               "--stream-port", "0", "--http-port", "off", "--fsync", self.fsync]
         self.log(f"starting riverbed serve --fsync {self.fsync} on a fresh data directory {data}")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True, cwd=self.tmp)

@@ -30,7 +30,7 @@ LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
 
 def start_server(data_dir, fsync):
     cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", data_dir, "--stream-port", "0",
-           "--fsync", fsync]
+           "--http-port", "off", "--fsync", fsync]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     port = None
     ready = threading.Event()

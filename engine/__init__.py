@@ -11,3 +11,4 @@ from riverbed.engine.log import (  # noqa: F401
     DEFAULT_FSYNC, FSYNC_POLICIES, AppendResult, Engine, OffsetSpec, PublishingIds, StreamInfo, WriteContext,
     parse_max_age,
 )
+from riverbed.engine.docstore import CollectionInfo, DocStore, UniqueViolation  # noqa: F401,E402

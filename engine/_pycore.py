@@ -13,6 +13,14 @@ from riverbed.engine.format import (
     BLOOM_SEED_1, BLOOM_SEED_2, CHUNK_MAGIC_VERSION, CHUNK_USER, COMPRESSION_NONE, HEADER_STRUCT,
     LEN_CHUNK_HEADER, LEN_SIMPLE_HEADER, LEN_SUB_BATCH_HEADER, MAX_ENTRY_SIZE, decompress,
 )
+# The record codec (AMQP 1.0 bare messages) is its own module, re-exported so that core.impl has it
+# whichever twin is in use.
+from riverbed.engine._pyrecord import (  # noqa: F401
+    BODY_DATA, BODY_SEQUENCE, BODY_VALUE, BODY_VALUE_BINARY, BODY_VALUE_STRING, KIND_BSON, KIND_BYTES, KIND_JSON,
+    decode_message, encode_message, payload_kind,
+)
+# The document store's raw-BSON matcher is its own module too (docs.pxi is its compiled twin).
+from riverbed.engine._pydocs import DocMatcher, bson_index_keys, bson_values  # noqa: F401
 
 COMPILED = False
 

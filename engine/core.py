@@ -39,3 +39,19 @@ bloom_match = impl.bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
 publish_chunk = impl.publish_chunk
+# the one record format (AMQP 1.0 bare messages): riverbed.engine.record is the layer shells call
+encode_message = impl.encode_message
+decode_message = impl.decode_message
+payload_kind = impl.payload_kind
+BODY_DATA = impl.BODY_DATA
+BODY_VALUE_BINARY = impl.BODY_VALUE_BINARY
+BODY_VALUE_STRING = impl.BODY_VALUE_STRING
+BODY_VALUE = impl.BODY_VALUE
+BODY_SEQUENCE = impl.BODY_SEQUENCE
+KIND_BYTES = impl.KIND_BYTES
+KIND_JSON = impl.KIND_JSON
+KIND_BSON = impl.KIND_BSON
+# the document store: predicates over raw BSON and index values read out of it (docs.pxi / _pydocs.py)
+DocMatcher = impl.DocMatcher
+bson_values = impl.bson_values
+bson_index_keys = impl.bson_index_keys

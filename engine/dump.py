@@ -3,6 +3,13 @@
 Opens the environment read-only, so it is safe while ``riverbed serve`` writes to it. For each stream
 it prints the statistics, then one line per chunk: id, type, entries, records, timestamp, stored size
 and whether the CRC checks out (like osiris's dump tools). Exit status 1 when any chunk is corrupt.
+
+Then (unless ``--stream`` picks one stream) the document store: one line per collection, with its
+document count and key field, and one line per index with its entry count::
+
+    collection users  cid=1 documents=120 key_field=uid
+      index email unique entries=120
+      index age entries=118
 """
 
 import argparse
@@ -10,6 +17,7 @@ import datetime
 import sys
 
 from riverbed.engine import core
+from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import ChunkError
 from riverbed.engine.format import H_ENTRIES, H_RECORDS, H_TIMESTAMP, H_TYPE
 from riverbed.engine.log import _CHUNK_KEY, Engine
@@ -63,9 +71,27 @@ def dump(path, stream=None, out=sys.stdout, chunks=True):
                         bad += 1
                         print(f"  {chunk_id:>12} BAD HEADER ({e.reason}) size={len(raw)}", file=out)
                     ok = cur.next()
+        if not stream:
+            dump_collections(eng, out)
     finally:
         eng.close()
     return bad
+
+
+def dump_collections(eng, out=sys.stdout):
+    """Write the document store's collections and indexes of the open engine ``eng`` to ``out``."""
+    ds = DocStore(eng)
+    for name in ds.list_collections():
+        with eng.read_txn() as txn:
+            c = ds._coll_r(txn, name)
+            if c is None:
+                continue
+            count = ds._count_in(txn, c)
+            entries = [ds.index_entries(txn, c, ix) for ix in c.indexes]
+        key = f" key_field={c.key_field}" if c.key_field is not None else ""
+        print(f"collection {name}  cid={c.cid} documents={count}{key}", file=out)
+        for ix, n in zip(c.indexes, entries):
+            print(f"  index {ix.field}{' unique' if ix.unique else ''} entries={n}", file=out)
 
 
 def main(argv=None):

@@ -62,3 +62,17 @@ class FrameTooLarge(FrameError):
 
 class EngineClosed(RiverbedError):
     """The engine (writer) was closed; the operation was not carried out."""
+
+
+class UniqueViolation(RiverbedError):
+    """A document store write would give two documents of a collection the same value of a unique field.
+    The write is refused whole: nothing of it is kept. ``collection``, ``field``, ``value`` and ``holder``
+    (the id of the document that already has the value) say which."""
+
+    def __init__(self, collection, field, value, holder):
+        self.collection = collection
+        self.field = field
+        self.value = value
+        self.holder = holder
+        super().__init__(f"collection {collection!r}: value {value!r} of unique field {field!r} is already "
+                         f"held by document {holder!r}")

@@ -101,7 +101,7 @@ OPTIONS = [
     Option("zmq_port", parse_port, None, "ZeroMQ port (default off)", "PORT"),
     Option("ws_port", parse_port, None, "WebSocket JSON port (default off)", "PORT"),
     Option("text_port", parse_port, None, "text protocol port (default off)", "PORT"),
-    Option("http_port", parse_port, None, "HTTP port (default off)", "PORT"),
+    Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("advertised_host", _opt_str, None,
            "host clients are told to dial (Metadata/OpenResponse; default: the address they connected to)",
            "HOST"),

@@ -14,7 +14,11 @@ Options (all strings, as Spark passes them):
     startingTimestamp  ms since the epoch or ISO-8601 (UTC when naive): from the first chunk stamped at
                        or after it (a record's timestamp is its chunk's)
     endingTimestamp    the same, exclusive: up to the first chunk stamped at or after it. Batch only
-    decode             ``raw`` (default) | ``amqp`` | ``json`` | ``bson``
+    decode             ``raw`` (default) | ``amqp`` | ``json`` | ``bson``. ``json`` and ``bson`` read each
+                       record by the one record format (riverbed.engine.record): AMQP-wrapped or raw,
+                       JSON or BSON, a record published over any protocol loads as its columns (BSON
+                       converted to JSON for ``json``, JSON to BSON for ``bson``; bytes are
+                       ``{"base64": ...}`` / ``{"data": ...}``)
     schema             DDL of the typed columns for ``json`` and ``bson`` (required for those)
     numPartitions      Spark partitions to split the ranges into (default: the CPU count, which is
                        ``spark.default.parallelism`` for local[*]; a Python data source cannot read the
@@ -374,6 +378,29 @@ def plan_ranges(opts, backend, pushed=None, streams=None):
 
 # ------------------------------------------------------------------------------------------ readers
 
+class DocumentBatchBuilder(batches.BatchBuilder):
+    """The batch builder of ``decode=json`` and ``decode=bson``: records are read by the one record format
+    (:func:`riverbed.spark.amqp.decode_documents`), so a record published over any protocol -- AMQP-wrapped
+    or raw, JSON or BSON -- loads as its columns. The fixed columns and the body come from a ``raw``
+    builder; the body becomes the schema's typed columns."""
+
+    def __init__(self, arrow_schema, stream, partition, decode, decoded_fields):
+        import pyarrow as pa
+        super().__init__(arrow_schema, stream, partition, decode, decoded_fields)
+        fixed = list(arrow_schema)[:len(batches.FIXED_COLUMNS)]
+        self.raw = batches.BatchBuilder(pa.schema(fixed + [pa.field("body", pa.binary())]), stream, partition)
+        self.fields = [arrow_schema.field(name) for name in self.decoded_fields]
+
+    def build(self, bufs):
+        import pyarrow as pa
+
+        from riverbed.spark import amqp
+        raw = self.raw.build(bufs)
+        n = len(batches.FIXED_COLUMNS)
+        cols = raw.columns[:n] + amqp.decode_documents(raw.column(n), self.decode, self.fields)
+        return pa.RecordBatch.from_arrays(cols, schema=self.schema)
+
+
 def _arrow_schema(schema):
     from pyspark.sql.pandas.types import to_arrow_schema
     return to_arrow_schema(schema, timezone="UTC")
@@ -386,7 +413,8 @@ def read_partition(opts, schema, partition):
         return iter(())
     arrow_schema = _arrow_schema(schema)
     decoded = [f.name for f in schema.fields[len(batches.FIXED_COLUMNS):]] if opts.decode in ("json", "bson") else ()
-    builder = batches.BatchBuilder(arrow_schema, partition.stream, partition.partition, opts.decode, decoded)
+    builder_class = DocumentBatchBuilder if decoded else batches.BatchBuilder
+    builder = builder_class(arrow_schema, partition.stream, partition.partition, opts.decode, decoded)
     if opts.uri:
         return batches.read_remote(opts.uri, partition.stream, partition.start, partition.end, builder,
                                    opts.batch_bytes, opts.verify)

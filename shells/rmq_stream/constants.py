@@ -82,6 +82,8 @@ MAX_REFERENCE = 255                # bytes of UTF-8 in a publisher/consumer refe
                                    # the protocol says 256 characters)
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0   # seconds from accept to a successful Open
 CLOSE_TIMEOUT = 1.0                # seconds to wait for a CloseResponse to a server-initiated Close
+SAC_STEP_DOWN_TIMEOUT = 5.0        # seconds a consumer told to step down may take to answer; then the group
+                                   # moves on without it (rstream 0.20 leaves some step-downs unanswered)
 
 # Publish flow control: stop reading a connection while this many bytes of its appends are not yet
 # committed, resume below the low mark (RabbitMQ blocks on "publisher credits" the same way).

@@ -23,7 +23,7 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_QUERY_OFFSET, CMD_RESOLVE_OFFSET_SPEC, CMD_SUBSCRIBE, CMD_UNSUBSCRIBE, LEN_KEY_VERSION, MAX_REFERENCE,
     OFFSET_TYPE_NONE, OFFSET_TYPE_OFFSET, RC_ACCESS_REFUSED, RC_INTERNAL_ERROR, RC_OK, RC_PRECONDITION_FAILED,
     RC_STREAM_DOES_NOT_EXIST, RC_SUBSCRIPTION_ID_ALREADY_EXISTS, RC_SUBSCRIPTION_ID_DOES_NOT_EXIST, SAC_ACTIVATING,
-    SAC_ACTIVE, SAC_NONE, SAC_STEPPING_DOWN, SAC_WAITING, ST_CLOSING, ST_OPEN,
+    SAC_ACTIVE, SAC_NONE, SAC_STEP_DOWN_TIMEOUT, SAC_STEPPING_DOWN, SAC_WAITING, ST_CLOSING, ST_OPEN,
 )
 
 log = logging.getLogger("riverbed.rmq")
@@ -33,7 +33,7 @@ class Subscription:
     """One subscription of one connection: its Tail and its single-active-consumer state."""
 
     __slots__ = ("sub_id", "stream", "spec", "filters", "match_unfiltered", "sac", "sac_name", "tail", "gone",
-                 "ready")
+                 "ready", "step_down_deadline")
 
     def __init__(self, sub_id, stream, spec, filters, match_unfiltered):
         self.sub_id = sub_id
@@ -46,6 +46,7 @@ class Subscription:
         self.tail = None
         self.gone = False
         self.ready = False         # answered: delivery may start
+        self.step_down_deadline = None   # broker clock (s) by which a step-down must be answered
 
     @property
     def credit(self):
@@ -175,6 +176,7 @@ class ConsumeCommands:
         if sub.gone or self.state >= ST_CLOSING:
             return
         sub.sac = SAC_STEPPING_DOWN
+        sub.step_down_deadline = self.broker.clock() + SAC_STEP_DOWN_TIMEOUT
         sub.tail.stop()
         corr = self._next_corr()
         self._pending_updates[corr] = sub.sub_id
@@ -192,8 +194,7 @@ class ConsumeCommands:
         if sub is None:
             return
         if sub.sac == SAC_STEPPING_DOWN:
-            sub.sac = SAC_WAITING
-            self.shell.sac.stepped_down(sub.stream, sub.sac_name, self, sub)
+            self._stepped_down(sub)
             return
         if sub.sac != SAC_ACTIVATING:
             return
@@ -206,6 +207,20 @@ class ConsumeCommands:
             return
         sub.sac = SAC_ACTIVE
         self._start(sub, offset)
+
+    def _stepped_down(self, sub):
+        sub.sac = SAC_WAITING
+        sub.step_down_deadline = None
+        self.shell.sac.stepped_down(sub.stream, sub.sac_name, self, sub)
+
+    def check_step_downs(self, now):
+        """A consumer that does not answer its step-down within SAC_STEP_DOWN_TIMEOUT is taken as stepped
+        down (it gets nothing more either way), so its group is not stuck with no active member."""
+        for sub in list(self.subscriptions.values()):
+            if sub.sac == SAC_STEPPING_DOWN and sub.step_down_deadline is not None and now >= sub.step_down_deadline:
+                log.warning("%s: subscription %d on %r did not answer its step-down in %.0f s; moving on",
+                            self.peer, sub.sub_id, sub.stream, SAC_STEP_DOWN_TIMEOUT)
+                self._stepped_down(sub)
 
     # ------------------------------------------------------------------------- credit, unsubscribe
 

@@ -219,7 +219,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             self.io.resume_reading()
 
     def tick(self, now):
-        """Clock tick (seconds): heartbeats both ways, the handshake timeout and the Close timeout."""
+        """Clock tick (seconds): heartbeats both ways, the handshake, Close and SAC step-down timeouts."""
         if self.state >= ST_CLOSED:
             return
         if self.state == ST_CLOSING:
@@ -237,9 +237,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
                 log.info("%s: nothing received for %.1f s (heartbeat %d s); closing", self.peer,
                          now - self.last_recv, hb)
                 self._hard_close()
-            elif now - self.last_sent >= hb:
+                return
+            if now - self.last_sent >= hb:
                 self._send(encode_heartbeat())
                 self._flush()
+        self.check_step_downs(now)
+        self._flush()
 
     def begin_shutdown(self):
         """Server shutdown, step 1: stop reading; in-flight appends still complete and confirm."""

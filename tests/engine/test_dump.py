@@ -226,3 +226,36 @@ def test_dump_works_while_another_process_holds_the_directory_read_write(tmp_pat
         res = eng.append("live", [b"four"]).result()
         assert res.first_offset == 3
         assert [rec for _, rec in eng.scan("live")] == [b"one", b"two", b"three", b"four"]
+
+
+def test_dump_shows_collections_with_their_indexes_and_counts(data_dir):
+    """The document store's section: after the streams, one line per collection and one per index; not
+    with --stream; the stream lines and --summary stay as they were."""
+    from riverbed.engine import DocStore
+    path, chunks = data_dir
+    with Engine(path, clock=clock) as eng:
+        ds = DocStore(eng)
+        ds.create_collection("users", [("email", True), "age"], key_field="uid").result()
+        ds.put_many("users", [(None, {"uid": i, "email": f"{i}@x", **({"age": i} if i % 4 else {})})
+                              for i in range(12)]).result()
+        ds.put("binder", "k", {"v": 1}).result()
+    r = run_dump(path)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("collection "))
+    assert lines[first:] == [
+        "collection binder  cid=2 documents=1",
+        "collection users  cid=1 documents=12 key_field=uid",
+        "  index email unique entries=12",
+        "  index age entries=9",
+    ]
+    parsed = parse("\n".join(lines[:first]))
+    assert list(parsed) == ["alpha", "beta", "empty"]
+    for name, cs in chunks.items():
+        check_stream(parsed, name, cs)
+    r = run_dump(path, "--summary")
+    assert [line.split()[:2] for line in r.stdout.splitlines()] == [
+        ["stream", "alpha"], ["stream", "beta"], ["stream", "empty"], ["collection", "binder"],
+        ["collection", "users"], ["index", "email"], ["index", "age"]]
+    r = run_dump(path, "--stream", "beta")
+    assert r.returncode == 0 and "collection" not in r.stdout

@@ -9,10 +9,15 @@ import sys
 import threading
 
 LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+LISTEN_ANY_RE = re.compile(r"listening (\S+) (\S+):(\d+)")
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+                       "--http-port", "off")
 
 
 class ServerProcess:
-    """``riverbed serve`` in a subprocess. ``port`` is known once ``start()`` returns."""
+    """``riverbed serve`` in a subprocess. ``port`` (RabbitMQ Stream) is known once ``start()`` returns;
+    ``ports`` maps every listener's name in its ``listening NAME HOST:PORT`` log line (``rabbitmq-stream``,
+    ``http``, ...) to its port."""
 
     def __init__(self, data_dir, *args, env=None):
         self.data_dir = str(data_dir)
@@ -20,6 +25,7 @@ class ServerProcess:
         self.env = env
         self.proc = None
         self.port = None
+        self.ports = {}
         self.lines = []
         self._ready = threading.Event()
         self._reader = None
@@ -27,8 +33,10 @@ class ServerProcess:
     def start(self, timeout=20):
         env = dict(os.environ)
         env.update(self.env or {})
+        # every other listener off unless the test turns it on (the last flag given wins), so that servers
+        # of parallel tests never fight over a default port
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir,
-               "--stream-port", "0", *self.args]
+               "--stream-port", "0", *OTHER_LISTENERS_OFF, *self.args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, env=env)
         self._ready.clear()
@@ -48,6 +56,9 @@ class ServerProcess:
             m = LISTEN_RE.search(line)
             if m:
                 self.port = int(m.group(2))
+            m = LISTEN_ANY_RE.search(line)
+            if m:
+                self.ports[m.group(1)] = int(m.group(3))
             if line.endswith(" ready"):
                 self._ready.set()
         self._ready.set()

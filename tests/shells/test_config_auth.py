@@ -12,7 +12,7 @@ def test_defaults():
     cfg = config.load({}, env={})
     assert (cfg.data_dir, cfg.host, cfg.stream_port, cfg.fsync, cfg.users) == \
         ("riverbed-data", "127.0.0.1", 5552, "batch", None)
-    assert cfg.bson_port is None and cfg.http_port is None and cfg.advertised_port is None
+    assert cfg.bson_port is None and cfg.http_port == 15692 and cfg.advertised_port is None
 
 
 def test_precedence_flags_over_env_over_file(tmp_path):

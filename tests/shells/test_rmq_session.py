@@ -574,6 +574,33 @@ def test_single_active_consumer_spreads_super_stream_partitions(h):
     assert [(u.subscription_id, u.active) for u in ups] == [(0, 1)]          # A gone: B takes partition 0
 
 
+def test_a_step_down_never_answered_does_not_leave_the_partition_without_a_consumer(h):
+    # rstream 0.20 with a named super stream consumer leaves some ConsumerUpdate(inactive) unanswered;
+    # the partition must still get an active consumer (the one that should have it) after the timeout
+    a, b = h.connect(), h.connect()
+    a.handshake()
+    b.handshake()
+    a.request(schema.CreateSuperStream(1, "sd", ["sd-0", "sd-1"], ["0", "1"], []), schema.CreateSuperStreamResponse)
+    props = [schema.Property(k, v) for k, v in
+             {"single-active-consumer": "true", "name": "app", "super-stream": "sd"}.items()]
+
+    def updates(c):
+        return [f for f in c.frames() if isinstance(f, schema.ConsumerUpdateResponse)]
+
+    a.send(schema.Subscribe(a.next_corr(), 1, "sd-1", schema.OffsetSpec.from_params(1, None), 10, props))
+    up = updates(a)[0]
+    a.send(schema.ConsumerUpdateServerResponse(up.correlation_id, 1, schema.OffsetSpecification(3, 0)))
+    b.send(schema.Subscribe(b.next_corr(), 1, "sd-1", schema.OffsetSpec.from_params(1, None), 10, props))
+    assert [(u.subscription_id, u.active) for u in updates(a)] == [(1, 0)]     # A told to step down...
+    assert updates(b) == []                                                    # ...and never answers
+    h.now += rs.SAC_STEP_DOWN_TIMEOUT - 0.5
+    a.s.tick(h.now)
+    assert updates(b) == []
+    h.now += 1.0
+    a.s.tick(h.now)
+    assert [(u.subscription_id, u.active) for u in updates(b)] == [(1, 1)]     # B takes partition 1
+
+
 # ------------------------------------------------------------------------------------------- fuzzing
 
 _KEYS = list(rs.COMMANDS) + [0x0008, 0x0003, 0x7FFF, 0xFFFF]

@@ -13,6 +13,7 @@ import struct
 import sys
 import time
 import zlib
+from datetime import datetime, timezone
 
 import pytest
 
@@ -48,10 +49,27 @@ def amqp(body, props=None):
     return out + b"\x00\x53\x75\xb0" + struct.pack(">I", len(body)) + body
 
 
+def mixed_records():
+    """The same kind of document as every protocol stores it (riverbed.engine.record), then bytes."""
+    import bson
+
+    from riverbed.engine import record
+    at = datetime(2024, 5, 1, 12, tzinfo=timezone.utc)
+    return [
+        b'{"id": 0, "name": "raw-json"}',                                          # RabbitMQ client, raw
+        record.from_json_text('{"id": 1, "name": "ws"}', T0, {"pkey": "k"}),       # WebSocket shell
+        amqp(b'{"id": 2, "name": "rstream"}'),                                     # rstream AMQPMessage
+        record.from_bson({"id": 3, "name": "bson", "at": at}),                     # BSON shell
+        bson.encode({"id": 4, "name": "raw-bson"}),                                # RabbitMQ client, raw BSON
+        record.encode_record([bson.encode({"id": 5, "name": "zmq"})], record.CT_OCTET, T0),   # ZeroMQ shell
+        b"\x01\x02\x03",                                                           # bytes
+    ]
+
+
 def write_data(path):
     clock = Clock(T0)
     with Engine(path, fsync="never", clock=clock) as eng:
-        for name in ("orders", "events", "timed", "amqp", "json", "ss-0", "ss-1", "ss-2"):
+        for name in ("orders", "events", "timed", "amqp", "json", "mixed", "ss-0", "ss-1", "ss-2"):
             eng.create_stream(name).result()
         # orders: 60,000 simple records in appends of 1,000 (separate commits: separate chunks)
         for i in range(0, 60_000, 1000):
@@ -74,6 +92,7 @@ def write_data(path):
         docs = [json.dumps({"id": i, "name": f"n{i}", "at": "2024-05-01T12:00:00Z", "tags": ["a", str(i)]})
                 for i in range(200)]
         eng.append("json", [d.encode() for d in docs] + [b"{broken", b'{"id": "x", "name": 5}']).result()
+        eng.append("mixed", mixed_records()).result()
         for p in range(3):
             for i in range(0, 4000, 1000):
                 eng.append(f"ss-{p}", [b"p%d-%d" % (p, j) for j in range(i, i + 1000)]).result()
@@ -224,6 +243,15 @@ def test_decode_json(spark, data_dir):
     assert rows[7].at.isoformat().startswith("2024-05-01T12:00")
     assert rows[200].id is None and rows[200].name is None          # not JSON
     assert rows[201].id is None and rows[201].name == "5"           # wrong type: null; number as text
+
+
+def test_decode_json_and_bson_read_records_of_every_protocol(spark, data_dir):
+    for decode, extra in (("json", "base64 string"), ("bson", "data binary")):
+        rows = load(spark, data_dir, "mixed", decode=decode, schema=f"id bigint, name string, {extra}") \
+            .orderBy("offset").collect()
+        assert [r.id for r in rows] == [0, 1, 2, 3, 4, 5, None]
+        assert [r.name for r in rows[:6]] == ["raw-json", "ws", "rstream", "bson", "raw-bson", "zmq"]
+        assert rows[6][extra.split()[0]] in ("AQID", bytearray(b"\x01\x02\x03"))
 
 
 def test_bad_options_are_reported(spark, data_dir):

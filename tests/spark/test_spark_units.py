@@ -3,6 +3,7 @@
 Marked ``spark`` like the rest of the folder: they need the spark extra (pyspark, pyarrow) installed."""
 
 import struct
+from datetime import datetime, timezone
 
 import pyarrow as pa
 import pytest
@@ -96,3 +97,69 @@ def test_json_and_bson_documents_become_typed_columns():
     raw = bson.encode({"id": 7, "at": datetime(2024, 5, 1, 12, tzinfo=timezone.utc), "name": "b"})
     ids, at, names = decode_documents(pa.array([raw, b"\x05\x00"], pa.binary()), "bson", fields)
     assert ids.to_pylist() == [7, None] and at[0].value == 1714564800 * 1_000_000
+
+
+def mixed_records():
+    """One document published every way a shell or a client can store it, then a few that are no document."""
+    import bson
+
+    from riverbed.engine import record
+    at = datetime(2024, 5, 1, 12, tzinfo=timezone.utc)
+    return [
+        b'{"id": 1, "name": "raw-json", "at": "2024-05-01T12:00:00Z"}',                     # RabbitMQ client, raw
+        record.from_json_text('{"id": 2, "name": "ws", "at": "2024-05-01T12:00:00Z"}', 1714564800000,
+                              {"pkey": "k"}),                                             # WebSocket shell
+        data(b'{"id": 3, "name": "rstream", "at": "2024-05-01T12:00:00Z"}'),               # rstream AMQPMessage
+        record.from_bson({"id": 4, "name": "bson-shell", "at": at}),                       # BSON shell
+        bson.encode({"id": 5, "name": "raw-bson", "at": at}),                              # RabbitMQ client, raw
+        record.encode_record([bson.encode({"id": 6, "name": "zmq", "at": at})], record.CT_OCTET),   # ZeroMQ shell
+        b"\x01\x02\x03",                                                                   # bytes
+        record.encode_record(b"[1, 2]", record.CT_JSON),                                   # JSON, not an object
+        None,
+    ]
+
+
+def test_json_and_bson_decoders_read_the_one_record_format():
+    from riverbed.engine import record
+    fields = [pa.field("id", pa.int64()), pa.field("name", pa.string()), pa.field("at", pa.timestamp("us", tz="UTC")),
+              pa.field("base64", pa.string()), pa.field("data", pa.binary())]
+    body = pa.array(mixed_records(), pa.binary())
+    at = 1714564800 * 1_000_000
+    ids, names, ats, b64, raw = amqp.decode_documents(body, "json", fields)
+    assert ids.to_pylist() == [1, 2, 3, 4, 5, 6, None, None, None]
+    assert names.to_pylist() == ["raw-json", "ws", "rstream", "bson-shell", "raw-bson", "zmq", None, None, None]
+    assert [a.value for a in ats[:6]] == [at] * 6 and ats[6].as_py() is None
+    assert b64.to_pylist()[6] == "AQID" and raw.to_pylist()[6] is None          # bytes: {"base64": ...}
+    ids, names, ats, b64, raw = amqp.decode_documents(body, "bson", fields)
+    assert ids.to_pylist() == [1, 2, 3, 4, 5, 6, None, None, None]
+    assert [a.value for a in ats[:6]] == [at] * 6
+    assert raw.to_pylist()[6:8] == [b"\x01\x02\x03", b"[1, 2]"] and b64.to_pylist()[6] is None   # {"data": Binary}
+    # Extended JSON wrappers of a BSON record unwrap to the column types under decode=json
+    import bson
+    from bson import Decimal128, ObjectId
+    oid = ObjectId("65a1b2c3d4e5f60718293a4b")
+    doc = {"_id": oid, "d": Decimal128("1.25"), "b": b"\x00\x01", "nested": {"at": datetime(2024, 5, 1, tzinfo=timezone.utc)},
+           "inf": float("inf"), "l": [oid]}
+    fields = [pa.field("_id", pa.string()), pa.field("d", pa.string()), pa.field("b", pa.binary()),
+              pa.field("nested", pa.struct([pa.field("at", pa.timestamp("us", tz="UTC"))])),
+              pa.field("inf", pa.float64()), pa.field("l", pa.list_(pa.string()))]
+    for decode in ("json", "bson"):
+        cols = amqp.decode_documents(pa.array([record.from_bson(doc)], pa.binary()), decode, fields)
+        assert [c.to_pylist()[0] for c in cols] == [
+            str(oid), "1.25", b"\x00\x01", {"at": datetime(2024, 5, 1, tzinfo=timezone.utc)}, float("inf"), [str(oid)]]
+    assert bson.decode(bson.encode(doc))["_id"] == oid
+
+
+def test_document_batches_from_core_buffers():
+    from riverbed.engine import core
+    from riverbed.spark.source import DocumentBatchBuilder
+    recs = [r for r in mixed_records() if r is not None]
+    bufs = core.chunk_to_arrow(core.encode_chunk(recs, 100, 1_700_000_000_000))[:5]
+    schema = pa.schema([("stream", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("timestamp", pa.timestamp("us", tz="UTC")), ("chunk_id", pa.int64()),
+                        ("id", pa.int64()), ("name", pa.string())])
+    batch = DocumentBatchBuilder(schema, "mixed", 0, "json", ["id", "name"]).build(bufs)
+    assert batch.schema == schema and batch.num_rows == len(recs)
+    assert batch.column("offset").to_pylist() == list(range(100, 100 + len(recs)))
+    assert batch.column("id").to_pylist() == [1, 2, 3, 4, 5, 6, None, None]
+    assert batch.column("stream").to_pylist() == ["mixed"] * len(recs)

@@ -255,6 +255,22 @@ class Authenticator:
         """Username/password login for shells without SASL. Returns an AuthResult."""
         return self._login(name, password, peer_loopback)
 
+    @property
+    def open_to_loopback(self):
+        """True without a users file: every listener then serves loopback clients only, as guest."""
+        return not self.users_file
+
+    def user(self, name):
+        """The current User named ``name``, or None (for shells that act as a configured user)."""
+        return self._current_users().get(name)
+
+    def implicit_user(self, peer_loopback):
+        """The user a connection without credentials acts as: guest (every permission) when there is no
+        users file and the peer is on loopback; else None (refuse it)."""
+        if self.users_file or not peer_loopback:
+            return None
+        return self._users.get(GUEST)
+
     def _login(self, name, password, peer_loopback):
         user = self._current_users().get(name)
         if user is None:

@@ -132,6 +132,27 @@ def scan_entries(data):
     return ends, counts
 
 
+def cut_entries(data, max_bytes, max_entries, max_records):
+    """Where to cut a data section into chunks: a list of ``(end, entries, records)``, one per piece, each
+    piece ending at ``end`` (an offset in ``data``) and holding at most ``max_bytes`` bytes, ``max_entries``
+    entries and ``max_records`` records, except that an entry over a limit by itself is a piece of its
+    own. Raises ChunkError when an entry overruns the section."""
+    ends, counts = scan_entries(data)
+    cuts = []
+    start = entries = records = 0
+    pos = 0
+    for nxt, count in zip(ends, counts):
+        if entries and (nxt - start > max_bytes or entries + 1 > max_entries or records + count > max_records):
+            cuts.append((pos, entries, records))
+            start, entries, records = pos, 0, 0
+        entries += 1
+        records += count
+        pos = nxt
+    if entries:
+        cuts.append((pos, entries, records))
+    return cuts
+
+
 def data_records(data, num_entries, num_records):
     """All records of a data section as a list of ``bytes``; sub-batches are decompressed and expanded.
 
@@ -406,8 +427,11 @@ _PUB_MSG = struct.Struct(">QI")        # publishing id, then the entry's first 4
 _PUB_SUB = struct.Struct(">BHII")      # sub-batch header after the publishing id
 
 
-def publish_chunk(payload):
+def publish_chunk(payload, crc=True):
     """Turn a RabbitMQ Stream Publish v1 payload (key and version included) into a sealed chunk.
+
+    With ``crc=False`` the header's data CRC is left 0 for the caller to fill in (the engine does it when
+    it stores the chunk whole, and skips it when the chunk must be cut into several: no CRC computed twice).
 
     Returns ``(publisher_id, count, chunk, ids, first_id, last_id, increasing, num_records, sub_batches)``:
 
@@ -464,7 +488,8 @@ def publish_chunk(payload):
     data = b"".join(parts)
     sealable = count <= 0xFFFF
     header = HEADER_STRUCT.pack(CHUNK_MAGIC_VERSION, CHUNK_USER, count if sealable else 0,
-                                records if sealable else 0, 0, 0, 0, zlib.crc32(data), len(data), 0, 0)
+                                records if sealable else 0, 0, 0, 0, zlib.crc32(data) if crc else 0, len(data),
+                                0, 0)
     increasing = all(ids[k] < ids[k + 1] for k in range(len(ids) - 1))
     return (publisher_id, count, bytearray(header + data), struct.pack(f">{count}Q", *ids),
             ids[0] if ids else 0, ids[-1] if ids else 0, increasing, records, subs)

@@ -565,6 +565,50 @@ def scan_entries(data):
     return ends, counts
 
 
+def cut_entries(data, max_bytes, max_entries, max_records):
+    """Where to cut a data section into chunks: a list of ``(end, entries, records)``, one per piece, each
+    piece ending at ``end`` (an offset in ``data``) and holding at most ``max_bytes`` bytes, ``max_entries``
+    entries and ``max_records`` records, except that an entry over a limit by itself is a piece of its
+    own. Raises ChunkError when an entry overruns the section."""
+    cdef Py_buffer view
+    cdef const unsigned char* p
+    cdef Py_ssize_t end, pos = 0, start = 0, nxt
+    cdef uint32_t count
+    cdef int64_t entries = 0, records = 0
+    cdef int64_t lim_b = max_bytes, lim_e = max_entries, lim_r = max_records
+    cuts = []
+    c_get_buffer(data, &view)
+    try:
+        p = <const unsigned char*>view.buf
+        end = view.len
+        while pos < end:
+            if p[pos] & 0x80 == 0:
+                if pos + SIMPLE_HDR_LEN > end:
+                    raise ChunkError("truncated simple entry header")
+                nxt = pos + SIMPLE_HDR_LEN + ld_u32(p + pos)
+                count = 1
+            else:
+                if pos + SUB_HDR_LEN > end:
+                    raise ChunkError("truncated sub-batch entry header")
+                count = ld_u16(p + pos + 1)
+                nxt = pos + SUB_HDR_LEN + ld_u32(p + pos + 7)
+            if nxt > end:
+                raise ChunkError("entry overruns the data section")
+            if entries and (nxt - start > lim_b or entries + 1 > lim_e or records + count > lim_r):
+                cuts.append((pos, entries, records))
+                start = pos
+                entries = 0
+                records = 0
+            entries += 1
+            records += count
+            pos = nxt
+        if entries:
+            cuts.append((pos, entries, records))
+    finally:
+        PyBuffer_Release(&view)
+    return cuts
+
+
 def chunk_records(buf, verify=True):
     """Records of a whole stored chunk, checking the CRC first unless ``verify`` is false."""
     cdef Py_buffer view

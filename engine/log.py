@@ -101,6 +101,8 @@ _U64 = struct.Struct(">Q")    # tracking values: consumer offsets and publishing
 _U64_MAX = (1 << 64) - 1
 _STAMP_TS = struct.Struct(">q")
 _STAMP_ID = struct.Struct(">Q")
+_CRC = struct.Struct(">I")
+H_CRC_OFFSET = 32            # the data CRC's place in the chunk header (format.py)
 MAX_CHUNK_ENTRIES = 0xFFFF      # NumEntries is a uint16
 OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stored as it is, not merged
 assert _STATE.size == LEN_STATE
@@ -318,10 +320,11 @@ class _Gate:
 
 
 class _Append:
-    __slots__ = ("stream", "data", "ids", "publisher", "filters", "entries", "records", "sealed")
+    __slots__ = ("stream", "data", "ids", "publisher", "filters", "entries", "records", "sealed", "crc_pending")
 
-    def __init__(self, stream, data, ids, publisher, filters, entries, records, sealed=False):
+    def __init__(self, stream, data, ids, publisher, filters, entries, records, sealed=False, crc_pending=False):
         self.sealed = sealed    # data is a whole chunk (bytearray) with its CRC, from encode_chunk_buffer
+        self.crc_pending = crc_pending   # ... but its header CRC is still to be computed (0 in the header)
         self.stream = stream
         self.data = data
         self.ids = ids
@@ -756,14 +759,18 @@ class Engine:
                                    publisher=publisher, filter_values=filter_values,
                                    num_entries=len(records), num_records=len(records))
 
-    def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None):
+    def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
+                     crc_done=True):
         """Append a chunk the caller built whole: a ``bytearray`` laid out as :func:`core.encode_chunk_buffer`
         or :func:`core.publish_chunk` make it (48-byte header with the data CRC, length and counts, then
         the data section; no bloom, no filter values). The writer stamps chunk id and timestamp into it in
         place, so the caller hands it over and must not use it again.
 
         ``num_entries`` and ``num_records`` must be exact. Over 65535 entries (more than a header can
-        count) the data section is appended as entries and split over several chunks. ``publishing_ids``
+        count), or over the stream's records or bytes per chunk, the data section is appended as entries
+        and split over several chunks. ``crc_done=False`` says the header CRC is not filled in yet
+        (``core.publish_chunk(..., crc=False)``): the writer computes it only if the chunk is stored whole.
+        ``publishing_ids``
         (per entry: a list of ints or a :class:`PublishingIds`) and ``publisher`` work as in
         append_entries. Returns a Future of AppendResult.
         """
@@ -775,7 +782,7 @@ class Engine:
             return self._submit(_OP_APPEND, _Append(stream, memoryview(chunk)[LEN_CHUNK_HEADER:], publishing_ids,
                                                     publisher, None, num_entries, num_records))
         return self._submit(_OP_APPEND, _Append(stream, chunk, publishing_ids, publisher, None, num_entries,
-                                                num_records, True))
+                                                num_records, True, not crc_done))
 
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None):
@@ -1476,7 +1483,9 @@ class _Staged:
             self._flush(s, p)
             res.first = s.next_offset
             res.last = s.next_offset + records - 1
-            self._write(s, req.data, records, None)
+            if req.crc_pending:
+                _CRC.pack_into(req.data, H_CRC_OFFSET, core.crc32(data))
+            self._write(s, req.data, records)
             return res
         if ends is None and entries is not None and entries <= MAX_CHUNK_ENTRIES:
             # the common case: the caller counted the entries and they fit in one chunk
@@ -1494,6 +1503,10 @@ class _Staged:
                 res.last = s.next_offset + p.records - 1
                 self._note_filters(p, filters)
                 return res
+        if ends is None and filters is None and not p.entries:
+            # the common split (one big Publish frame over the chunk bounds): the core finds the cuts
+            self._add_cut(s, p, data, res)
+            return res
         if ends is None:
             ends, counts = core.scan_entries(data)
         if filters is not None and len(filters) != len(ends):
@@ -1565,27 +1578,52 @@ class _Staged:
             start = end
             i = j
 
+    def _add_cut(self, s, p, data, res):
+        """Entries of one append into an empty pending chunk, cut where the core says; every piece but the
+        last becomes a chunk now, the last stays pending (later appends of this commit may join it)."""
+        cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, s.chunk_max_records)
+        mv = memoryview(data)
+        start = 0
+        res.first = s.next_offset
+        for k, (end, entries, records) in enumerate(cuts):
+            if k:
+                self._flush(s, p)
+            p.parts.append(mv[start:end])
+            p.size = end - start
+            p.entries = entries
+            p.records = records
+            start = end
+        p.unfiltered = True
+        res.last = s.next_offset + p.records - 1
+
     def _flush(self, s, p):
         """Turn the pending entries of ``s`` into one chunk."""
         if not p.entries:
             return
         data = p.parts[0] if len(p.parts) == 1 else b"".join(p.parts)
         bloom = core.build_bloom(list(p.filters), p.unfiltered, s.bloom_size) if p.filters else b""
-        chunk = core.build_chunk(data, p.entries, p.records, 0, 0, 0, 0, bloom, b"")
-        self._write(s, chunk, p.records, bytearray)
+        ts, chunk_id = self._stamp(s)
+        # built with its final header, so it needs no writable copy to be stamped
+        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, CHUNK_EPOCH, 0, bloom, b"")
+        self._store(s, chunk, p.records, ts, chunk_id)
         p.__init__()   # callers keep using the same object for the next chunk
 
-    def _write(self, s, chunk, records, convert):
-        """Stamp chunk id and timestamp into ``chunk`` and store it with its index entry."""
-        eng = self.engine
-        now = eng.clock()
-        ts = now if now > s.last_ts else s.last_ts
-        chunk_id = s.next_offset
-        if convert is not None:
-            chunk = convert(chunk)
+    def _stamp(self, s):
+        """Timestamp (ms, never below the stream's last) and id of the next chunk of ``s``."""
+        now = self.engine.clock()
+        return (now if now > s.last_ts else s.last_ts), s.next_offset
+
+    def _write(self, s, chunk, records):
+        """Stamp chunk id, epoch and timestamp into the caller's sealed ``chunk`` (a bytearray) and store it."""
+        ts, chunk_id = self._stamp(s)
         _STAMP_TS.pack_into(chunk, 8, ts)
         _STAMP_ID.pack_into(chunk, 16, CHUNK_EPOCH)
         _STAMP_ID.pack_into(chunk, 24, chunk_id)
+        self._store(s, chunk, records, ts, chunk_id)
+
+    def _store(self, s, chunk, records, ts, chunk_id):
+        """Put a stamped chunk and its index entry, and advance the staged stream state."""
+        eng = self.engine
         txn = self.txn
         txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)
         txn.put(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)

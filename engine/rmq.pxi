@@ -12,7 +12,7 @@ cdef enum:
     PUB_SUB_HEAD = 19     # id + sub-batch header (flags u8, records u16, uncompressed u32, size u32)
 
 
-cdef tuple c_publish_chunk(const unsigned char* p, Py_ssize_t end):
+cdef tuple c_publish_chunk(const unsigned char* p, Py_ssize_t end, bint crc):
     cdef int64_t count
     cdef Py_ssize_t pos = PUB_HEAD, e, n, data_len, q = 0, i
     cdef uint64_t pid, prev = 0, first = 0
@@ -77,13 +77,16 @@ cdef tuple c_publish_chunk(const unsigned char* p, Py_ssize_t end):
     h.trailer_len = 0
     h.bloom = 0
     # No one else holds the new bytearray, so its buffer stays put while c_crc32 releases the GIL.
-    h.crc = c_crc32(0, out, <size_t>data_len)
+    h.crc = c_crc32(0, out, <size_t>data_len) if crc else 0
     c_put_header(out - HDR_LEN, &h)
     return (p[4], count, chunk, ids, first, prev, increasing, records, subs)
 
 
-def publish_chunk(payload):
+def publish_chunk(payload, crc=True):
     """Turn a RabbitMQ Stream Publish v1 payload (key and version included) into a sealed chunk.
+
+    With ``crc=False`` the header's data CRC is left 0 for the caller to fill in (the engine does it when
+    it stores the chunk whole, and skips it when the chunk must be cut into several: no CRC computed twice).
 
     Returns ``(publisher_id, count, chunk, ids, first_id, last_id, increasing, num_records, sub_batches)``:
 
@@ -104,6 +107,6 @@ def publish_chunk(payload):
     cdef Py_buffer view
     c_get_buffer(payload, &view)
     try:
-        return c_publish_chunk(<const unsigned char*>view.buf, view.len)
+        return c_publish_chunk(<const unsigned char*>view.buf, view.len, crc)
     finally:
         PyBuffer_Release(&view)

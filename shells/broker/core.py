@@ -330,12 +330,13 @@ class Broker:
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
             num_entries=num_entries, num_records=num_records), stream, publisher, cb)
 
-    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records):
+    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
         """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
-        counts must be exact; the chunk belongs to the engine from here on."""
+        counts must be exact; the chunk belongs to the engine from here on. ``crc_done=False``: its
+        header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher), stream, publisher, cb)
+            publisher=publisher, crc_done=crc_done), stream, publisher, cb)
 
     def append_records(self, stream, records, cb):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous

@@ -109,7 +109,7 @@ class PublishCommands:
         """The hot path: one compiled pass turns the frame into a sealed chunk (CRC included) and the raw
         publishing ids, so nothing here is per message unless a sub-batch or the publisher is bad."""
         try:
-            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = core.publish_chunk(f)
+            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = core.publish_chunk(f, False)
         except FrameError as e:
             raise DecodeError(e.reason) from None
         pub = self.publishers.get(publisher_id)
@@ -138,8 +138,9 @@ class PublishCommands:
                     log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
                 self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
 
+        # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut
         self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
-                                 self._later(done), count, records)
+                                 self._later(done), count, records, crc_done=False)
         if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
             self._update_reading()
 

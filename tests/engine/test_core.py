@@ -28,7 +28,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
 
 PUBLIC = ["crc32", "encode_entries", "encode_sub_batch", "build_chunk", "encode_chunk", "read_header",
           "check_chunk", "scan_entries", "data_records", "chunk_records", "split_frames", "split_bson_frames",
-          "build_bloom", "bloom_match", "publish_chunk"]
+          "build_bloom", "bloom_match", "publish_chunk", "cut_entries"]
 
 # ---- golden bytes, built by hand ----------------------------------------------------------------------
 
@@ -271,6 +271,29 @@ def test_sub_batches_mixed_with_simple_entries_round_trip(twin, items):
     assert twin.chunk_records(chunk) == flat
 
 
+@PROPERTY
+@given(items=st.lists(entry_st, max_size=12), max_bytes=st.integers(1, 400), max_entries=st.integers(1, 5),
+       max_records=st.integers(1, 8))
+def test_cut_entries_respects_every_bound_and_covers_the_section(twin, items, max_bytes, max_entries, max_records):
+    data, flat, counts = _encode_section(twin, items)
+    cuts = twin.cut_entries(data, max_bytes, max_entries, max_records)
+    ends, _ = twin.scan_entries(data)
+    start = done_entries = 0
+    for end, entries, records in cuts:
+        assert end in ends and entries >= 1
+        assert records == sum(counts[done_entries:done_entries + entries])
+        # every piece is within the bounds, unless it is one entry that alone is over one of them
+        assert entries == 1 or (end - start <= max_bytes and entries <= max_entries and records <= max_records)
+        start, done_entries = end, done_entries + entries
+    assert start == len(data) and done_entries == len(items)
+
+
+def test_cut_entries_of_a_big_publish(twin):
+    data = twin.encode_entries([b"x" * 100] * 4999)
+    cuts = twin.cut_entries(data, 1 << 20, 0xFFFF, 1000)
+    assert [(e, r) for _, e, r in cuts] == [(1000, 1000)] * 4 + [(999, 999)]
+
+
 def _feed(split, stream, cuts, max_size):
     """Deliver ``stream`` in pieces cut at ``cuts`` the way a socket reader would."""
     frames, buf, points = [], b"", sorted(set(cuts)) + [len(stream)]
@@ -363,6 +386,7 @@ def test_twins_agree_on_arbitrary_bytes(blob, ne, nr):
     _both("check_chunk", blob)
     _both("chunk_records", blob, False)
     _both("scan_entries", blob)
+    _both("cut_entries", blob, 100, 3, 5)
     _both("data_records", blob, ne, nr)
     _both("data_records", blob, 2**70, nr)
 

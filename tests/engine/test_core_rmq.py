@@ -235,6 +235,23 @@ def test_append_chunk_over_65535_entries_is_split(eng):
     assert eng.query_publisher_sequence("s", "p") == n
 
 
+def test_crc_left_to_the_engine_is_filled_in_when_stored_whole_and_unused_when_cut(eng, twin):
+    eng.create_stream("s").result()
+    # crc=False: the header CRC is 0 until the engine stores the chunk
+    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(GOLDEN_PUBLISH, False)
+    assert chunk[32:36] == b"\0\0\0\0" and chunk[48:] == GOLDEN_SEALED[48:]
+    big = publish_frame([(i, struct.pack(">I", 200) + bytes([i]) * 200) for i in range(100)])   # own chunk
+    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(big, False)
+    eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
+    # over the records bound: cut into chunks of 1,000, each with its own CRC
+    huge = publish_frame([(i, struct.pack(">I", 100) + b"x" * 100) for i in range(2500)])
+    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(huge, False)
+    eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
+    got = eng.read_chunks("s", 0, 10)            # read_chunks checks every CRC
+    assert [(cid, core.read_header(raw)[3]) for cid, raw in got] == [(0, 100), (100, 1000), (1100, 1000),
+                                                                     (2100, 500)]
+
+
 def test_append_chunk_refuses_immutable_buffers(eng):
     with pytest.raises(Exception):
         eng.append_chunk("s", bytes(GOLDEN_SEALED), num_entries=2, num_records=2)

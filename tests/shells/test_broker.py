@@ -67,7 +67,8 @@ def test_delete_is_answered_before_any_session_hears_of_it(lp):
     lp.settle()
     lp.broker.delete_stream("s", lambda exc: events.append(("answer", exc)))
     lp.settle()
-    assert events == [("create", None), ("answer", None), ("rmq", "deleted", "s"), ("bson", "deleted", "s")]
+    assert events[:2] == [("create", None), ("answer", None)]
+    assert sorted(events[2:]) == [("bson", "deleted", "s"), ("rmq", "deleted", "s")]
 
 
 def test_a_delete_made_elsewhere_is_heard_by_every_session(lp):

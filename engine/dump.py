@@ -4,8 +4,13 @@ Opens the environment read-only, so it is safe while ``riverbed serve`` writes t
 it prints the statistics, then one line per chunk: id, type, entries, records, timestamp, stored size
 and whether the CRC checks out (like osiris's dump tools). Exit status 1 when any chunk is corrupt.
 
-Then (unless ``--stream`` picks one stream) the document store: one line per collection, with its
-document count and key field, and one line per index with its entry count::
+Then (unless ``--stream`` picks one stream) the super streams, one line each with their partitions and
+binding keys in order::
+
+    superstream orders  partitions=orders-0,orders-1 binding_keys=0,1 args={}
+
+and the document store: one line per collection, with its document count and key field, and one line
+per index with its entry count::
 
     collection users  cid=1 documents=120 key_field=uid
       index email unique entries=120
@@ -72,10 +77,20 @@ def dump(path, stream=None, out=sys.stdout, chunks=True):
                         print(f"  {chunk_id:>12} BAD HEADER ({e.reason}) size={len(raw)}", file=out)
                     ok = cur.next()
         if not stream:
+            dump_super_streams(eng, out)
             dump_collections(eng, out)
     finally:
         eng.close()
     return bad
+
+
+def dump_super_streams(eng, out=sys.stdout):
+    """Write the super stream definitions of the open engine ``eng`` to ``out``."""
+    for name in eng.list_super_streams():
+        d = eng.super_stream(name)
+        if d is not None:
+            print(f"superstream {name}  partitions={','.join(d['partitions'])} "
+                  f"binding_keys={','.join(d['binding_keys'])} args={d['arguments']}", file=out)
 
 
 def dump_collections(eng, out=sys.stdout):

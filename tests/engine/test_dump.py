@@ -259,3 +259,14 @@ def test_dump_shows_collections_with_their_indexes_and_counts(data_dir):
         ["collection", "users"], ["index", "email"], ["index", "age"]]
     r = run_dump(path, "--stream", "beta")
     assert r.returncode == 0 and "collection" not in r.stdout
+
+
+def test_dump_shows_super_streams_committed_with_their_partitions(tmp_path):
+    path = str(tmp_path / "data")
+    with Engine(path) as eng:
+        eng.create_super_stream("orders", ["orders-eu", "orders-us"], ["eu", "us"], {"max-age": "7D"}).result()
+    r = run_dump(path)
+    assert r.returncode == 0, r.stderr
+    assert "superstream orders  partitions=orders-eu,orders-us binding_keys=eu,us args={'max-age': '7D'}" \
+        in r.stdout.splitlines()
+    assert "stream orders-eu " in r.stdout and "stream orders-us " in r.stdout

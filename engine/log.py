@@ -278,38 +278,46 @@ class _Stream:
 
 
 class _Gate:
-    """Shared/exclusive gate around transactions, so the map can be resized safely."""
+    """Shared/exclusive gate around transactions, so the map can be resized safely.
+
+    Every transaction of this process holds it shared; a map resize (rare: the map doubles) takes it
+    exclusive. The shared side is on every read, so it takes no lock: a holder is a token in a list, and
+    ``list.append``/``pop`` are atomic under the GIL. The resizer raises ``_resizing`` before it looks at
+    the holders, and a reader looks at ``_resizing`` after it has added its token, so one of the two
+    always sees the other.
+    """
 
     def __init__(self):
-        self._cond = threading.Condition(threading.Lock())
-        self._active = 0
+        self._holders = []
         self._resizing = False
+        self._open = threading.Event()
+        self._open.set()
+        self._exclusive = threading.Lock()
 
     def enter(self):
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
-            self._active += 1
+        holders = self._holders
+        while True:
+            holders.append(None)
+            if not self._resizing:
+                return
+            holders.pop()
+            self._open.wait()
 
     def leave(self):
-        with self._cond:
-            self._active -= 1
-            if self._active == 0 and self._resizing:
-                self._cond.notify_all()
+        self._holders.pop()
 
     def exclusive(self, fn):
         """Run ``fn`` with no transaction open in this process. The caller must hold none itself."""
-        with self._cond:
-            while self._resizing:
-                self._cond.wait()
+        with self._exclusive:
+            self._open.clear()
             self._resizing = True
             try:
-                while self._active:
-                    self._cond.wait()
+                while self._holders:
+                    time.sleep(0.0002)
                 return fn()
             finally:
                 self._resizing = False
-                self._cond.notify_all()
+                self._open.set()
 
 
 # --------------------------------------------------------------------------------------------------------

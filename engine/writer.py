@@ -1,0 +1,800 @@
+"""The writer thread: every write of a data directory, applied in group commits.
+
+One thread per environment takes operations from a queue, applies everything that is pending in ONE
+write transaction, commits, syncs according to the fsync policy, and only then completes the callers'
+futures and wakes tailing readers. Appends to the same stream that meet in one transaction share one
+chunk (up to the stream's bytes and records per chunk). Tracking state (publisher sequences, consumer
+offsets) is written in the same transaction as the records it belongs to; ``Engine.transact`` lets a
+caller stage its own writes (documents, positions) in it. py-lmdb releases the GIL during commit, so the
+thread does not stall an asyncio loop. Only this thread writes to the environment.
+"""
+
+import bisect
+import itertools
+import json
+import logging
+import queue
+import struct
+import threading
+import time
+
+import lmdb
+
+from riverbed.engine import core
+from riverbed.engine.errors import ChunkError, InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.format import H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
+from riverbed.engine.layout import (
+    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult,
+    PublishingIds, _check_name, _Stream, _tracking_key,
+)
+
+log = logging.getLogger("riverbed.engine")
+
+_STAMP_TS = struct.Struct(">q")
+_STAMP_ID = struct.Struct(">Q")
+_CRC = struct.Struct(">I")
+H_CRC_OFFSET = 32            # the data CRC's place in the chunk header (format.py)
+OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stored as it is, not merged
+
+# --------------------------------------------------------------------------------------------------------
+# requests queued to the writer
+
+(_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION, _OP_TXN, _OP_SUPER_CREATE,
+ _OP_SUPER_DELETE) = range(10)
+
+
+class _Append:
+    __slots__ = ("stream", "data", "ids", "publisher", "filters", "entries", "records", "sealed", "crc_pending")
+
+    def __init__(self, stream, data, ids, publisher, filters, entries, records, sealed=False, crc_pending=False):
+        self.sealed = sealed    # data is a whole chunk (bytearray) with its CRC, from encode_chunk_buffer
+        self.crc_pending = crc_pending   # ... but its header CRC is still to be computed (0 in the header)
+        self.stream = stream
+        self.data = data
+        self.ids = ids
+        self.publisher = publisher
+        self.filters = filters
+        self.entries = entries
+        self.records = records
+
+
+class _Pending:
+    """Entries of one stream collected for the chunk being built in this transaction."""
+
+    __slots__ = ("parts", "size", "entries", "records", "filters", "unfiltered")
+
+    def __init__(self):
+        self.parts = []
+        self.size = 0
+        self.entries = 0
+        self.records = 0
+        self.filters = set()
+        self.unfiltered = False
+
+
+
+# --------------------------------------------------------------------------------------------------------
+# the writer thread
+
+
+class _Writer(threading.Thread):
+    """Applies queued operations in group commits. Only this thread writes to the environment."""
+
+    def __init__(self, engine, retention_interval, max_batch_bytes):
+        super().__init__(name="riverbed-writer", daemon=True)
+        self.engine = engine
+        self.queue = queue.SimpleQueue()
+        self.stopping = False
+        self.retention_interval = retention_interval
+        self.max_batch_bytes = max_batch_bytes
+        self._next_retention = time.monotonic() + retention_interval
+        self._seq_cache = {}      # (sid, publisher) -> last publishing id, committed
+        self._purge = []          # sids of deleted streams whose keys are still to be removed
+        self._stopped = threading.Event()
+
+    def stop(self):
+        self.stopping = True
+        self.queue.put((_OP_STOP, (), None))
+        self._stopped.wait()
+        self.join()
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def run(self):
+        eng = self.engine
+        try:
+            self._find_orphans()
+            stop = False
+            while not stop:
+                try:
+                    first = self.queue.get(timeout=self._idle_timeout())
+                except queue.Empty:
+                    self._housekeeping()
+                    continue
+                batch = [first]
+                size = 0
+                while len(batch) < 100000 and size < self.max_batch_bytes:
+                    try:
+                        item = self.queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    batch.append(item)
+                    if item[0] == _OP_APPEND:
+                        size += len(item[1][0].data)
+                stop = any(op == _OP_STOP for op, _, _ in batch)
+                if any(op == _OP_RETENTION for op, _, _ in batch):
+                    self._commit_batch([b for b in batch if b[0] != _OP_RETENTION])
+                    self._housekeeping(force_retention=True)
+                    for op, _, fut in batch:
+                        if op == _OP_RETENTION:
+                            fut.set_result(None)
+                else:
+                    self._commit_batch(batch)
+                    self._housekeeping()
+            eng.env.sync(True)
+        except BaseException:
+            log.exception("writer thread stopped by an error")
+            self.stopping = True
+            self._fail_pending(RiverbedError("the writer stopped after an error; see the log"))
+        finally:
+            self._stopped.set()
+
+    def _idle_timeout(self):
+        if self._purge:
+            return 0.001
+        return max(0.01, self._next_retention - time.monotonic()) if self.retention_interval else None
+
+    def _fail_pending(self, exc):
+        while True:
+            try:
+                _, _, fut = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+
+    def _housekeeping(self, force_retention=False):
+        if self._purge:
+            self._purge_step()
+        if force_retention or (self.retention_interval and time.monotonic() >= self._next_retention):
+            self._next_retention = time.monotonic() + self.retention_interval
+            self._retention()
+
+    # ----------------------------------------------------------------------------------- group commit
+
+    def _commit_batch(self, batch):
+        try:
+            staged, results = self._commit(batch)
+        except BaseException as exc:
+            # an LMDB failure we cannot recover from (disk full, I/O error): fail this batch, and
+            # (stopping) everything after it, rather than leave any caller waiting
+            self.stopping = True
+            err = RiverbedError(f"write failed, engine stopped: {type(exc).__name__}: {exc}")
+            for _, _, fut in batch:
+                if fut is not None and not fut.done():
+                    fut.set_exception(err)
+            raise
+        self._publish(staged)
+        for cb in staged.on_commit:
+            try:
+                cb()
+            except Exception:  # a broken callback must not take the writer down
+                log.exception("on_commit callback failed")
+        for (op, args, fut), res in zip(batch, results):
+            if fut is None:
+                continue
+            if isinstance(res, _Deferred):
+                res = res.resolve()
+            if isinstance(res, BaseException):
+                fut.set_exception(res)
+            else:
+                fut.set_result(res)
+
+    def _commit(self, batch):
+        """Apply ``batch`` in one write transaction, growing the map and retrying when it is full. A
+        ``transact`` function that raises is taken out and the transaction redone without it (LMDB has
+        no nested transactions under WRITEMAP, so this is how its partial writes are undone)."""
+        eng = self.engine
+        failed = {}     # batch index -> exception of a transact function, kept across the redo
+        while True:
+            staged = _Staged(eng, self)
+            results = []
+            try:
+                eng._gate.enter()
+                try:
+                    with eng.env.begin(write=True, buffers=True) as txn:
+                        staged.txn = txn
+                        for i, (op, args, fut) in enumerate(batch):
+                            if i in failed:
+                                results.append(failed[i])
+                            elif op == _OP_TXN:
+                                results.append(self._run_txn(staged, i, args[0]))
+                            else:
+                                results.append(self._apply(staged, op, args))
+                        staged.flush_all()
+                        staged.write_states()
+                finally:
+                    eng._gate.leave()
+            except _TxnFailed as f:
+                failed[f.index] = f.exc
+                continue
+            except lmdb.MapFullError:
+                self._grow(staged.bytes_written)
+                continue
+            except lmdb.MapResizedError:
+                eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
+                continue
+            return staged, results
+
+    @staticmethod
+    def _run_txn(staged, index, fn):
+        try:
+            return fn(WriteContext(staged))
+        except (lmdb.MapFullError, lmdb.MapResizedError):
+            raise
+        except RiverbedError as e:
+            raise _TxnFailed(index, e) from None
+        except Exception as e:  # noqa: BLE001 - the caller's bug fails the caller, not the batch
+            log.debug("transact function failed", exc_info=True)
+            raise _TxnFailed(index, e) from None
+
+    def _grow(self, need):
+        eng = self.engine
+        old = eng.env.info()["map_size"]
+        new = max(old * 2, old + 2 * need)
+        log.info("LMDB map full at %d MiB; growing to %d MiB", old >> 20, new >> 20)
+        eng._gate.exclusive(lambda: eng.env.set_mapsize(new))
+
+    def _apply(self, staged, op, args):
+        try:
+            if op == _OP_APPEND:
+                return staged.append(args[0])
+            if op == _OP_OFFSET:
+                stream, reference, offset = args
+                s = staged.stream(stream)
+                staged.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(offset),
+                               db=self.engine._db_tracking)
+                staged.dirty = True
+                return None
+            if op == _OP_CREATE:
+                return staged.create(*args)
+            if op == _OP_DELETE:
+                return staged.delete(args[0])
+            if op == _OP_SUPER_CREATE:
+                return staged.create_super(*args)
+            if op == _OP_SUPER_DELETE:
+                return staged.delete_super(args[0])
+            return None  # SYNC and STOP: completing after this commit is their whole job
+        except RiverbedError as e:
+            return e
+        except lmdb.Error:
+            raise   # MapFullError & co. concern the whole transaction: _commit_batch handles them
+        except Exception as e:  # noqa: BLE001 - one bad request fails alone; the writer goes on
+            return InvalidArgument(f"{type(e).__name__}: {e}")
+
+    def _publish(self, staged):
+        """Make the commit visible: swap in the new stream states, complete waiters, fire listeners."""
+        eng = self.engine
+        self._seq_cache.update(staged.seqs)
+        wake = []
+        with eng._lock:
+            for name in staged.deleted:
+                old = eng._streams.pop(name, None)
+                if old is not None:
+                    self._purge.append(old.sid)
+                    for _, cb in eng._waiters.pop(old.sid, ()):
+                        wake.append((cb, StreamNotFound(f"stream {name!r} was deleted")))
+            for name, s in staged.streams.items():
+                if name in staged.deleted:
+                    continue
+                eng._streams[name] = s
+                items = eng._waiters.get(s.sid)
+                if items:
+                    keep = []
+                    for entry in items:
+                        if entry[0] < s.next_offset:
+                            wake.append((entry[1], None))
+                        else:
+                            keep.append(entry)
+                    eng._waiters[s.sid] = keep
+            listeners = list(eng._delete_listeners) if staged.deleted else ()
+        for cb, exc in wake:
+            try:
+                cb(exc)
+            except Exception:  # a broken callback must not take the writer down
+                log.exception("commit waiter failed")
+        for name in staged.deleted:
+            for cb in listeners:
+                try:
+                    cb(name)
+                except Exception:
+                    log.exception("delete listener failed")
+
+    # --------------------------------------------------------------------------- retention and purging
+
+    def _retention(self):
+        eng = self.engine
+        now = eng.clock()
+        for name, s in list(eng._streams.items()):
+            if s.chunks <= 1:
+                continue
+            over_bytes = s.max_bytes is not None and s.bytes > s.max_bytes
+            if not over_bytes and s.max_age_ms is None:
+                continue
+            self._trim(name, s, now)
+
+    def _trim(self, name, s, now):
+        """Remove whole chunks from the head of ``s`` until it is within its limits, keeping the last
+        chunk, in transactions of at most 1,000 chunks so appends are not held up for long."""
+        eng = self.engine
+        while True:
+            new = s.copy()
+            removed = 0
+            eng._gate.enter()
+            try:
+                with eng.env.begin(write=True, buffers=True) as txn:
+                    cur = txn.cursor(db=eng._db_chunks)
+                    ok = cur.set_range(_CHUNK_KEY.pack(s.sid, 0))
+                    while ok and removed < 1000 and new.chunks > 1:
+                        sid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+                        if sid != s.sid:
+                            break
+                        h = core.read_header(cur.value())
+                        size = len(cur.value())
+                        too_big = new.max_bytes is not None and new.bytes > new.max_bytes
+                        too_old = new.max_age_ms is not None and h[H_TIMESTAMP] < now - new.max_age_ms
+                        if not (too_big or too_old):
+                            break
+                        txn.delete(_TIME_KEY.pack(sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
+                        ok = cur.delete()
+                        new.bytes -= size
+                        new.records -= h[H_RECORDS]
+                        new.chunks -= 1
+                        removed += 1
+                    if removed:
+                        new.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else new.last_chunk
+                        txn.put(name.encode(), new.encode(), db=eng._db_streams)
+            finally:
+                eng._gate.leave()
+            if not removed:
+                return
+            with eng._lock:
+                cur_s = eng._streams.get(name)
+                if cur_s is None or cur_s.sid != s.sid:
+                    return
+                # appends may have committed meanwhile; only the head moved here
+                merged = cur_s.copy()
+                merged.first_chunk = new.first_chunk
+                merged.bytes -= s.bytes - new.bytes
+                merged.records -= s.records - new.records
+                merged.chunks -= s.chunks - new.chunks
+                eng._streams[name] = merged
+            log.debug("retention removed %d chunks from %s; first chunk now %d", removed, name,
+                      new.first_chunk)
+            s = merged
+            if removed < 1000:
+                return
+
+    def _find_orphans(self):
+        """Stream ids with keys but no stream (a delete interrupted by a crash) are purged again."""
+        eng = self.engine
+        live = {s.sid for s in eng._streams.values()}
+        found = set()
+        with eng.read_txn() as txn:
+            for db in (eng._db_chunks, eng._db_tracking, eng._db_time):
+                cur = txn.cursor(db=db)
+                ok = cur.first()
+                while ok:
+                    sid = _SID.unpack_from(cur.key())[0]
+                    if sid not in live:
+                        found.add(sid)
+                    ok = cur.set_range(_SID.pack(sid + 1)) if sid < 0xFFFFFFFF else False
+        self._purge.extend(sorted(found))
+
+    def _purge_step(self):
+        """Remove up to 1,000 keys of a deleted stream per transaction."""
+        eng = self.engine
+        sid = self._purge[0]
+        prefix = _SID.pack(sid)
+        removed = 0
+        eng._gate.enter()
+        try:
+            with eng.env.begin(write=True, buffers=True) as txn:
+                for db in (eng._db_chunks, eng._db_time, eng._db_tracking):
+                    cur = txn.cursor(db=db)
+                    ok = cur.set_range(prefix)
+                    while ok and removed < 1000 and bytes(cur.key()[:4]) == prefix:
+                        ok = cur.delete()
+                        removed += 1
+        finally:
+            eng._gate.leave()
+        if removed < 1000:
+            self._purge.pop(0)
+        self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] != sid}
+
+
+class _TxnFailed(Exception):
+    def __init__(self, index, exc):
+        super().__init__(index, exc)
+        self.index = index
+        self.exc = exc
+
+
+class WriteContext:
+    """What a :meth:`Engine.transact` function gets: the writer's transaction for this group commit.
+
+    ``txn`` is the LMDB write transaction (buffers=True: values read are memoryviews valid only inside
+    it); ``db_docs``, ``db_docidx`` and ``db_collections`` are the document store's databases. Writer
+    thread only, and only during the call."""
+
+    __slots__ = ("txn", "engine", "_staged")
+
+    def __init__(self, staged):
+        self._staged = staged
+        self.txn = staged.txn
+        self.engine = staged.engine
+
+    @property
+    def db_docs(self):
+        return self.engine._db_docs
+
+    @property
+    def db_docidx(self):
+        return self.engine._db_docidx
+
+    @property
+    def db_collections(self):
+        return self.engine._db_collections
+
+    def has_stream(self, name):
+        """Whether ``name`` exists as staged in this transaction."""
+        st = self._staged
+        return name in st.streams or (name in self.engine._streams and name not in st.deleted)
+
+    def store_offset(self, stream, reference, offset):
+        """Stage consumer/position ``offset`` of ``reference`` on ``stream`` (StreamNotFound)."""
+        _check_name(reference, "consumer reference")
+        s = self._staged.stream(stream)
+        self.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(int(offset)),
+                     db=self.engine._db_tracking)
+        self._staged.dirty = True
+
+    def query_offset(self, stream, reference):
+        """The offset of ``reference`` as staged in this transaction, or None."""
+        s = self._staged.stream(stream)
+        raw = self.txn.get(_tracking_key(s.sid, TRACKING_OFFSET, reference), db=self.engine._db_tracking)
+        return None if raw is None else _U64.unpack(raw)[0]
+
+    def delete_offset(self, stream, reference):
+        """Remove the stored offset of ``reference`` (no error when there is none)."""
+        s = self._staged.stream(stream)
+        self.txn.delete(_tracking_key(s.sid, TRACKING_OFFSET, reference), db=self.engine._db_tracking)
+
+    def append(self, stream, records):
+        """Stage ``records`` (bytes-like) for ``stream``, contiguous and in order. Returns an object
+        whose ``first`` and ``last`` offsets are set once the transaction's chunks are built (read them
+        in an ``on_commit`` callback). Raises StreamNotFound."""
+        records = list(records)
+        req = _Append(stream, core.encode_entries(records), None, None, None, len(records), len(records))
+        return self._staged.append(req)
+
+    def on_commit(self, cb):
+        """Call ``cb()`` on the writer thread once this transaction has committed (not on a redo)."""
+        self._staged.on_commit.append(cb)
+
+
+class _Deferred:
+    """An append result whose offsets are known only once its chunk is flushed."""
+
+    __slots__ = ("first", "last", "duplicates")
+
+    def __init__(self, duplicates):
+        self.first = -1
+        self.last = -1
+        self.duplicates = duplicates
+
+    def resolve(self):
+        return AppendResult(self.first, self.last, self.duplicates)
+
+
+class _Staged:
+    """Everything one write transaction changes, kept aside until it commits: a MapFullError retry
+    starts again from the committed state."""
+
+    def __init__(self, engine, writer):
+        self.engine = engine
+        self.writer = writer
+        self.txn = None
+        self.streams = {}         # name -> staged _Stream copy
+        self.pending = {}         # name -> _Pending
+        self.seqs = {}            # (sid, publisher) -> staged sequence
+        self.deleted = []
+        self.dirty = False
+        self.bytes_written = 0
+        self.next_sid = None
+        self.on_commit = []
+
+    def stream(self, name):
+        s = self.streams.get(name)
+        if s is None:
+            if name in self.deleted:
+                raise StreamNotFound(f"stream {name!r} does not exist")
+            s = self.engine._get_stream(name).copy()
+            self.streams[name] = s
+        return s
+
+    # ------------------------------------------------------------------------------------------ admin
+
+    def create(self, name, args):
+        eng = self.engine
+        if (name in eng._streams and name not in self.deleted) or (name in self.streams):
+            raise StreamExists(f"stream {name!r} already exists")
+        if self.next_sid is None:
+            raw = self.txn.get(b"next-sid", db=eng._db_meta)
+            self.next_sid = _SID.unpack(raw)[0] if raw is not None else 1
+            self.txn.put(b"format", _SID.pack(FORMAT_VERSION), db=eng._db_meta)
+        s = _Stream(name, self.next_sid, args)
+        self.next_sid += 1
+        self.txn.put(b"next-sid", _SID.pack(self.next_sid), db=eng._db_meta)
+        if name in self.deleted:
+            self.deleted.remove(name)
+        self.streams[name] = s
+        self.dirty = True
+        return None
+
+    def delete(self, name):
+        self.stream(name)                     # StreamNotFound when there is no such stream
+        self.pending.pop(name, None)
+        self.txn.delete(name.encode(), db=self.engine._db_streams)
+        del self.streams[name]
+        self.deleted.append(name)
+        self.dirty = True
+        # the stream's keys are purged after the commit in small transactions; its sid is never reused
+        return None
+
+    def _exists(self, name):
+        return (name in self.engine._streams and name not in self.deleted) or name in self.streams
+
+    def create_super(self, name, partitions, binding_keys, args, adopt):
+        eng = self.engine
+        key = name.encode("utf-8")
+        if self.txn.get(key, db=eng._db_supers) is not None:
+            raise StreamExists(f"super stream {name!r} already exists")
+        if not adopt:
+            for p in partitions:
+                if self._exists(p):
+                    raise StreamExists(f"stream {p!r} already exists")
+        for p in partitions:
+            if not self._exists(p):
+                self.create(p, args)
+        self.txn.put(key, json.dumps({"partitions": partitions, "binding_keys": binding_keys,
+                                      "arguments": args}).encode(), db=eng._db_supers)
+        return None
+
+    def delete_super(self, name):
+        eng = self.engine
+        key = name.encode("utf-8")
+        raw = self.txn.get(key, db=eng._db_supers)
+        if raw is None:
+            raise StreamNotFound(f"super stream {name!r} does not exist")
+        for p in json.loads(bytes(raw))["partitions"]:
+            if self._exists(p):
+                self.delete(p)
+        self.txn.delete(key, db=eng._db_supers)
+        self.dirty = True
+        return None
+
+    # ----------------------------------------------------------------------------------------- append
+
+    def seq(self, sid, publisher):
+        key = (sid, publisher)
+        v = self.seqs.get(key)
+        if v is None:
+            v = self.writer._seq_cache.get(key)
+            if v is None:
+                raw = self.txn.get(_tracking_key(sid, TRACKING_SEQUENCE, publisher), db=self.engine._db_tracking)
+                v = _U64.unpack(raw)[0] if raw is not None else 0
+        return v
+
+    def append(self, req):
+        s = self.stream(req.stream)
+        data = req.data
+        sealed = req.sealed
+        if sealed:
+            # a whole chunk built by the caller; its data section starts after the header
+            data = memoryview(data)[LEN_CHUNK_HEADER:]
+        ids = req.ids
+        filters = req.filters
+        entries, records = req.entries, req.records
+        dups = []
+        ends = counts = None
+        if req.publisher is not None and ids is not None:
+            last = self.seq(s.sid, req.publisher)
+            if type(ids) is PublishingIds:
+                # summarised by the caller: no per-id work unless some entry is a duplicate
+                fresh = ids.increasing and len(ids) > 0 and ids.first > last
+            else:
+                fresh = ids and ids[0] > last and all(ids[i] < ids[i + 1] for i in range(len(ids) - 1))
+            if fresh:
+                new_last = ids.last if type(ids) is PublishingIds else ids[-1]
+            else:
+                data, ends, counts, filters, dups, new_last = self._drop_duplicates(data, ids, filters, last)
+                sealed = False
+                entries = records = None
+            if new_last != last:
+                self.seqs[(s.sid, req.publisher)] = new_last
+                self.txn.put(_tracking_key(s.sid, TRACKING_SEQUENCE, req.publisher), _U64.pack(new_last),
+                             db=self.engine._db_tracking)
+        res = _Deferred(dups)
+        if not data:
+            return res
+        p = self.pending.get(s.name)
+        if p is None:
+            p = self.pending[s.name] = _Pending()
+        if sealed and filters is None and OWN_CHUNK_MIN <= len(data) <= s.chunk_max and records <= s.chunk_max_records:
+            # big enough to be a chunk of its own: stamp the caller's buffer, no copy
+            self._flush(s, p)
+            res.first = s.next_offset
+            res.last = s.next_offset + records - 1
+            if req.crc_pending:
+                _CRC.pack_into(req.data, H_CRC_OFFSET, core.crc32(data))
+            self._write(s, req.data, records)
+            return res
+        if ends is None and entries is not None and entries <= MAX_CHUNK_ENTRIES:
+            # the common case: the caller counted the entries and they fit in one chunk
+            if filters is not None and len(filters) != entries:
+                raise ChunkError(f"{len(filters)} filter values for {entries} entries")
+            if p.entries and (p.size + len(data) > s.chunk_max or p.entries + entries > MAX_CHUNK_ENTRIES
+                              or p.records + records > s.chunk_max_records):
+                self._flush(s, p)
+            if (len(data) <= s.chunk_max and records <= s.chunk_max_records) or entries == 1:
+                p.parts.append(data)
+                p.size += len(data)
+                p.entries += entries
+                res.first = s.next_offset + p.records
+                p.records += records
+                res.last = s.next_offset + p.records - 1
+                self._note_filters(p, filters)
+                return res
+        if ends is None and filters is None and not p.entries:
+            # the common split (one big Publish frame over the chunk bounds): the core finds the cuts
+            self._add_cut(s, p, data, res)
+            return res
+        if ends is None:
+            ends, counts = core.scan_entries(data)
+        if filters is not None and len(filters) != len(ends):
+            raise ChunkError(f"{len(filters)} filter values for {len(ends)} entries")
+        self._add(s, p, data, ends, counts, filters, res)
+        return res
+
+    @staticmethod
+    def _drop_duplicates(data, ids, filters, last):
+        """Keep the entries whose publishing id is above ``last`` (and above every id kept before it)."""
+        ends, counts = core.scan_entries(data)
+        if len(ends) != len(ids):
+            raise ChunkError(f"{len(ids)} publishing ids for {len(ends)} entries")
+        mv = memoryview(data)
+        keep_parts, keep_ends, keep_counts, keep_filters, dups = [], [], [], [], []
+        pos = start = 0
+        for i, end in enumerate(ends):
+            if ids[i] > last:
+                last = ids[i]
+                keep_parts.append(mv[start:end])
+                pos += end - start
+                keep_ends.append(pos)
+                keep_counts.append(counts[i])
+                if filters is not None:
+                    keep_filters.append(filters[i])
+            else:
+                dups.append(ids[i])
+            start = end
+        return (b"".join(keep_parts), keep_ends, keep_counts, keep_filters if filters is not None else None,
+                dups, last)
+
+    @staticmethod
+    def _note_filters(p, filters):
+        if filters is None:
+            p.unfiltered = True
+            return
+        for f in filters:
+            if f is None:
+                p.unfiltered = True
+            else:
+                p.filters.add(bytes(f))
+
+    def _add(self, s, p, data, ends, counts, filters, res):
+        """Add entries that may need splitting over several chunks (by bytes, entries or records)."""
+        start = 0
+        n = len(ends)
+        i = 0
+        mv = memoryview(data)
+        # records before entry k: cum[k]; so entries i..j-1 hold cum[j] - cum[i] records
+        cum = list(itertools.accumulate(counts, initial=0))
+        while i < n:
+            j = bisect.bisect_right(ends, start + s.chunk_max - p.size, i)
+            j = min(j, i + MAX_CHUNK_ENTRIES - p.entries)
+            j = min(j, max(bisect.bisect_right(cum, cum[i] + s.chunk_max_records - p.records, i) - 1, i))
+            if j == i and p.entries == 0:
+                j = i + 1   # an entry larger than a whole chunk gets a chunk of its own
+            if j == i:
+                self._flush(s, p)
+                continue
+            end = ends[j - 1]
+            p.parts.append(mv[start:end])
+            p.size += end - start
+            p.entries += j - i
+            if res.first < 0:
+                res.first = s.next_offset + p.records
+            p.records += sum(counts[i:j])
+            res.last = s.next_offset + p.records - 1
+            self._note_filters(p, filters[i:j] if filters is not None else None)
+            start = end
+            i = j
+
+    def _add_cut(self, s, p, data, res):
+        """Entries of one append into an empty pending chunk, cut where the core says; every piece but the
+        last becomes a chunk now, the last stays pending (later appends of this commit may join it)."""
+        cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, s.chunk_max_records)
+        mv = memoryview(data)
+        start = 0
+        res.first = s.next_offset
+        for k, (end, entries, records) in enumerate(cuts):
+            if k:
+                self._flush(s, p)
+            p.parts.append(mv[start:end])
+            p.size = end - start
+            p.entries = entries
+            p.records = records
+            start = end
+        p.unfiltered = True
+        res.last = s.next_offset + p.records - 1
+
+    def _flush(self, s, p):
+        """Turn the pending entries of ``s`` into one chunk."""
+        if not p.entries:
+            return
+        data = p.parts[0] if len(p.parts) == 1 else b"".join(p.parts)
+        bloom = core.build_bloom(list(p.filters), p.unfiltered, s.bloom_size) if p.filters else b""
+        ts, chunk_id = self._stamp(s)
+        # built with its final header, so it needs no writable copy to be stamped
+        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, CHUNK_EPOCH, 0, bloom, b"")
+        self._store(s, chunk, p.records, ts, chunk_id)
+        p.__init__()   # callers keep using the same object for the next chunk
+
+    def _stamp(self, s):
+        """Timestamp (ms, never below the stream's last) and id of the next chunk of ``s``."""
+        now = self.engine.clock()
+        return (now if now > s.last_ts else s.last_ts), s.next_offset
+
+    def _write(self, s, chunk, records):
+        """Stamp chunk id, epoch and timestamp into the caller's sealed ``chunk`` (a bytearray) and store it."""
+        ts, chunk_id = self._stamp(s)
+        _STAMP_TS.pack_into(chunk, 8, ts)
+        _STAMP_ID.pack_into(chunk, 16, CHUNK_EPOCH)
+        _STAMP_ID.pack_into(chunk, 24, chunk_id)
+        self._store(s, chunk, records, ts, chunk_id)
+
+    def _store(self, s, chunk, records, ts, chunk_id):
+        """Put a stamped chunk and its index entry, and advance the staged stream state."""
+        eng = self.engine
+        txn = self.txn
+        txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)
+        txn.put(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
+        self.bytes_written += len(chunk)
+        s.next_offset += records
+        if s.first_chunk < 0:
+            s.first_chunk = chunk_id
+        s.last_chunk = chunk_id
+        s.bytes += len(chunk)
+        s.records += records
+        s.chunks += 1
+        s.last_ts = ts
+        self.dirty = True
+
+    def flush_all(self):
+        for name, p in list(self.pending.items()):
+            self._flush(self.streams[name], p)
+
+    def write_states(self):
+        for name, s in self.streams.items():
+            self.txn.put(name.encode(), s.encode(), db=self.engine._db_streams)

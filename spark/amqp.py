@@ -22,7 +22,9 @@ loads as its columns. Pure functions; thread-safe.
 """
 
 import base64
+import json
 import struct
+from datetime import date, datetime, timezone
 from decimal import Decimal, InvalidOperation
 
 import numpy as np
@@ -293,8 +295,7 @@ def _ejson_scalar(value):
 
 def _document_value(value, arrow_type):
     """A rendered document's value made acceptable to ``pa.array`` for ``arrow_type`` (see
-    :func:`riverbed.spark.batches._coerce`), Extended JSON wrappers unwrapped at every level."""
-    from riverbed.spark.batches import _coerce
+    :func:`_coerce`), Extended JSON wrappers unwrapped at every level."""
     value = _ejson_scalar(value)
     if pa.types.is_struct(arrow_type) and isinstance(value, dict):
         return {f.name: _document_value(value.get(f.name), f.type) for f in arrow_type}
@@ -317,7 +318,6 @@ def decode_documents(body, decode, fields):
     records; pure; thread-safe.
     """
     from riverbed.engine import record
-    from riverbed.spark.batches import _column
     render = record.to_json_value if decode == "json" else record.to_bson_document
     docs = []
     for raw in body.to_pylist():
@@ -333,3 +333,45 @@ def decode_documents(body, decode, fields):
                 vals.append(None)
         cols.append(_column(vals, f.type))
     return cols
+
+
+def _coerce(value, arrow_type):
+    """A decoded JSON/BSON value made acceptable to ``pa.array`` for ``arrow_type`` (dates and times
+    come as ISO-8601 text in JSON); None when it cannot be."""
+    if value is None:
+        return None
+    if pa.types.is_timestamp(arrow_type):
+        if isinstance(value, str):
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+        if isinstance(value, datetime):
+            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value / 1000, timezone.utc)     # epoch milliseconds
+        return None
+    if pa.types.is_date(arrow_type):
+        if isinstance(value, str):
+            return date.fromisoformat(value[:10])
+        return value.date() if isinstance(value, datetime) else value
+    if pa.types.is_string(arrow_type) and not isinstance(value, str):
+        return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
+    if pa.types.is_struct(arrow_type) and isinstance(value, dict):
+        return {f.name: _coerce(value.get(f.name), f.type) for f in arrow_type}
+    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and isinstance(value, list):
+        return [_coerce(v, arrow_type.value_type) for v in value]
+    return value
+
+
+def _column(values, arrow_type):
+    try:
+        return pa.array(values, arrow_type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        # one bad value must not fail the batch: null what does not convert (Spark's PERMISSIVE mode)
+        out = []
+        for v in values:
+            try:
+                pa.array([v], arrow_type)
+                out.append(v)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                out.append(None)
+        return pa.array(out, arrow_type)

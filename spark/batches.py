@@ -11,10 +11,8 @@ an open environment cannot be pickled, and LMDB must not be opened twice by one 
 """
 
 import ctypes
-import json
 import os
 import threading
-from datetime import date, datetime, timezone
 
 import pyarrow as pa
 
@@ -90,7 +88,9 @@ class BatchBuilder:
             out_body, props = amqp.decode_batch(body, self.schema.field("properties").type)
             cols += [out_body, props]
         else:
-            cols += decode_documents(body, self.decode, [self.schema.field(f) for f in self.decoded_fields])
+            # json and bson: by the one record format, so a record from any protocol loads as its columns
+            from riverbed.spark import amqp
+            cols += amqp.decode_documents(body, self.decode, [self.schema.field(f) for f in self.decoded_fields])
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
 
@@ -130,77 +130,3 @@ def read_remote(uri, stream, start, end, builder, batch_bytes=DEFAULT_BATCH_BYTE
                 bufs = core.new_arrow_buffers()
     if len(bufs[0]):
         yield builder.build(bufs)
-
-
-# ------------------------------------------------------------------------------------ json and bson
-
-def _coerce(value, arrow_type):
-    """A decoded JSON/BSON value made acceptable to ``pa.array`` for ``arrow_type`` (dates and times
-    come as ISO-8601 text in JSON); None when it cannot be."""
-    if value is None:
-        return None
-    if pa.types.is_timestamp(arrow_type):
-        if isinstance(value, str):
-            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
-            return dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
-        if isinstance(value, datetime):
-            return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return datetime.fromtimestamp(value / 1000, timezone.utc)     # epoch milliseconds
-        return None
-    if pa.types.is_date(arrow_type):
-        if isinstance(value, str):
-            return date.fromisoformat(value[:10])
-        return value.date() if isinstance(value, datetime) else value
-    if pa.types.is_string(arrow_type) and not isinstance(value, str):
-        return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
-    if pa.types.is_struct(arrow_type) and isinstance(value, dict):
-        return {f.name: _coerce(value.get(f.name), f.type) for f in arrow_type}
-    if (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)) and isinstance(value, list):
-        return [_coerce(v, arrow_type.value_type) for v in value]
-    return value
-
-
-def _column(values, arrow_type):
-    try:
-        return pa.array(values, arrow_type)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        # one bad value must not fail the batch: null what does not convert (Spark's PERMISSIVE mode)
-        out = []
-        for v in values:
-            try:
-                pa.array([v], arrow_type)
-                out.append(v)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                out.append(None)
-        return pa.array(out, arrow_type)
-
-
-def decode_documents(body, decode, fields):
-    """One Arrow array per field of ``fields`` (pyarrow fields) from a binary array of JSON or BSON
-    documents. A record that does not parse, or a value of the wrong type, becomes null."""
-    if decode == "json":
-        def parse(raw):
-            return json.loads(raw)
-    else:
-        import bson
-
-        def parse(raw):
-            return bson.decode(raw)
-    docs = []
-    for raw in body.to_pylist():
-        try:
-            doc = parse(raw) if raw is not None else None
-        except Exception:  # noqa: BLE001 - every parser has its own errors; a bad record is null
-            doc = None
-        docs.append(doc if isinstance(doc, dict) else {})
-    cols = []
-    for f in fields:
-        vals = []
-        for d in docs:
-            try:
-                vals.append(_coerce(d.get(f.name), f.type))
-            except (ValueError, TypeError, AttributeError):
-                vals.append(None)
-        cols.append(_column(vals, f.type))
-    return cols

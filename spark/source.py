@@ -378,29 +378,6 @@ def plan_ranges(opts, backend, pushed=None, streams=None):
 
 # ------------------------------------------------------------------------------------------ readers
 
-class DocumentBatchBuilder(batches.BatchBuilder):
-    """The batch builder of ``decode=json`` and ``decode=bson``: records are read by the one record format
-    (:func:`riverbed.spark.amqp.decode_documents`), so a record published over any protocol -- AMQP-wrapped
-    or raw, JSON or BSON -- loads as its columns. The fixed columns and the body come from a ``raw``
-    builder; the body becomes the schema's typed columns."""
-
-    def __init__(self, arrow_schema, stream, partition, decode, decoded_fields):
-        import pyarrow as pa
-        super().__init__(arrow_schema, stream, partition, decode, decoded_fields)
-        fixed = list(arrow_schema)[:len(batches.FIXED_COLUMNS)]
-        self.raw = batches.BatchBuilder(pa.schema(fixed + [pa.field("body", pa.binary())]), stream, partition)
-        self.fields = [arrow_schema.field(name) for name in self.decoded_fields]
-
-    def build(self, bufs):
-        import pyarrow as pa
-
-        from riverbed.spark import amqp
-        raw = self.raw.build(bufs)
-        n = len(batches.FIXED_COLUMNS)
-        cols = raw.columns[:n] + amqp.decode_documents(raw.column(n), self.decode, self.fields)
-        return pa.RecordBatch.from_arrays(cols, schema=self.schema)
-
-
 def _arrow_schema(schema):
     from pyspark.sql.pandas.types import to_arrow_schema
     return to_arrow_schema(schema, timezone="UTC")
@@ -413,8 +390,7 @@ def read_partition(opts, schema, partition):
         return iter(())
     arrow_schema = _arrow_schema(schema)
     decoded = [f.name for f in schema.fields[len(batches.FIXED_COLUMNS):]] if opts.decode in ("json", "bson") else ()
-    builder_class = DocumentBatchBuilder if decoded else batches.BatchBuilder
-    builder = builder_class(arrow_schema, partition.stream, partition.partition, opts.decode, decoded)
+    builder = batches.BatchBuilder(arrow_schema, partition.stream, partition.partition, opts.decode, decoded)
     if opts.uri:
         return batches.read_remote(opts.uri, partition.stream, partition.start, partition.end, builder,
                                    opts.batch_bytes, opts.verify)

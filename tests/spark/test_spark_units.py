@@ -87,7 +87,7 @@ def test_amqp_batch_fast_and_slow_paths_agree():
 def test_json_and_bson_documents_become_typed_columns():
     import bson
 
-    from riverbed.spark.batches import decode_documents
+    from riverbed.spark.amqp import decode_documents
     fields = [pa.field("id", pa.int64()), pa.field("at", pa.timestamp("us", tz="UTC")), pa.field("name", pa.string())]
     docs = [b'{"id": 1, "at": "2024-05-01T12:00:00Z", "name": "a"}', b"nope", b'{"id": "x", "name": {"k": 1}}']
     ids, at, names = decode_documents(pa.array(docs, pa.binary()), "json", fields)
@@ -152,13 +152,13 @@ def test_json_and_bson_decoders_read_the_one_record_format():
 
 def test_document_batches_from_core_buffers():
     from riverbed.engine import core
-    from riverbed.spark.source import DocumentBatchBuilder
+    from riverbed.spark.batches import BatchBuilder
     recs = [r for r in mixed_records() if r is not None]
     bufs = core.chunk_to_arrow(core.encode_chunk(recs, 100, 1_700_000_000_000))[:5]
     schema = pa.schema([("stream", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
                         ("timestamp", pa.timestamp("us", tz="UTC")), ("chunk_id", pa.int64()),
                         ("id", pa.int64()), ("name", pa.string())])
-    batch = DocumentBatchBuilder(schema, "mixed", 0, "json", ["id", "name"]).build(bufs)
+    batch = BatchBuilder(schema, "mixed", 0, "json", ["id", "name"]).build(bufs)
     assert batch.schema == schema and batch.num_rows == len(recs)
     assert batch.column("offset").to_pylist() == list(range(100, 100 + len(recs)))
     assert batch.column("id").to_pylist() == [1, 2, 3, 4, 5, 6, None, None]

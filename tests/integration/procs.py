@@ -45,7 +45,9 @@ class ServerProcess:
         if not self._ready.wait(timeout):
             self.kill()
             raise RuntimeError("server did not become ready:\n" + "\n".join(self.lines))
-        if self.port is None:
+        if self.port is None or self.proc.poll() is not None:
+            # no RabbitMQ Stream port, or the server died after logging it (another listener failed)
+            self.kill()
             raise RuntimeError("server exited:\n" + "\n".join(self.lines))
         return self
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import rawwire
-from procs import ServerProcess
+from procs import OTHER_LISTENERS_OFF, ServerProcess
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ def test_users_add_then_serve_with_a_toml_config_and_env(tmp_path):
 
 def test_default_data_dir_is_created_under_the_working_directory(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "riverbed.shells.cli", "serve", "--stream-port", "0",
-                             "--http-port", "0"],
+                             *OTHER_LISTENERS_OFF, "--http-port", "0"],
                             cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:
@@ -57,7 +57,7 @@ def test_default_data_dir_is_created_under_the_working_directory(tmp_path):
 
 def test_listener_off_and_bad_config(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir",
-                             str(tmp_path / "data"), "--stream-port", "off", "--http-port", "off"],
+                             str(tmp_path / "data"), "--stream-port", "off", *OTHER_LISTENERS_OFF],
                             stderr=subprocess.PIPE, text=True)
     try:
         lines = []
@@ -110,7 +110,7 @@ def test_dump_subcommand(tmp_path):
 def test_a_second_server_on_the_same_data_dir_exits_2(tmp_path):
     srv = ServerProcess(tmp_path / "data").start()
     try:
-        r = riverbed("serve", "--data-dir", str(tmp_path / "data"), "--stream-port", "0", "--http-port", "off")
+        r = riverbed("serve", "--data-dir", str(tmp_path / "data"), "--stream-port", "0", *OTHER_LISTENERS_OFF)
         assert r.returncode == 2 and "in use" in r.stderr
     finally:
         assert srv.stop() == 0
@@ -119,7 +119,7 @@ def test_a_second_server_on_the_same_data_dir_exits_2(tmp_path):
 def test_port_already_bound_exits_2(tmp_path):
     srv = ServerProcess(tmp_path / "a").start()
     try:
-        r = riverbed("serve", "--data-dir", str(tmp_path / "b"), "--stream-port", str(srv.port), "--http-port", "off")
+        r = riverbed("serve", "--data-dir", str(tmp_path / "b"), "--stream-port", str(srv.port), *OTHER_LISTENERS_OFF)
         assert r.returncode == 2 and "cannot start" in r.stderr
     finally:
         assert srv.stop() == 0

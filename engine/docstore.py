@@ -321,10 +321,8 @@ class DocStore:
         exist). InvalidArgument for a bad name or id."""
         c = self._shared.committed.get(coll) if self._writable and type(coll) is str else None
         if c is not None:
-            key = c.prefix + id_key(doc_id)
-            with self.engine.read_txn() as txn:
-                raw = txn.get(key, db=self._db_docs)
-                return None if raw is None else _decode(raw)
+            raw = self.engine.get_value(self._db_docs, c.prefix + id_key(doc_id))
+            return None if raw is None else _decode(raw)
         k = id_key(doc_id)
         with self.engine.read_txn() as txn:
             c = self._coll_r(txn, coll)
@@ -338,11 +336,12 @@ class DocStore:
         None. Skips the decoding that dominates :meth:`get`."""
         c = self._shared.committed.get(coll) if self._writable and type(coll) is str else None
         k = id_key(doc_id)
+        if c is not None:
+            return self.engine.get_value(self._db_docs, c.prefix + k)
         with self.engine.read_txn() as txn:
+            c = self._coll_r(txn, coll)
             if c is None:
-                c = self._coll_r(txn, coll)
-                if c is None:
-                    return None
+                return None
             raw = txn.get(c.prefix + k, db=self._db_docs)
             return None if raw is None else bytes(raw)
 

@@ -230,6 +230,27 @@ class Engine:
         inside it). Retries once if another process grew the map."""
         return _ReadTxn(self)
 
+    def get_value(self, db, key):
+        """The value of ``key`` in the named database ``db`` as ``bytes``, or None: one short read
+        transaction, for point lookups on a hot path (a document by id). Thread-safe."""
+        gate = self._gate
+        gate.enter()
+        try:
+            try:
+                txn = self.env.begin()
+            except lmdb.MapResizedError:
+                # another process grew the map: adopt its size, with no transaction open here
+                gate.leave()
+                gate.exclusive(lambda: self.env.set_mapsize(0))
+                gate.enter()
+                txn = self.env.begin()
+            try:
+                return txn.get(key, db=db)
+            finally:
+                txn.abort()
+        finally:
+            gate.leave()
+
     def _get_stream(self, name):
         s = self._streams.get(name)
         if s is None:

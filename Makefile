@@ -32,6 +32,7 @@ test: test-compiled test-pure
 test-compiled: install
 	@ci/ensure-java.sh
 	@ci/rstream-old.sh >/dev/null
+	@ci/npm-test-deps.sh >/dev/null
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install

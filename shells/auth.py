@@ -8,6 +8,7 @@ A users file is TOML, written by ``riverbed users add NAME`` (hand edits are fin
     write = ".*"               # a pattern matches anywhere unless anchored; "" grants nothing
     read = ".*"
     loopback_only = false      # true: this user may only connect from 127.0.0.0/8 or ::1
+    api_key = "sha256$<hex>"   # optional: hash of the user's API key (WebSocket ``authKey``, REST token)
 
 Operations need: create/delete (super) streams -> configure; publish -> write; subscribe, offsets,
 stream stats -> read.
@@ -20,6 +21,11 @@ Passwords are stored as salted scrypt hashes (stdlib ``hashlib.scrypt``). Verify
 milliseconds, and clients such as rstream open a short-lived connection per admin call, so successful
 verifications are remembered for the life of the process as an HMAC of the password under a random
 per-process key (never the password itself); the memo is dropped when the file changes.
+
+API keys (``riverbed users add NAME --api-key``) are random 256-bit tokens; the file keeps only their
+SHA-256 (a slow hash buys nothing for a secret of that entropy, and a lookup by hash is a dict lookup, cheap
+enough to run on every WebSocket request). A user made with ``--api-key`` and no password cannot log in
+with a password.
 """
 
 import base64
@@ -60,9 +66,10 @@ class AuthResult(NamedTuple):
 class User:
     """An authenticated principal and its permissions. Immutable; thread-safe."""
 
-    __slots__ = ("name", "patterns", "loopback_only", "password_hash")
+    __slots__ = ("name", "patterns", "loopback_only", "password_hash", "api_key_hash")
 
-    def __init__(self, name, configure=".*", write=".*", read=".*", loopback_only=False, password_hash=None):
+    def __init__(self, name, configure=".*", write=".*", read=".*", loopback_only=False, password_hash=None,
+                 api_key_hash=None):
         self.name = name
         self.patterns = {}
         for what, pattern in zip(PERMISSIONS, (configure, write, read)):
@@ -70,6 +77,7 @@ class User:
             self.patterns[what] = re.compile(pattern) if pattern else None
         self.loopback_only = loopback_only
         self.password_hash = password_hash
+        self.api_key_hash = api_key_hash
 
     def can(self, what, resource):
         """Whether this user has permission ``what`` ("configure", "write", "read") on stream
@@ -88,6 +96,16 @@ def hash_password(password, *, salt=None):
                             dklen=SCRYPT_LEN, maxmem=64 << 20)
     b64 = base64.b64encode
     return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def new_api_key():
+    """A new random API key (str, URL-safe, 256 bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def hash_api_key(key):
+    """The stored form of an API key: ``sha256$<hex digest of its UTF-8>``."""
+    return "sha256$" + hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def verify_password(password, stored):
@@ -125,7 +143,8 @@ def load_users(path):
             raise ValueError(f"{path}: users.{name} is not a table")
         try:
             users[name] = User(name, entry.get("configure", ""), entry.get("write", ""), entry.get("read", ""),
-                               bool(entry.get("loopback_only", False)), entry.get("password"))
+                               bool(entry.get("loopback_only", False)), entry.get("password"),
+                               entry.get("api_key") or None)
         except re.error as e:
             raise ValueError(f"{path}: bad permission pattern for user {name!r}: {e}") from None
     return users
@@ -140,13 +159,16 @@ def _toml_users(users):
         for key in ("password", "configure", "write", "read"):
             lines.append(f"{key} = {json.dumps(e.get(key, ''))}")
         lines.append(f"loopback_only = {'true' if e.get('loopback_only') else 'false'}")
+        if e.get("api_key"):
+            lines.append(f"api_key = {json.dumps(e['api_key'])}")
         lines.append("")
     return "\n".join(lines)
 
 
-def add_user(path, name, password, *, configure=".*", write=".*", read=".*", loopback_only=False):
+def add_user(path, name, password, *, configure=".*", write=".*", read=".*", loopback_only=False, api_key=None):
     """Add or replace user ``name`` in the users file at ``path`` (created if missing, mode 0600),
-    atomically. Raises ValueError for an empty name or a bad regular expression."""
+    atomically. ``password`` None: no password login. ``api_key`` (str): store its hash (see
+    :func:`new_api_key`). Raises ValueError for an empty name or a bad regular expression."""
     if not name:
         raise ValueError("user name must not be empty")
     for pattern in (configure, write, read):
@@ -155,8 +177,10 @@ def add_user(path, name, password, *, configure=".*", write=".*", read=".*", loo
     if os.path.exists(path):
         with open(path, "rb") as f:
             raw = tomllib.load(f).get("users") or {}
-    raw[name] = {"password": hash_password(password), "configure": configure, "write": write, "read": read,
-                 "loopback_only": loopback_only}
+    raw[name] = {"password": hash_password(password) if password is not None else "", "configure": configure,
+                 "write": write, "read": read, "loopback_only": loopback_only}
+    if api_key is not None:
+        raw[name]["api_key"] = hash_api_key(api_key)
     _write_atomically(path, _toml_users(raw))
 
 
@@ -205,6 +229,7 @@ class Authenticator:
         self._mtime = None
         self._users = {}
         self._memo = set()
+        self._by_api_key = (None, {})   # (the users dict it was built from, {api key hash: User})
         self._key = secrets.token_bytes(32)
         if self.users_file:
             self._users = load_users(self.users_file)   # fail fast at start-up on a bad file
@@ -252,7 +277,10 @@ class Authenticator:
         return self._login(name, password, peer_loopback)
 
     def check_password(self, name, password, peer_loopback):
-        """Username/password login for shells without SASL. Returns an AuthResult."""
+        """Username/password login for shells without SASL. Returns an AuthResult; a missing (None) or
+        non-string password is a FAILURE, never a login without one."""
+        if not isinstance(password, str) or not isinstance(name, str):
+            return AuthResult(FAILURE, None, name if isinstance(name, str) else None, "no password given")
         return self._login(name, password, peer_loopback)
 
     @property
@@ -263,6 +291,17 @@ class Authenticator:
     def user(self, name):
         """The current User named ``name``, or None (for shells that act as a configured user)."""
         return self._current_users().get(name)
+
+    def user_for_api_key(self, key):
+        """The current User whose API key is ``key`` (str), or None (no such key, or not a str)."""
+        if not isinstance(key, str) or not key:
+            return None
+        users = self._current_users()
+        built_from, index = self._by_api_key
+        if built_from is not users:
+            index = {u.api_key_hash: u for u in users.values() if u.api_key_hash}
+            self._by_api_key = (users, index)
+        return index.get(hash_api_key(key))
 
     def implicit_user(self, peer_loopback):
         """The user a connection without credentials acts as: guest (every permission) when there is no

@@ -141,6 +141,8 @@ def cmd_users(args):
     if args.action == "add":
         if args.password is not None:
             password = args.password
+        elif args.api_key and not args.password_stdin:
+            password = None     # an API-key-only user: no password login
         elif args.password_stdin or not sys.stdin.isatty():
             password = sys.stdin.readline().rstrip("\r\n")
         else:
@@ -148,16 +150,19 @@ def cmd_users(args):
             if getpass.getpass("again: ") != password:
                 print("riverbed users: the passwords differ", file=sys.stderr)
                 return 1
-        if not password:
+        if password is not None and not password:
             print("riverbed users: empty password", file=sys.stderr)
             return 1
+        api_key = auth.new_api_key() if args.api_key else None
         try:
             auth.add_user(path, args.name, password, configure=args.configure, write=args.write, read=args.read,
-                          loopback_only=args.loopback_only)
+                          loopback_only=args.loopback_only, api_key=api_key)
         except (ValueError, OSError) as e:
             print(f"riverbed users: {e}", file=sys.stderr)
             return 1
         print(f"user {args.name!r} written to {path}")
+        if api_key is not None:
+            print(api_key)      # alone on the last line, for scripts; only its hash is stored
         return 0
     if args.action == "delete":
         try:
@@ -177,6 +182,17 @@ def cmd_users(args):
     for name, u in sorted(users.items()):
         perms = " ".join(f"{k}={v.pattern if v else ''!r}" for k, v in u.patterns.items())
         print(f"{name}\t{perms}{' loopback-only' if u.loopback_only else ''}")
+    return 0
+
+
+def cmd_zmq_keygen(args):
+    from riverbed.shells.zmq_mc0 import keys
+    try:
+        public_path, secret_path, public = keys.generate_key_pair(args.prefix)
+    except OSError as e:
+        print(f"riverbed zmq-keygen: {args.prefix}.key: {e.strerror}", file=sys.stderr)
+        return 1
+    print(f"secret key written to {secret_path}, public key to {public_path}: {public}")
     return 0
 
 
@@ -204,9 +220,15 @@ def build_parser():
     a.add_argument("--write", default=".*", metavar="REGEX", help="streams it may publish to (.*)")
     a.add_argument("--read", default=".*", metavar="REGEX", help="streams it may consume (.*)")
     a.add_argument("--loopback-only", action="store_true", help="allow connections from loopback only")
+    a.add_argument("--api-key", action="store_true",
+                   help="also make a new API key (WebSocket authKey); printed alone on the last line")
     d = us.add_parser("delete", help="remove a user")
     d.add_argument("name")
     us.add_parser("list", help="list users and permissions")
+    k = sub.add_parser("zmq-keygen", help="write a CURVE key pair for the ZeroMQ listener or a client",
+                       description="Write PREFIX.key (Z85 secret key, mode 0600; for --zmq-curve-secret) and "
+                                   "PREFIX.pub (Z85 public key; for clients, or a --zmq-curve-clients dir).")
+    k.add_argument("prefix", nargs="?", default="riverbed-zmq", help="output path prefix (default riverbed-zmq)")
     sub.add_parser("dump", help="print the streams and chunks of a data directory", add_help=False)
     sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
                    add_help=False)
@@ -226,6 +248,8 @@ def main(argv=None):
         return cmd_serve(args)
     if args.command == "users":
         return cmd_users(args)
+    if args.command == "zmq-keygen":
+        return cmd_zmq_keygen(args)
     return 2
 
 

@@ -76,6 +76,19 @@ def _positive_float(value):
     return v
 
 
+def _positive_int(value):
+    v = int(value)
+    if v <= 0:
+        raise ValueError("must be > 0")
+    return v
+
+
+def _positive_float_or_off(value):
+    if value is None or str(value).strip().lower() in ("off", "none", "0", ""):
+        return None
+    return _positive_float(value)
+
+
 def _non_negative_int(value):
     v = int(value)
     if v < 0:
@@ -97,10 +110,28 @@ OPTIONS = [
     Option("data_dir", str, "riverbed-data", "data directory (created if missing; default ./riverbed-data)", "DIR"),
     Option("host", str, "127.0.0.1", "address every listener binds (default 127.0.0.1)", "HOST"),
     Option("stream_port", parse_port, 5552, "RabbitMQ Stream port (default 5552; 0 = any free; off)", "PORT"),
-    Option("bson_port", parse_port, None, "BSON-over-TCP port (default off)", "PORT"),
-    Option("zmq_port", parse_port, None, "ZeroMQ port (default off)", "PORT"),
-    Option("ws_port", parse_port, None, "WebSocket JSON port (default off)", "PORT"),
-    Option("text_port", parse_port, None, "text protocol port (default off)", "PORT"),
+    Option("bson_port", parse_port, 7451, "BSON/TCP (mewbase) port (default 7451; 0 = any free; off)", "PORT"),
+    Option("bson_idle_timeout", _positive_float, 60.0, "seconds a BSON/TCP connection may send nothing (PING) "
+           "before it is closed (default 60)", "SECONDS"),
+    Option("zmq_port", parse_port, 61616, "ZeroMQ mc0 ROUTER port (default 61616; 0 = any free; off)", "PORT"),
+    Option("zmq_curve_secret", _opt_str, None,
+           "ZeroMQ: file with the server's CURVE secret key (Z85); makes the ROUTER refuse plaintext clients",
+           "FILE"),
+    Option("zmq_curve_clients", _opt_str, None,
+           "ZeroMQ: directory of allowed CURVE client public keys (Z85, one per file; re-read on change)", "DIR"),
+    Option("zmq_hwm", _non_negative_int, 1000, "ZeroMQ: high-water mark, messages queued per peer and direction",
+           "MESSAGES"),
+    Option("ws_port", parse_port, 8890, "WebSocket JSON (Streamr v28) port (default 8890; 0 = any free; off)", "PORT"),
+    Option("ws_max_frame", _positive_int, 1 << 20,
+           "WebSocket JSON: largest client frame, bytes; bigger ones close the connection (1009)", "BYTES"),
+    Option("ws_send_buffer", _positive_int, 16 << 20,
+           "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
+    Option("text_port", parse_port, 7461, "REAM text port (default 7461; 0 = any free; off)", "PORT"),
+    Option("text_user", _opt_str, None, "user the REAM text listener acts as (required with --users)", "NAME"),
+    Option("text_keepalive", _positive_float_or_off, None,
+           "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
+    Option("text_max_payload", _positive_int, 4 << 20, "REAM: largest payload a request may declare, bytes "
+           "(default 4 MiB)", "BYTES"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("advertised_host", _opt_str, None,
            "host clients are told to dial (Metadata/OpenResponse; default: the address they connected to)",

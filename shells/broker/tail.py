@@ -19,7 +19,9 @@ loop through ``defer`` so that one busy subscriber cannot starve the other conne
 
 Loop-thread only. ``on_chunk(tail, chunk_id, raw, start)`` gets the stored chunk (header, bloom, data)
 and ``start``, the first offset in it the subscriber has not had (a reader that started inside a chunk
-skips the records before it).
+skips the records before it). When it is called, ``tail.offset`` already points past the chunk; a
+record-at-a-time protocol that must stop inside the chunk (its window filled up) sets ``tail.offset`` to
+the first record it did not send, and the next pump starts there.
 """
 
 import logging
@@ -88,6 +90,11 @@ class Tail:
     def resume(self):
         self._paused = False
         self.pump()
+
+    @property
+    def closed(self):
+        """True once :meth:`close` ran or the stream went away."""
+        return self._closed
 
     @property
     def can_deliver(self):

@@ -6,46 +6,15 @@ Client frames are built, and server frames parsed, with the real client's codec 
 accepts (its decoder refuses extra or missing bytes).
 """
 
-import queue
 import struct
 
 import pytest
 from rstream import schema
 from rstream.encoding import decode_frame, encode_frame, encode_publish
 
-from riverbed.engine import Engine
 from riverbed.shells import rmq_stream as rs
-from riverbed.shells.broker import Broker
 
-
-class FakeIO:
-    def __init__(self):
-        self.out = bytearray()
-        self.closed = False
-        self.reading = True
-        self.deferred = []
-        self.writes = 0
-
-    def write(self, data):
-        self.out += data
-        self.writes += 1
-
-    def writelines(self, parts):
-        for p in parts:
-            self.out += p
-        self.writes += 1
-
-    def close(self):
-        self.closed = True
-
-    def pause_reading(self):
-        self.reading = False
-
-    def resume_reading(self):
-        self.reading = True
-
-    def defer(self, fn, *args):
-        self.deferred.append((fn, args))
+from .harness import FakeIO, Loop
 
 
 def split_out(buf):
@@ -151,37 +120,16 @@ def rs_offset_type(t):
     return OffsetType(t)
 
 
-class Harness:
+class Harness(Loop):
+    """The engine and broker of harness.Loop, plus a RabbitMQ Stream listener's shell. Connections' ios
+    are not settled automatically: tests of deferred delivery run them by hand."""
+
     def __init__(self, tmp_path, auth=None, **shell_options):
-        self.q = queue.Queue()
-        self.now = 1000.0
-        self.eng = Engine(tmp_path / "data", fsync="never", retention_interval=0)
-        self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
-                             data_dir=str(tmp_path / "data"), auth=auth)
+        super().__init__(tmp_path, auth=auth)
         self.shell = rs.RmqShell(self.broker, **shell_options)
 
     def connect(self, **kw):
         return Conn(self, **kw)
-
-    def settle(self):
-        """Run every engine completion (and what it triggers) to quiescence."""
-        for _ in range(100):
-            self.eng.sync().result(timeout=10)
-            ran = False
-            while True:
-                try:
-                    fn, args = self.q.get_nowait()
-                except queue.Empty:
-                    break
-                fn(*args)
-                ran = True
-            if not ran:
-                return
-        raise AssertionError("never settled")
-
-    def close(self):
-        self.broker.close()
-        self.eng.close()
 
 
 @pytest.fixture

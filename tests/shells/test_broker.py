@@ -2,43 +2,13 @@
 credit and with byte windows, read-your-writes and NEXT barriers. Engine completions are drained by the
 test (the ``post`` queue of the harness) instead of an event loop."""
 
-import queue
-
 import pytest
 
 from riverbed.engine import Engine, OffsetSpec, core
 from riverbed.engine.errors import StreamExists, StreamNotFound
 from riverbed.shells.broker import MODE_WINDOW, Broker, Tail
 
-
-class Loop:
-    def __init__(self, tmp_path, **engine_kw):
-        self.q = queue.Queue()
-        self.deferred = []
-        self.eng = Engine(tmp_path / "data", fsync="never", retention_interval=0, **engine_kw)
-        self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)))
-
-    def settle(self):
-        for _ in range(100):
-            self.eng.sync().result(timeout=10)
-            ran = False
-            while True:
-                try:
-                    fn, args = self.q.get_nowait()
-                except queue.Empty:
-                    break
-                fn(*args)
-                ran = True
-            while self.deferred:
-                self.deferred.pop(0)()
-                ran = True
-            if not ran:
-                return
-        raise AssertionError("never settled")
-
-    def close(self):
-        self.broker.close()
-        self.eng.close()
+from .harness import Loop
 
 
 class Listener:
@@ -55,6 +25,7 @@ class Listener:
 @pytest.fixture
 def lp(tmp_path):
     loop = Loop(tmp_path)
+    loop.io = loop.new_io()       # Tails defer through it; settle() runs what they deferred
     yield loop
     loop.close()
 
@@ -128,7 +99,7 @@ def test_tail_in_credit_mode_delivers_one_chunk_per_credit(lp):
     for i in range(5):
         lp.eng.append("s", [b"r%d" % i]).result()
     seen = []
-    tail = Tail(lp.broker, "s", 0, lambda t, cid, raw, start: seen.append(cid) or 1, defer=lp.deferred.append,
+    tail = Tail(lp.broker, "s", 0, lambda t, cid, raw, start: seen.append(cid) or 1, defer=lp.io.defer,
                 credit=2)
     tail.start()
     lp.settle()
@@ -150,7 +121,7 @@ def test_tail_in_window_mode_pauses_above_high_and_resumes_at_low(lp):
     def on_chunk(t, cid, raw, start):
         seen.append(cid)
         return 1000      # bytes sent
-    tail = Tail(lp.broker, "s", 0, on_chunk, defer=lp.deferred.append, mode=MODE_WINDOW, window_high=4000,
+    tail = Tail(lp.broker, "s", 0, on_chunk, defer=lp.io.defer, mode=MODE_WINDOW, window_high=4000,
                 window_low=2000)
     tail.start()
     lp.settle()
@@ -168,7 +139,7 @@ def test_tail_starting_inside_a_chunk_is_told_where(lp):
     lp.eng.append("s", [b"a", b"b", b"c"]).result()
     starts = []
     tail = Tail(lp.broker, "s", 2, lambda t, cid, raw, start: starts.append((cid, start)) or 1,
-                defer=lp.deferred.append, credit=5)
+                defer=lp.io.defer, credit=5)
     tail.start()
     lp.settle()
     assert starts == [(0, 2)]
@@ -177,7 +148,7 @@ def test_tail_starting_inside_a_chunk_is_told_where(lp):
 def test_tail_hears_of_deletion(lp):
     lp.eng.create_stream("s").result()
     gone = []
-    tail = Tail(lp.broker, "s", 0, lambda *a: 1, defer=lp.deferred.append, credit=5, on_gone=gone.append)
+    tail = Tail(lp.broker, "s", 0, lambda *a: 1, defer=lp.io.defer, credit=5, on_gone=gone.append)
     tail.start()
     lp.settle()
     lp.eng.delete_stream("s").result()
@@ -239,7 +210,7 @@ def test_a_record_of_each_content_type_reads_back_the_same_through_the_broker(lp
             if chunk_id + i >= start:
                 got.append((chunk_id + i, body))
         return 1
-    tail = Tail(lp.broker, "mixed", 0, on_chunk, defer=lp.deferred.append, credit=10)
+    tail = Tail(lp.broker, "mixed", 0, on_chunk, defer=lp.io.defer, credit=10)
     tail.start()
     lp.settle()
     assert [o for o, _ in got] == list(range(len(cases)))

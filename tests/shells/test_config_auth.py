@@ -12,7 +12,9 @@ def test_defaults():
     cfg = config.load({}, env={})
     assert (cfg.data_dir, cfg.host, cfg.stream_port, cfg.fsync, cfg.users) == \
         ("riverbed-data", "127.0.0.1", 5552, "batch", None)
-    assert cfg.bson_port is None and cfg.http_port == 15692 and cfg.advertised_port is None
+    # the listener ports of shared/DESIGN.md: every listener that exists is on by default
+    assert (cfg.bson_port, cfg.zmq_port, cfg.ws_port, cfg.text_port, cfg.http_port) == (7451, 61616, 8890, 7461, 15692)
+    assert cfg.advertised_port is None
 
 
 def test_precedence_flags_over_env_over_file(tmp_path):
@@ -109,3 +111,13 @@ def test_loopback_detection():
     assert auth.is_loopback("127.0.0.1") and auth.is_loopback("127.8.9.1") and auth.is_loopback("::1")
     assert auth.is_loopback("::ffff:127.0.0.1")
     assert not auth.is_loopback("10.0.0.1") and not auth.is_loopback("nonsense")
+
+
+def test_check_password_never_logs_in_without_a_password(tmp_path):
+    path = str(tmp_path / "users.toml")
+    auth.add_user(path, "alice", "pw")
+    a = auth.Authenticator(path)
+    assert a.check_password("alice", "pw", True).outcome == auth.OK
+    for bad in (None, b"pw", 7):
+        assert a.check_password("alice", bad, True).outcome == auth.FAILURE
+    assert a.check_password(None, "pw", True).outcome == auth.FAILURE

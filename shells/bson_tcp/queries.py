@@ -1,0 +1,130 @@
+"""Subscriptions and queries of a BSON/TCP connection: the two server-to-client streams, each under a
+4 MiB / 2 MiB byte window (ACKEV / QUERYACK give bytes back)."""
+
+import bson
+
+from riverbed.engine import core
+from riverbed.engine import format as fmt
+from riverbed.engine.predicate import compile_predicate, raw_program
+from riverbed.engine.record import decode_record, to_bson_bytes
+from riverbed.shells.bson_tcp.codec import WINDOW_HIGH, WINDOW_LOW, encode_query_result, encode_recev
+from riverbed.shells.broker import MODE_WINDOW, Tail
+
+
+class Matcher:
+    """A compiled matcher over raw BSON: the core's raw matcher, with the document evaluator for what
+    it cannot decide. Immutable."""
+
+    __slots__ = ("raw", "fn")
+
+    def __init__(self, node):
+        self.raw = core.DocMatcher(raw_program(node))
+        self.fn = compile_predicate(node)
+
+    def __call__(self, raw):
+        r = self.raw.match(raw)
+        if r < 0:
+            try:
+                return bool(self.fn(bson.decode(raw)))
+            except Exception:  # noqa: BLE001 - an undecodable payload matches nothing
+                return False
+        return r == 1
+
+
+class Subscription:
+    """One SUBSCRIBE of a connection: a Tail of the channel in window mode, writing RECEV frames."""
+
+    __slots__ = ("session", "sub_id", "channel", "matcher", "min_ts", "durable_ref", "tail", "sent")
+
+    def __init__(self, session, sub_id, channel, offset, matcher=None, min_ts=None, durable_ref=None):
+        self.session = session
+        self.sub_id = sub_id
+        self.channel = channel
+        self.matcher = matcher
+        self.min_ts = min_ts
+        self.durable_ref = durable_ref
+        self.sent = 0
+        self.tail = Tail(session.broker, channel, offset, self._on_chunk, defer=session.io.defer,
+                         on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW)
+
+    def start(self):
+        if self.session._write_paused:
+            self.tail.pause()
+        self.tail.start()
+
+    def close(self):
+        self.tail.close()
+
+    def _gone(self, exc):
+        self.session._subscription_gone(self, exc)
+
+    def _on_chunk(self, tail, chunk_id, raw, start):
+        ts = core.read_header(raw)[fmt.H_TIMESTAMP]
+        if self.min_ts is not None and ts < self.min_ts:
+            return 0
+        records = core.chunk_records(raw)
+        budget = tail.window_high - tail.outstanding
+        used = 0
+        out = []
+        sub_id, matcher = self.sub_id, self.matcher
+        n = len(records)
+        for i in range(start - chunk_id, n):
+            ev = to_bson_bytes(decode_record(records[i]))
+            if matcher is not None and not matcher(ev):
+                continue
+            f = encode_recev(sub_id, chunk_id + i, ts, ev)
+            out.append(f)
+            used += len(f)
+            if used > budget and i + 1 < n:
+                # over the window in the middle of a chunk: the rest of it is read again after ACKEVs
+                tail.offset = chunk_id + i + 1
+                break
+        if out:
+            self.sent += len(out)
+            self.session._send_many(out)
+        return used
+
+
+class QueryRun:
+    """One QUERY in flight: its results (stored BSON bytes) go out as QUERYRESULT frames while fewer
+    than 4 MiB of them are unacknowledged; the last carries ``last: true``."""
+
+    __slots__ = ("session", "query_id", "results", "index", "outstanding", "stalled", "done")
+
+    def __init__(self, session, query_id, results):
+        self.session = session
+        self.query_id = query_id
+        self.results = results
+        self.index = 0
+        self.outstanding = 0
+        self.stalled = False
+        self.done = False
+
+    def ack(self, nbytes):
+        self.outstanding = max(0, self.outstanding - nbytes)
+        if self.stalled and self.outstanding <= WINDOW_LOW:
+            self.stalled = False
+            self.pump()
+
+    def pump(self):
+        s = self.session
+        out = []
+        results, n = self.results, len(self.results)
+        while not self.done and not self.stalled and not s._write_paused:
+            if n == 0:
+                out.append(encode_query_result(self.query_id, None, True))
+                self.done = True
+                break
+            i = self.index
+            f = encode_query_result(self.query_id, results[i], i + 1 == n)
+            out.append(f)
+            self.outstanding += len(f)
+            self.index = i + 1
+            if self.index == n:
+                self.done = True
+            elif self.outstanding > WINDOW_HIGH:
+                self.stalled = True
+        if out:
+            s._send_many(out)
+        if self.done:
+            s._query_done(self)

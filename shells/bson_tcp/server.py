@@ -1,0 +1,42 @@
+"""The BSON/TCP (mewbase) listener: a broker-layer TcpListener whose sessions are BsonSessions; it also
+runs the stored projections for as long as it listens."""
+
+from riverbed.shells.broker import TcpListener
+from riverbed.shells.bson_tcp.session import BsonSession
+from riverbed.shells.bson_tcp.shell import DEFAULT_IDLE_TIMEOUT, BsonShell
+
+DEFAULT_PORT = 7451
+
+
+class BsonServer(TcpListener):
+    """A mewbase listener over the shared broker. Create it with :func:`serve`. ``port`` is the bound
+    port; ``shell`` the listener's :class:`BsonShell`. Loop-thread only."""
+
+    name = "bson"
+
+    def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, idle_timeout=DEFAULT_IDLE_TIMEOUT):
+        self.shell = BsonShell(broker, idle_timeout=idle_timeout)
+        super().__init__(broker, self._new_session, host=host, port=port)
+
+    def _new_session(self, io, *, peer, local, remote, peer_loopback):
+        return BsonSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
+
+    async def start(self):
+        await super().start()
+        self.shell.projections.load()
+        return self
+
+    async def shutdown(self, drain_timeout=10.0):
+        await super().shutdown(drain_timeout)
+        self.shell.close()
+
+
+async def serve(broker, *, host="127.0.0.1", port=DEFAULT_PORT, config=None, idle_timeout=DEFAULT_IDLE_TIMEOUT):
+    """Start a BSON/TCP listener on ``host:port`` (0 = any free port) over ``broker`` and the stored
+    projections. ``config`` (a Config), when given, supplies ``bson_idle_timeout`` (seconds). Returns the
+    started :class:`BsonServer`; stop it with ``await server.shutdown()``. Raises OSError when the address
+    cannot be bound."""
+    if config is not None:
+        idle_timeout = getattr(config, "bson_idle_timeout", idle_timeout)
+    server = BsonServer(broker, host=host, port=port, idle_timeout=idle_timeout)
+    return await server.start()

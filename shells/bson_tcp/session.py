@@ -1,0 +1,639 @@
+"""A BSON/TCP (mewbase) connection as a sans-I/O state machine.
+
+It takes bytes (``data_received``), clock ticks (``tick``) and the transport's flow-control signals, and
+writes through ``io`` (``write``/``writelines``/``close``/``pause_reading``/``resume_reading``/``defer``);
+storage is reached only through the broker layer and the document store.
+
+Behaviour where the protocol leaves a choice:
+
+* Framing: a declared length outside 5..16 MiB, invalid BSON or a document that is not an envelope:
+  RESPONSE ok:false (errCode 6, with the rID when one could be read) and close; the body of an
+  oversized frame is never read. An unknown ``type``: RESPONSE {ok:false, rID, errCode 6}, and the
+  connection stays open. Any frame before a successful CONNECT: errCode 2 and close.
+* Pipelined PUBs read in one go are appended per channel as one batch (one engine append, contiguous);
+  each PUB is answered with its rID once the batch is durable. A frame other than PUB first sends the
+  batch gathered so far, so the order of a connection's requests is kept.
+* A channel is created on first PUB (write permission suffices; CREATECHANNEL needs configure).
+* Durable subscriptions keep ``lastAcked`` as a named offset ``mewbase-durable:<durableID>`` on the
+  channel; a resumed subscription starts at ``lastAcked + 1``. While ACKEV writes are in flight, replies
+  to later frames are held back until they commit.
+* Transactions are kept in memory per (connection, sessID), at most 256 MiB per connection; COMMITTX
+  appends them in one engine transaction (``append_records`` for one channel, ``engine.transact`` with
+  one staged append per channel for several).
+* The connection stops being read while 10,000 of its engine operations are pending or its transport's
+  write buffer is over its high mark; RECEVs stop with it.
+"""
+
+import logging
+
+from riverbed.engine import OffsetSpec, core
+from riverbed.engine.errors import FrameError, InvalidArgument, RiverbedError, StreamNotFound
+from riverbed.engine.predicate import from_mongo
+from riverbed.engine.record import CT_BSON, encode_record
+from riverbed.shells import auth as _auth
+from riverbed.shells.bson_tcp import codec as c
+from riverbed.shells.bson_tcp.admin import AdminCommands
+from riverbed.shells.bson_tcp.queries import Matcher, Subscription
+from riverbed.shells.broker import READ, WRITE
+
+log = logging.getLogger("riverbed.bson")
+
+ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
+PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
+TX_MAX_BYTES = 256 << 20
+DURABLE_PREFIX = "mewbase-durable:"
+MAX_DURABLE_ID = 200
+
+
+class _Tx:
+    __slots__ = ("events", "nbytes")
+
+    def __init__(self):
+        self.events = []      # (channel, record bytes)
+        self.nbytes = 0
+
+
+class BsonSession(AdminCommands):
+    """One mewbase connection. Loop-thread only; bad input never raises out of here (it ends in a
+    RESPONSE ok:false, and for framing errors a close)."""
+
+    def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=False):
+        self.shell = shell
+        self.broker = broker = shell.broker
+        self.io = io
+        self.peer = peer
+        self.local = local or (None, 0)
+        self.remote = remote or (peer.rpartition(":")[0] or peer, 0)
+        self.peer_loopback = peer_loopback
+        self.state = ST_CONNECTING
+        self.user = None
+        self.username = None
+        self.client_version = None
+        self.connected_at = broker.wall_clock()
+        self.last_recv = broker.clock()
+        self.subscriptions = {}
+        self.queries = {}
+        self.txs = {}
+        self.tx_bytes = 0
+        self.pending_ops = 0
+        self._next_sub = 0
+        self._buf = bytearray()
+        self._out = []
+        self._held = []               # replies waiting for durable ACKEV writes to commit
+        self._acks_inflight = 0
+        self._batch = {}              # channel -> ([records], [rIDs]) of pipelined PUBs not yet appended
+        self._write_paused = False
+        self._read_paused = False
+        self._shutting_down = False
+        self._writable = {}           # channel -> whether this connection's user may write to it
+        self._now_ms = None           # wall clock (ms) read once per data_received, for PUB records
+        broker.register(self)
+
+    # ------------------------------------------------------------------------------------ input
+
+    def data_received(self, data):
+        if self.state == ST_CLOSED:
+            return
+        self.last_recv = self.broker.clock()
+        buf = self._buf
+        if buf:
+            buf += data
+            src = buf
+        else:
+            src = data
+        bad = None
+        try:
+            frames, used = core.split_bson_frames(src, c.MAX_FRAME)
+        except FrameError as e:
+            frames, used = self._split_until_bad(src)
+            bad = e
+        if src is buf:
+            del buf[:used]
+        elif used < len(data):
+            self._buf = bytearray(memoryview(data)[used:])
+        for f in frames:
+            self._dispatch(f)
+            if self.state == ST_CLOSED:
+                return
+        self._now_ms = None
+        self._send_batch()
+        if bad is not None:
+            log.warning("%s: bad frame length: %s; closing", self.peer, bad)
+            self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, f"bad frame: {bad}")
+            return
+        self._flush()
+
+    @staticmethod
+    def _split_until_bad(src):
+        # the frames before the one with a bad length are still served, in order
+        mv = memoryview(src)
+        pos, frames = 0, []
+        while len(mv) - pos >= 4:
+            n = int.from_bytes(mv[pos:pos + 4], "little", signed=True)
+            if n < c.MIN_FRAME or n > c.MAX_FRAME or len(mv) - pos < n:
+                break
+            frames.append(bytes(mv[pos:pos + n]))
+            pos += n
+        return frames, pos
+
+    def _dispatch(self, raw):
+        try:
+            ftype, frame = c.decode_envelope(raw)
+        except c.DecodeError as e:
+            self._send_batch()
+            self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, str(e))
+            return
+        if ftype == c.FT_PUB and self.state == ST_OPEN:
+            self._on_pub(frame)
+            return
+        self._send_batch()
+        f = frame
+        rid = f.get("rID")
+        if self.state == ST_CONNECTING:
+            if ftype == c.FT_CONNECT:
+                self._on_connect(f)
+            else:
+                self._fatal(rid, c.ERR_NOT_AUTHORISED, "CONNECT first")
+            return
+        handler = _HANDLERS.get(ftype)
+        if handler is None:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, f"unknown frame type {ftype!r}"))
+            return
+        try:
+            handler(self, f)
+        except (InvalidArgument, c.DecodeError, TypeError, ValueError, OverflowError) as e:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(e)))
+
+    # ----------------------------------------------------------------------------------- output
+
+    def _send(self, data):
+        self._out.append(data)
+
+    def _send_many(self, parts):
+        self._out.extend(parts)
+        self._flush()
+
+    def _reply(self, data, after=None):
+        """A reply to a request: held back while durable ACKEV writes are in flight."""
+        if self._acks_inflight:
+            self._held.append((data, after))
+            return
+        self._out.append(data)
+        if after is not None:
+            self._flush()
+            after()
+
+    def _flush(self):
+        if self._out and self.state != ST_CLOSED:
+            out, self._out = self._out, []
+            self.io.writelines(out)
+
+    def _later(self, fn):
+        """Wrap an engine completion: counted (flow control, shutdown), dropped once the connection is
+        gone, flushes after running."""
+        self.pending_ops += 1
+        if self.pending_ops > PENDING_OPS_HIGH:
+            self._update_reading()
+
+        def run(*args):
+            self.pending_ops -= 1
+            if self.state == ST_CLOSED:
+                return
+            fn(*args)
+            if self._read_paused:
+                self._update_reading()
+            self._flush()
+        return run
+
+    # ------------------------------------------------------------------------- flow, lifecycle
+
+    def pause_writing(self):
+        self._write_paused = True
+        for sub in self.subscriptions.values():
+            sub.tail.pause()
+        self._update_reading()
+
+    def resume_writing(self):
+        self._write_paused = False
+        self._update_reading()
+        for sub in list(self.subscriptions.values()):
+            sub.tail.resume()
+        for q in list(self.queries.values()):
+            q.pump()
+        self._flush()
+
+    def _update_reading(self):
+        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH
+        if want and not self._read_paused:
+            self._read_paused = True
+            self.io.pause_reading()
+        elif self._read_paused and not want and self.pending_ops <= PENDING_OPS_LOW:
+            self._read_paused = False
+            self.io.resume_reading()
+
+    def tick(self, now):
+        if self.state == ST_CLOSED:
+            return
+        t = self.shell.idle_timeout
+        if t and now - self.last_recv > t:
+            log.info("%s: no frame for %.1f s; closing the idle connection", self.peer, now - self.last_recv)
+            self._hard_close()
+
+    def begin_shutdown(self):
+        self._shutting_down = True
+        self._send_batch()
+        self._flush()
+        self._update_reading()
+
+    def close_gracefully(self, reason="server shutdown"):
+        # mewbase has no goodbye frame: answer what is queued, then close
+        log.info("%s: closing: %s", self.peer, reason)
+        self._hard_close()
+
+    def close_by_admin(self, reason="closed via management API"):
+        self.close_gracefully(reason)
+
+    def _fatal(self, rid, code, msg):
+        log.info("%s: %s (errCode %d); closing", self.peer, msg, code)
+        self._out.append(c.response(rid, False, code, msg))
+        self._hard_close()
+
+    def _hard_close(self):
+        if self.state == ST_CLOSED:
+            return
+        for data, _ in self._held:
+            self._out.append(data)
+        self._held = []
+        self._flush()
+        self.state = ST_CLOSED
+        self._release()
+        self.io.close()
+
+    def connection_lost(self):
+        self.state = ST_CLOSED
+        self._release()
+
+    def _release(self):
+        for sub in list(self.subscriptions.values()):
+            sub.close()
+        self.subscriptions.clear()
+        self.queries.clear()
+        self.txs.clear()        # open transactions are discarded with the connection
+        self.tx_bytes = 0
+        self._batch = {}
+        self._out = []
+        self.broker.unregister(self)
+
+    def stream_deleted(self, name):
+        for sub in list(self.subscriptions.values()):
+            if sub.channel == name:
+                sub.close()
+                self.subscriptions.pop(sub.sub_id, None)
+
+    def _subscription_gone(self, sub, exc):
+        log.info("%s: subscription %d on %r ended: %s", self.peer, sub.sub_id, sub.channel, exc)
+        self.subscriptions.pop(sub.sub_id, None)
+
+    def connection_info(self):
+        return {
+            "name": f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}",
+            "protocol": "bson", "peer_host": self.remote[0], "peer_port": self.remote[1],
+            "host": self.local[0], "port": self.local[1], "user": self.username or "",
+            "client_properties": {"version": self.client_version} if self.client_version else {},
+            "connected_at": self.connected_at,
+            "state": {ST_CONNECTING: "starting", ST_OPEN: "running"}.get(self.state, "closed"),
+            "subscriptions": len(self.subscriptions),
+        }
+
+    def _can(self, what, resource):
+        return self.broker.allowed(self.user, what, resource)
+
+    # --------------------------------------------------------------------------------- CONNECT
+
+    def _on_connect(self, f):
+        version = c.parse_version(f.get("version"))
+        if version is None or version > c.SERVER_VERSION:
+            self._fatal(None, c.ERR_SERVER_ERROR, "Client version not supported")
+            return
+        auth = self.broker.auth
+        if auth.open_to_loopback:
+            user = auth.implicit_user(self.peer_loopback)
+            if user is None:
+                self._fatal(None, c.ERR_AUTHENTICATION_FAILED, "only loopback clients are served without --users")
+                return
+        else:
+            name, password = f.get("username"), f.get("password")
+            if not isinstance(name, str) or not isinstance(password, str):
+                self._fatal(None, c.ERR_AUTHENTICATION_FAILED, "username and password required")
+                return
+            res = auth.check_password(name, password, self.peer_loopback)
+            if res.outcome != _auth.OK:
+                log.info("%s: authentication failed: %s", self.peer, res.reason)
+                self._fatal(None, c.ERR_AUTHENTICATION_FAILED, "authentication failed")
+                return
+            user = res.user
+        self.user = user
+        self.username = user.name
+        self.client_version = f.get("version")
+        self.state = ST_OPEN
+        self._reply(c.response(None, True))
+
+    # -------------------------------------------------------------------------------------- PUB
+
+    def _on_pub(self, f):
+        channel = f.get("channel")
+        event = f.get("event")
+        rid = f.get("rID")
+        sess_id = f.get("sessID")
+        if not isinstance(channel, str) or not channel:
+            self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, "PUB needs a string 'channel'")
+            return
+        if not isinstance(event, dict):
+            self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, "PUB needs a document 'event'")
+            return
+        allowed = self._writable.get(channel)
+        if allowed is None:
+            # the user is fixed at CONNECT, so its answer per channel can be kept for the connection
+            allowed = self._writable[channel] = self._can(WRITE, channel) if len(self._writable) < 1000 else None
+            if allowed is None:
+                allowed = self._can(WRITE, channel)
+        if not allowed:
+            self._pub_error(rid, c.ERR_NOT_AUTHORISED, f"no write permission on {channel!r}")
+            return
+        try:
+            ev = c.encode_event(event)
+        except c.DecodeError as e:
+            self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, str(e))
+            return
+        now = self._now_ms
+        if now is None:
+            now = self._now_ms = self.broker.wall_clock()     # one clock read per read from the socket
+        record = encode_record(ev, CT_BSON, now)
+        if sess_id is not None:
+            tx = self.txs.get(sess_id)
+            if tx is not None:
+                if self.tx_bytes + len(record) > TX_MAX_BYTES:
+                    self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, "transaction too large")
+                    return
+                tx.events.append((channel, record))
+                tx.nbytes += len(record)
+                self.tx_bytes += len(record)
+                self._send_batch()
+                self._reply(c.response(rid, True))
+                return
+        entry = self._batch.get(channel)
+        if entry is None:
+            self._batch[channel] = ([record], [rid])
+        else:
+            entry[0].append(record)
+            entry[1].append(rid)
+
+    def _pub_error(self, rid, code, msg):
+        self._send_batch()
+        self._reply(c.response(rid, False, code, msg))
+
+    def _send_batch(self):
+        if not self._batch:
+            return
+        batch, self._batch = self._batch, {}
+        for channel, (records, rids) in batch.items():
+            self._append(channel, records, rids)
+
+    def _append(self, channel, records, rids):
+        def done(res, exc):
+            if exc is None:
+                ok = c.response_ok
+                if self._acks_inflight:
+                    for rid in rids:
+                        self._reply(ok(rid))
+                else:
+                    self._out.extend([ok(rid) for rid in rids])
+            else:
+                code = c.ERR_NO_SUCH_CHANNEL if isinstance(exc, StreamNotFound) else c.ERR_SERVER_ERROR
+                log.warning("%s: append to %r failed: %s", self.peer, channel, exc)
+                for rid in rids:
+                    self._reply(c.response(rid, False, code, f"append failed: {exc}"))
+        done = self._later(done)
+        shell = self.shell
+        if not shell.channel_pending(channel) and self.broker.has_stream(channel):
+            self.broker.append_records(channel, records, done)
+            return
+
+        def created(exc):
+            if exc is not None:
+                done(None, exc)
+            else:
+                self.broker.append_records(channel, records, done)
+        shell.ensure_channel(channel, created)
+
+    # ------------------------------------------------------------------------------- transactions
+
+    def _on_starttx(self, f):
+        rid, sess = f.get("rID"), f.get("sessID")
+        if sess is None:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "STARTTX needs a sessID"))
+        elif sess in self.txs:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "a transaction is already open"))
+        else:
+            self.txs[sess] = _Tx()
+            self._reply(c.response(rid, True))
+
+    def _on_aborttx(self, f):
+        rid = f.get("rID")
+        tx = self.txs.pop(f.get("sessID"), None)
+        if tx is None:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "no transaction open"))
+            return
+        self.tx_bytes -= tx.nbytes
+        self._reply(c.response(rid, True))
+
+    def _on_committx(self, f):
+        rid = f.get("rID")
+        tx = self.txs.pop(f.get("sessID"), None)
+        if tx is None:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "no transaction open"))
+            return
+        self.tx_bytes -= tx.nbytes
+        if not tx.events:
+            self._reply(c.response(rid, True))
+            return
+        by_channel = {}
+        for channel, record in tx.events:
+            by_channel.setdefault(channel, []).append(record)
+
+        def done(res, exc):
+            if exc is None:
+                self._reply(c.response(rid, True))
+            else:
+                log.warning("%s: COMMITTX failed: %s", self.peer, exc)
+                code = c.ERR_NO_SUCH_CHANNEL if isinstance(exc, StreamNotFound) else c.ERR_SERVER_ERROR
+                self._reply(c.response(rid, False, code, f"commit failed: {exc}"))
+        done = self._later(done)
+        missing = [ch for ch in by_channel if self.shell.channel_pending(ch) or not self.broker.has_stream(ch)]
+
+        def commit():
+            if len(by_channel) == 1:
+                (channel, records), = by_channel.items()
+                self.broker.append_records(channel, records, done)
+                return
+
+            def stage(ctx):
+                for channel, records in by_channel.items():
+                    ctx.append(channel, records)
+            try:
+                fut = self.broker.engine.transact(stage)
+            except RiverbedError as e:
+                done(None, e)
+                return
+            self.broker.then(fut, done)
+
+        if not missing:
+            commit()
+            return
+        left = [len(missing)]
+        failed = []
+
+        def created(exc):
+            if exc is not None:
+                failed.append(exc)
+            left[0] -= 1
+            if left[0] == 0:
+                if failed:
+                    done(None, failed[0])
+                else:
+                    commit()
+        for ch in missing:
+            self.shell.ensure_channel(ch, created)
+
+    # ------------------------------------------------------------------------------ subscriptions
+
+    def _on_subscribe(self, f):
+        rid = f.get("rID")
+        channel = f.get("channel")
+
+        def refuse(code, msg):
+            self._reply(c.sub_response(rid, False, err_code=code, err_msg=msg))
+        if not isinstance(channel, str) or not channel:
+            return refuse(c.ERR_COMMAND_NOT_PROCESSED, "SUBSCRIBE needs a string 'channel'")
+        if not self._can(READ, channel):
+            return refuse(c.ERR_NOT_AUTHORISED, f"no read permission on {channel!r}")
+        start_pos, start_ts = f.get("startPos"), f.get("startTimestamp")
+        if start_pos is not None and start_ts is not None:
+            return refuse(c.ERR_COMMAND_NOT_PROCESSED, "give startPos or startTimestamp, not both")
+        for key, v in (("startPos", start_pos), ("startTimestamp", start_ts)):
+            if v is not None and (not c.is_int(v) or v < 0):
+                return refuse(c.ERR_COMMAND_NOT_PROCESSED, f"{key} must be a non-negative integer")
+        durable = f.get("durableID")
+        if durable is not None and (not isinstance(durable, str) or not durable
+                                    or len(durable.encode("utf-8")) > MAX_DURABLE_ID):
+            return refuse(c.ERR_COMMAND_NOT_PROCESSED, f"durableID must be a string of 1..{MAX_DURABLE_ID} bytes")
+        matcher = f.get("matcher")
+        if matcher is not None:
+            if not isinstance(matcher, dict):
+                return refuse(c.ERR_COMMAND_NOT_PROCESSED, "matcher must be a document")
+            try:
+                matcher = Matcher(from_mongo(matcher)) if matcher else None
+            except (InvalidArgument, ValueError) as e:
+                return refuse(c.ERR_COMMAND_NOT_PROCESSED, f"bad matcher: {e}")
+        if self.shell.channel_pending(channel):
+            # a PUB read before this frame is creating the channel: subscribe once it exists
+            self.shell.ensure_channel(channel, self._later(lambda exc: self._on_subscribe(f)))
+            return
+        if not self.broker.has_stream(channel):
+            return refuse(c.ERR_NO_SUCH_CHANNEL, f"no channel {channel!r}")
+        sub_id = self._next_sub
+        self._next_sub += 1
+        durable_ref = DURABLE_PREFIX + durable if durable is not None else None
+
+        def go(offset, exc, min_ts=None):
+            if exc is not None:
+                code = c.ERR_NO_SUCH_CHANNEL if isinstance(exc, StreamNotFound) else c.ERR_SERVER_ERROR
+                return refuse(code, str(exc))
+            sub = Subscription(self, sub_id, channel, offset, matcher, min_ts, durable_ref)
+            self.subscriptions[sub_id] = sub
+            self._reply(c.sub_response(rid, True, sub_id), after=sub.start)
+
+        def from_start_fields():
+            if start_pos is not None:
+                go(start_pos, None)
+            elif start_ts is not None:
+                try:
+                    off = self.broker.resolve(channel, OffsetSpec.timestamp(start_ts))
+                except RiverbedError as e:
+                    return go(None, e)
+                go(off, None, start_ts)
+            else:
+                self.broker.resolve_after_writes(channel, OffsetSpec.next(), self._later(go))
+
+        if durable_ref is None:
+            from_start_fields()
+            return
+
+        def resumed(last, exc):
+            if exc is not None:
+                go(None, exc)
+            elif last is None:
+                from_start_fields()
+            else:
+                go(last + 1, None)
+        self.broker.query_offset(channel, durable_ref, self._later(resumed))
+
+    def _on_ackev(self, f):
+        sub = self.subscriptions.get(f.get("subID"))
+        if sub is None:
+            return
+        n = f.get("bytes")
+        if c.is_int(n) and n > 0:
+            sub.tail.ack(n)
+        pos = f.get("pos")
+        if sub.durable_ref is not None and c.is_int(pos) and pos >= 0:
+            self._acks_inflight += 1
+
+            def stored(exc):
+                self._acks_inflight -= 1
+                if exc is not None:
+                    log.info("%s: storing durable position %r failed: %s", self.peer, sub.durable_ref, exc)
+                if self._acks_inflight == 0 and self._held:
+                    held, self._held = self._held, []
+                    for data, after in held:
+                        self._reply(data, after)
+            self.broker.store_offset(sub.channel, sub.durable_ref, pos, self._later(stored))
+
+    def _on_subclose(self, f, delete=False):
+        rid = f.get("rID")
+        sub = self.subscriptions.pop(f.get("subID"), None)
+        if sub is None:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "no such subscription"))
+            return
+        sub.close()
+        if delete and sub.durable_ref is not None:
+            self.broker.delete_offset(sub.channel, sub.durable_ref,
+                                      self._later(lambda exc: self._reply(c.response(rid, True))))
+            return
+        self._reply(c.response(rid, True))
+
+    def _on_unsubscribe(self, f):
+        self._on_subclose(f, delete=True)
+
+
+_HANDLERS = {
+    c.FT_SUBSCRIBE: BsonSession._on_subscribe,
+    c.FT_ACKEV: BsonSession._on_ackev,
+    c.FT_SUBCLOSE: BsonSession._on_subclose,
+    c.FT_UNSUBSCRIBE: BsonSession._on_unsubscribe,
+    c.FT_STARTTX: BsonSession._on_starttx,
+    c.FT_COMMITTX: BsonSession._on_committx,
+    c.FT_ABORTTX: BsonSession._on_aborttx,
+    c.FT_PING: BsonSession._on_ping,
+    c.FT_LISTCHANNELS: BsonSession._on_listchannels,
+    c.FT_LISTCHANNELS_SIC: BsonSession._on_listchannels,
+    c.FT_CREATECHANNEL: BsonSession._on_createchannel,
+    c.FT_LISTBINDERS: BsonSession._on_listbinders,
+    c.FT_CREATEBINDER: BsonSession._on_createbinder,
+    c.FT_CREATEPROJECTION: BsonSession._on_createprojection,
+    c.FT_FINDBYID: BsonSession._on_findbyid,
+    c.FT_QUERY: BsonSession._on_query,
+    c.FT_QUERYACK: BsonSession._on_queryack,
+    c.FT_CONNECT: lambda self, f: self._reply(c.response(f.get("rID"), False, c.ERR_COMMAND_NOT_PROCESSED,
+                                                         "already connected")),
+}

@@ -1,0 +1,64 @@
+"""What the BSON/TCP connections of one listener share: settings, the document store, channel creation
+on first use (so that concurrent PUBs to a new channel create it once and append in order), and the
+projections."""
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+from riverbed.engine.docstore import DocStore
+from riverbed.engine.errors import StreamExists
+from riverbed.shells.bson_tcp.projections import Projections
+
+log = logging.getLogger("riverbed.bson")
+
+DEFAULT_IDLE_TIMEOUT = 60.0     # seconds without a frame from the client before the connection is closed
+
+
+class BsonShell:
+    """Shared state of a BSON/TCP listener over ``broker``. Loop-thread only."""
+
+    def __init__(self, broker, *, idle_timeout=DEFAULT_IDLE_TIMEOUT):
+        self.broker = broker
+        self.idle_timeout = idle_timeout
+        self.docs = DocStore(broker.engine)
+        self.projections = Projections(broker, self.docs)
+        self._creating = {}     # channel -> callbacks waiting for its creation
+        self._readers = None
+
+    def read_async(self, fn):
+        """Run ``fn()`` (a document-store read) on a reader thread; a concurrent Future of its result
+        (hand it to ``broker.then``)."""
+        if self._readers is None:
+            self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bson-query")
+        return self._readers.submit(fn)
+
+    def close(self):
+        self.projections.stop_all()
+        if self._readers is not None:
+            self._readers.shutdown(wait=False, cancel_futures=True)
+
+    def channel_pending(self, name):
+        """Whether ``name`` is being created (appends to it must queue behind the creation)."""
+        return name in self._creating
+
+    def ensure_channel(self, name, cb):
+        """``cb(exc)`` once channel ``name`` exists (created now if needed; exc None) or cannot be
+        created. Callbacks for one channel run in the order they were registered."""
+        waiting = self._creating.get(name)
+        if waiting is not None:
+            waiting.append(cb)
+            return
+        if self.broker.has_stream(name):
+            cb(None)
+            return
+        self._creating[name] = [cb]
+
+        def created(exc):
+            if isinstance(exc, StreamExists):
+                exc = None
+            for fn in self._creating.pop(name, ()):
+                try:
+                    fn(exc)
+                except Exception:
+                    log.exception("channel creation callback failed for %r", name)
+        self.broker.create_stream(name, {}, created)

@@ -1,0 +1,193 @@
+"""The EVENT requests of a REAM connection (a mixin of :class:`~.session.ReamSession`): publishing in
+per-read batches, subscriptions as broker Tails in window mode, UNSUBSCRIBE, LIST, REMOVE.
+
+Loop-thread only; see session.py for the output queue and the ordering of effects these rely on.
+"""
+
+from riverbed.engine import OffsetSpec
+from riverbed.engine import core
+from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.record import CT_JSON, decode_record, encode_record, to_json_text
+from riverbed.shells.broker import MODE_WINDOW, Tail
+from riverbed.shells.ream_text import codec as C
+from riverbed.shells.ream_text.codec import EVENT, K_READ, K_WRITE, ST_OPEN, ReamError, reason_of
+from riverbed.shells.ream_text.projections import NOT_FOUND
+
+WINDOW_HIGH = 1 << 20    # bytes of event deliveries queued but not written before a tail pauses
+WINDOW_LOW = 256 << 10
+
+
+class Subscription:
+    """An EVENT SUBSCRIBE of one stream: resolving (start None), waiting for the stream, or tailing it."""
+    __slots__ = ("stream", "start", "tail", "closed")
+
+    def __init__(self, stream, start):
+        self.stream = stream
+        self.start = start      # offset the next tail starts from (first-id - 1)
+        self.tail = None
+        self.closed = False
+
+
+class EventRequests:
+    """EVENT PUBLISH/SUBSCRIBE/UNSUBSCRIBE/LIST/REMOVE handlers."""
+
+    def _event_publish(self, req, payloads):
+        stream = req.words[2]
+        self._allow("write", stream)
+        if not self.broker.has_stream(stream):
+            self._allow("configure", stream)     # the first publish creates the stream
+        payload = payloads[0]
+        C.parse_json_object(payload)
+        record = encode_record(payload, CT_JSON)
+        if self.batch is not None and self.batch[0] != stream:
+            self._submit_batch()
+        if self.batch is None:
+            self.batch = (stream, [], [])
+        self.batch[1].append(req.slot)
+        self.batch[2].append(record)
+
+    def _submit_batch(self):
+        batch = self.batch
+        if batch is None:
+            return
+        self.batch = None
+        stream, slots, records = batch
+        self._run(K_WRITE, lambda: self._append(stream, slots, records))
+
+    def _append(self, stream, slots, records):
+        self._begin(K_WRITE)
+
+        def done(res, exc):
+            self._end(K_WRITE)
+            if exc is not None:
+                data = C.non(EVENT, "PUBLISHED", stream, reason_of(exc))
+                for s in slots:
+                    s.data = data
+            else:
+                first = res.first_offset
+                for i, s in enumerate(slots):
+                    s.data = b"EVENT PUBLISHED %s %d\n" % (stream.encode(), first + i + 1)
+            self._flush()
+        try:
+            self.shell.publish(stream, records, done)
+        except RiverbedError as e:
+            done(None, e)
+
+    def _event_subscribe(self, req, payloads):
+        self._need(req, 4)
+        stream = req.words[2]
+        self._allow("read", stream)
+        word = req.words[3]
+        if not word.isdigit() or len(word) > 19:
+            raise ReamError(f"Invalid event id {word!r}")
+        first_id = max(1, int(word))
+        if stream in self.subs:
+            raise ReamError(f"Already subscribed to {stream}")
+        sub = Subscription(stream, None)
+        self.subs[stream] = sub
+        slot = req.slot
+        self._begin(K_READ)
+
+        def resolved(next_offset, exc):
+            if sub.closed or self.state != ST_OPEN:
+                slot.data = C.line("EVENT", "SUBSCRIBED", stream, "EMPTY")
+                self._end(K_READ)
+                self._flush()
+                return
+            start = first_id - 1
+            info = None
+            if exc is None:
+                try:
+                    info = self.broker.stream_info(stream)
+                except RiverbedError:
+                    info = None
+            if info is None or info.last_offset < 0:
+                slot.data = C.line("EVENT", "SUBSCRIBED", stream, "EMPTY")
+            else:
+                start = max(start, info.first_offset)
+                slot.data = C.line("EVENT", "SUBSCRIBED", stream, start + 1, info.last_offset + 1)
+            sub.start = start
+            self._end(K_READ)
+            self._flush()
+            if info is not None:
+                self._start_tail(sub)
+        self.broker.resolve_after_writes(stream, OffsetSpec.next(), resolved)
+
+    def _start_tail(self, sub):
+        stream = sub.stream
+        name = stream.encode("utf-8")
+
+        def on_chunk(tail, chunk_id, raw, start):
+            parts = []
+            for i, rec in enumerate(core.chunk_records(raw)):
+                off = chunk_id + i
+                if off < start:
+                    continue
+                body = to_json_text(decode_record(rec)).encode("utf-8")
+                parts.append(b"EVENT %s %d %d\n%s\n" % (name, off + 1, len(body), body))
+            if not parts:
+                return 0
+            data = b"".join(parts)
+            self._push(data, tail, len(data))
+            return len(data)
+
+        def on_gone(exc):
+            if sub.tail is tail and not sub.closed:
+                sub.tail = None
+                sub.start = 0   # deleted: wait for the stream to appear again, then read it from id 1
+        tail = Tail(self.broker, stream, sub.start, on_chunk, defer=self.io.defer, on_gone=on_gone,
+                    mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW)
+        sub.tail = tail
+        if self._transport_paused:
+            tail.pause()
+        tail.start()
+
+    def _end_sub(self, sub):
+        sub.closed = True
+        if sub.tail is not None:
+            sub.tail.close()
+            sub.tail = None
+
+    def _event_unsubscribe(self, req, payloads):
+        self._need(req, 3)
+        stream = req.words[2]
+        sub = self.subs.pop(stream, None)
+        if sub is None:
+            raise ReamError(f"Not subscribed to {stream}")
+        tail = sub.tail
+        self._end_sub(sub)
+        if tail is not None:
+            # events of this stream queued behind this reply's slot go out before it ("flushed")
+            out = self.out
+            i = out.index(req.slot) if req.slot in out else -1
+            if i >= 0:
+                later = [s for s in list(out)[i + 1:] if s.tail is tail]
+                for s in later:
+                    out.remove(s)
+                for j, s in enumerate(later):
+                    out.insert(i + j, s)
+        self._answer(req, C.line("EVENT", "UNSUBSCRIBED", stream))
+
+    def _event_list(self, req, payloads):
+        self._need(req, 2)
+        names = self.broker.list_streams()
+        self._answer(req, C.line("EVENT", "LISTED", len(names), *names))
+
+    def _event_remove(self, req, payloads):
+        self._need(req, 3)
+        stream = req.words[2]
+        self._allow("configure", stream)
+        if not self.broker.has_stream(stream):
+            raise ReamError(NOT_FOUND)
+        slot = req.slot
+        self._begin(K_WRITE)
+
+        def done(exc):
+            self._end(K_WRITE)
+            if exc is None:
+                self._fill(slot, C.line("EVENT", "REMOVED", stream))
+            elif isinstance(exc, StreamNotFound):
+                self._fill(slot, C.non(EVENT, "REMOVED", stream, NOT_FOUND))
+            else:
+                self._fill(slot, C.non(EVENT, "REMOVED", stream, reason_of(exc)))
+        self.broker.delete_stream(stream, done)

@@ -1,0 +1,75 @@
+"""The REAM text listener: a broker-layer TcpListener whose sessions are ReamSessions, plus a small
+thread pool for document-store reads that may scan many rows (PROJECTION SELECT)."""
+
+import asyncio
+import concurrent.futures
+
+from riverbed.shells.broker import TcpListener
+from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
+from riverbed.shells.ream_text.session import ReamSession
+from riverbed.shells.ream_text.shell import ReamShell
+
+READ_WORKERS = 2    # threads for offloaded reads (each its own LMDB read transaction)
+
+
+class ConfigError(ValueError):
+    """The REAM listener cannot start with these settings (a users file without ``--text-user``)."""
+
+
+class ReamServer(TcpListener):
+    """A REAM 1.0 listener over the shared broker. Create it with :func:`serve`. ``port`` is the bound
+    port; ``shell`` the listener's :class:`ReamShell`. Loop-thread only."""
+
+    name = "text"
+
+    def __init__(self, broker, *, host="127.0.0.1", port=7461, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD,
+                 text_user=None):
+        self._pool = concurrent.futures.ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="ream-read")
+        self.shell = ReamShell(broker, keepalive=keepalive, max_payload=max_payload, text_user=text_user,
+                               offload=self._offload)
+        super().__init__(broker, self._new_session, host=host, port=port)
+
+    def _new_session(self, io, *, peer, local, remote, peer_loopback):
+        return ReamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
+
+    def _offload(self, fn, cb):
+        fut = self.loop.run_in_executor(self._pool, fn)
+
+        def done(f):
+            if f.cancelled():
+                cb(None, asyncio.CancelledError())
+                return
+            exc = f.exception()
+            cb(None if exc else f.result(), exc)
+        fut.add_done_callback(done)
+
+    async def shutdown(self, drain_timeout=10.0):
+        try:
+            await super().shutdown(drain_timeout)
+        finally:
+            self._pool.shutdown(wait=False)
+
+
+async def serve(broker, *, host="127.0.0.1", port=7461, config=None, keepalive=None,
+                max_payload=DEFAULT_MAX_PAYLOAD, text_user=None):
+    """Start a REAM text listener on ``host:port`` (0 = any free port) over ``broker``.
+
+    ``config`` (a :mod:`riverbed.shells.config` Config), when given, supplies ``text_keepalive``
+    (seconds of client silence before a PING; None = off), ``text_max_payload`` (bytes) and
+    ``text_user`` (the user connections act as when there is a users file: required then).
+    Returns the started :class:`ReamServer`; stop it with ``await server.shutdown()``. Raises
+    ConfigError for a users file without a text user, OSError when the address cannot be bound.
+    """
+    if config is not None:
+        keepalive = getattr(config, "text_keepalive", keepalive)
+        max_payload = getattr(config, "text_max_payload", max_payload)
+        text_user = getattr(config, "text_user", text_user)
+    auth = broker.auth
+    if not auth.open_to_loopback:
+        if not text_user:
+            raise ConfigError("the text listener needs --text-user when a users file is given")
+        if auth.user(text_user) is None:
+            raise ConfigError(f"--text-user {text_user!r} is not in the users file")
+    server = ReamServer(broker, host=host, port=port, keepalive=keepalive, max_payload=max_payload,
+                        text_user=text_user)
+    return await server.start()

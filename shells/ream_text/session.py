@@ -1,0 +1,462 @@
+"""One REAM 1.0 connection as a sans-I/O state machine: bytes in, replies out through ``io``.
+
+Replies are strictly in request order, whatever completes first: every request takes a slot at the end
+of the output queue when it is parsed, and the queue is written from its head as far as slots are
+filled. Event deliveries (and keep-alive PINGs) are appended as filled slots, so a subscription's events
+always follow its ``EVENT SUBSCRIBED`` line; ``EVENT UNSUBSCRIBE`` closes the tail at once and queues its
+reply behind every event already queued, so nothing of that stream follows it.
+
+Publishes that arrive together (one ``data_received``) for one stream go to the engine as one append
+(one commit); the reply of each carries its own id. Subscriptions are broker Tails in window mode: a
+delivery counts against the window until it is written to the transport, and the transport's own buffer
+pauses every tail (and the reading of requests) when it is full.
+
+Effects are ordered too (read-your-writes on one connection): a read (GET, LIST, SELECT, SUBSCRIBE) starts
+once this connection's earlier writes have committed, a write once its earlier reads still running have
+taken their snapshot; writes pipeline freely among themselves (the engine applies them in order).
+
+The request handlers live in :mod:`.events` and :mod:`.documents` (mixins); this module is the framing,
+the output queue, ordering, keep-alive and the listener interface.
+
+Loop-thread only; never touches sockets or LMDB writes (reads of single documents and stream metadata
+are short LMDB lookups through the broker/DocStore).
+"""
+
+import logging
+from collections import deque
+
+from riverbed.engine.errors import RiverbedError
+from riverbed.shells.ream_text import codec as C
+from riverbed.shells.ream_text import expr as X
+from riverbed.shells.ream_text.codec import (
+    AGGREGATE, EVENT, K_READ, K_WRITE, KINDS, PROJECTION, ST_CLOSED, ST_CLOSING, ST_OPEN, ReamError, reason_of,
+    usage_error,
+)
+from riverbed.shells.ream_text.documents import DocumentRequests
+from riverbed.shells.ream_text.events import EventRequests
+
+log = logging.getLogger("riverbed.ream")
+
+MAX_QUEUED = 8192        # reply slots a connection may have outstanding before its reading pauses
+RESUME_QUEUED = 2048
+
+
+class _Slot:
+    """One entry of the output queue: ``data`` (bytes) once filled; a delivery's ``tail`` and ``size``
+    are acknowledged to the tail when written."""
+    __slots__ = ("data", "tail", "size")
+
+    def __init__(self, data=None, tail=None, size=0):
+        self.data = data
+        self.tail = tail
+        self.size = size
+
+
+class _Request:
+    __slots__ = ("noun", "verb", "words", "sizes", "payloads", "extra", "slot")
+
+    def __init__(self, noun, verb, words, sizes, slot):
+        self.noun, self.verb, self.words, self.sizes, self.slot = noun, verb, words, sizes, slot
+        self.payloads = []
+        self.extra = 0          # bytes of the current payload line dropped while it overran its size
+
+
+class ReamSession(EventRequests, DocumentRequests):
+    """A REAM connection. ``io`` is the listener's SessionProtocol (write, writelines, close,
+    pause_reading, resume_reading, defer). See the module docstring."""
+
+    def __init__(self, shell, io, *, peer, local=("", 0), remote=("", 0), peer_loopback=True):
+        self.shell = shell
+        self.broker = shell.broker
+        self.io = io
+        self.peer = peer
+        self.local = local
+        self.remote = remote
+        self.connected_at = self.broker.wall_clock()
+        self.name = f"{remote[0]}:{remote[1]} -> {local[0]}:{local[1]}"
+        self.state = ST_OPEN
+        self.buf = bytearray()
+        self.out = deque()
+        self.req = None                 # a request waiting for its payload line(s)
+        self.subs = {}                  # stream -> events.Subscription
+        self.batch = None               # (stream, [(slot, record)]): publishes of this read, not submitted
+        self._inflight = 0              # operations in flight (engine writes, offloaded reads)
+        self.pending_reads = 0          # reads in flight that must not see later writes (SELECT, SUBSCRIBE)
+        self.pending_writes = 0         # writes in flight that later reads must see
+        self.queue = deque()            # (kind, fn): requests waiting for the ones before them (ordering)
+        self._input_paused = False      # too many replies queued, or the transport is full
+        self._transport_paused = False
+        self._stop_reading = False      # shutdown/close: input is ignored from now on
+        self._close_after_flush = False
+        self.last_rx = self.broker.clock()
+        self.ping_sent_at = None
+        user, reason = shell.user_for(peer_loopback)
+        self.user = user
+        self.broker.register(self)
+        shell.sessions.add(self)
+        if user is None:
+            log.info("%s: refused: %s", peer, reason)
+            io.write(C.error_line(reason))
+            self._close()
+            return
+        io.write(C.BANNER)
+
+    # ---------------------------------------------------------------------------- listener interface
+
+    @property
+    def pending_ops(self):
+        """Requests accepted and not answered yet: in flight or queued behind others (shutdown waits)."""
+        return self._inflight + len(self.queue)
+
+    def data_received(self, data):
+        if self._stop_reading:
+            return
+        self.last_rx = self.broker.clock()
+        self.buf += data
+        self._process()
+
+    def connection_lost(self):
+        self.state = ST_CLOSED
+        self._stop_reading = True
+        for sub in self.subs.values():
+            self._end_sub(sub)
+        self.subs.clear()
+        self.out.clear()
+        self.broker.unregister(self)
+        self.shell.sessions.discard(self)
+
+    def pause_writing(self):
+        self._transport_paused = True
+        for sub in self.subs.values():
+            if sub.tail is not None:
+                sub.tail.pause()
+
+    def resume_writing(self):
+        self._transport_paused = False
+        for sub in list(self.subs.values()):
+            if sub.tail is not None:
+                sub.tail.resume()
+        self._maybe_resume_input()
+
+    def tick(self, now):
+        if self.state != ST_OPEN:
+            return
+        for sub in list(self.subs.values()):
+            if sub.tail is None and not sub.closed and sub.start is not None and self.broker.has_stream(sub.stream):
+                self._start_tail(sub)
+        ka = self.shell.keepalive
+        if not ka:
+            return
+        if self.ping_sent_at is not None:
+            if now - self.ping_sent_at >= C.PONG_TIMEOUT:
+                log.info("%s: no PONG within %.0f s; closing", self.peer, C.PONG_TIMEOUT)
+                self._close()
+        elif now - self.last_rx >= ka:
+            self.ping_sent_at = now
+            self._push(C.PING)
+
+    def begin_shutdown(self):
+        self._stop_reading = True
+
+    def close_gracefully(self, reason):
+        """REAM has no goodbye message: flush what is queued, then close."""
+        if self.state == ST_CLOSED:
+            return
+        self._stop_reading = True
+        if self.req is not None:        # a request whose payload never came: answer it, do not wait
+            req, self.req = self.req, None
+            self._refuse(req, "Server shutting down")
+        self._close_after_flush = True
+        self._flush()
+
+    def close_by_admin(self, reason="closed via management API"):
+        log.info("%s: closing: %s", self.peer, reason)
+        self.close_gracefully(reason)
+
+    def connection_info(self):
+        return {
+            "name": self.name, "protocol": "ream", "peer_host": self.remote[0], "peer_port": self.remote[1],
+            "host": self.local[0], "port": self.local[1], "user": self.user.name if self.user else "",
+            "client_properties": {}, "connected_at": self.connected_at,
+            "state": "running" if self.state == ST_OPEN else self.state,
+            "subscriptions": len(self.subs),
+        }
+
+    def stream_deleted(self, name):
+        """A stream was deleted (any protocol): its subscription here waits for it to appear again and
+        then reads it from its first event."""
+        sub = self.subs.get(name)
+        if sub is not None and not sub.closed and sub.tail is not None:
+            sub.tail.close()
+            sub.tail = None
+            sub.start = 0
+
+    def stream_appeared(self, name):
+        sub = self.subs.get(name)
+        if sub is not None and sub.tail is None and not sub.closed and sub.start is not None \
+                and self.state == ST_OPEN:
+            self._start_tail(sub)
+
+    # ------------------------------------------------------------------------------------ output
+
+    def _slot(self):
+        s = _Slot()
+        self.out.append(s)
+        return s
+
+    def _push(self, data, tail=None, size=0):
+        self.out.append(_Slot(data, tail, size))
+        self._flush()
+
+    def _fill(self, slot, data):
+        slot.data = data
+        self._flush()
+
+    def _flush(self):
+        if self.state != ST_OPEN:
+            return
+        out = self.out
+        if out and out[0].data is not None:
+            parts = []
+            acks = []
+            while out and out[0].data is not None:
+                s = out.popleft()
+                parts.append(s.data)
+                if s.tail is not None:
+                    acks.append((s.tail, s.size))
+            self.io.writelines(parts)
+            for tail, n in acks:
+                tail.ack(n)
+        if self._close_after_flush and not out:
+            self._close()
+            return
+        self._maybe_resume_input()
+
+    def _close(self):
+        if self.state == ST_CLOSED:
+            return
+        self.state = ST_CLOSING
+        self._stop_reading = True
+        for sub in self.subs.values():
+            self._end_sub(sub)
+        self.io.close()
+
+    def _maybe_resume_input(self):
+        if self._input_paused and not self._transport_paused and len(self.out) <= RESUME_QUEUED \
+                and not self._stop_reading:
+            self._input_paused = False
+            self.io.resume_reading()
+            self.io.defer(self._process)
+
+    # ------------------------------------------------------------------------------------- input
+
+    def _process(self):
+        buf = self.buf
+        pos = 0
+        n = len(buf)
+        try:
+            while pos < n and not self._stop_reading:
+                if len(self.out) > MAX_QUEUED or self._transport_paused:
+                    if not self._input_paused:
+                        self._input_paused = True
+                        self.io.pause_reading()
+                    break
+                nl = buf.find(b"\n", pos)
+                req = self.req
+                if req is not None:
+                    size = req.sizes[len(req.payloads)]
+                    if nl < 0:
+                        avail = n - pos
+                        if avail > size + 1:
+                            # longer than declared and still no end: drop it as it comes (no buffering)
+                            req.extra += avail
+                            pos = n
+                        break
+                    self._payload_line(req, bytes(buf[pos:nl]))
+                    pos = nl + 1
+                    continue
+                if nl < 0:
+                    if n - pos > C.MAX_LINE:
+                        self._push(C.error_line(f"Request line longer than {C.MAX_LINE} bytes"))
+                        self._close_when_flushed()
+                    break
+                raw = bytes(buf[pos:nl])
+                pos = nl + 1
+                self._request_line(raw)
+        finally:
+            del buf[:pos]
+            self._submit_batch()
+
+    def _close_when_flushed(self):
+        self._stop_reading = True
+        self._close_after_flush = True
+        self._flush()
+
+    def _payload_line(self, req, content):
+        if content.endswith(b"\r") and len(content) == req.sizes[len(req.payloads)] + 1:
+            content = content[:-1]
+        req.payloads.append((content, req.extra + len(content)))
+        req.extra = 0
+        if len(req.payloads) == len(req.sizes):
+            self.req = None
+            for (content, actual), size in zip(req.payloads, req.sizes):
+                if actual != size:
+                    self._refuse(req, C.size_mismatch_reason(size, actual))
+                    return
+            self._dispatch(req, [p for p, _ in req.payloads])
+
+    def _request_line(self, raw):
+        if raw.endswith(b"\r"):
+            raw = raw[:-1]
+        if not raw.strip():
+            return
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self._push(C.error_line("Invalid request: not UTF-8"))
+            return
+        words = text.split()
+        head = words[0]
+        if head == "PING" and len(words) == 1:
+            self._submit_batch()
+            self._push(C.PONG)
+            return
+        if head == "PONG" and len(words) == 1:
+            self.ping_sent_at = None     # an answer, not a request: no reply
+            return
+        key = (head, words[1] if len(words) > 1 else None)
+        past = C.COMMANDS.get(key)
+        if past is None:
+            shown = text if len(text) <= 40 else text[:40] + "..."
+            hint = " (commands are UPPERCASE)" if head.upper() in _NOUNS and head.upper() != head else ""
+            self._push(C.error_line(f"Unknown command: {shown}{hint}"))
+            return
+        positions = C.SIZE_POSITIONS.get(key)
+        if positions is None:
+            self._dispatch(_Request(key[0], key[1], words, (), self._slot()), [])
+            return
+        slot = self._slot()
+        req = _Request(key[0], key[1], words, None, slot)
+        sizes = []
+        for p in positions:
+            size = C.parse_size(words[p]) if len(words) > p else None
+            if size is None or len(words) != positions[-1] + 1:
+                self._refuse(req, usage_error(key).reason)
+                return
+            if size > self.shell.max_payload:
+                self._refuse(req, f"Message too large: {size} bytes declared, the limit is "
+                                  f"{self.shell.max_payload}")
+                self._close_when_flushed()   # never wait for (or buffer) such a body
+                return
+            sizes.append(size)
+        req.sizes = sizes
+        self.req = req
+
+    # ---------------------------------------------------------------------------------- replying
+
+    def _refuse(self, req, reason):
+        """Answer ``req`` with its command's NON form (or fill its slot)."""
+        noun, past = req.noun, C.COMMANDS[(req.noun, req.verb)]
+        words = req.words
+        name = words[2] if len(words) > 2 and req.verb != "LIST" else None
+        extra = ()
+        if noun == AGGREGATE and req.verb in ("SET", "GET", "REMOVE") and len(words) > 3:
+            extra = (words[3],)
+        if name is not None and not C.NAME_RE.match(name):
+            name = C.quote(name)
+        self._fill(req.slot, C.non(noun, past, name, reason, *extra))
+
+    def _answer(self, req, data):
+        self._fill(req.slot, data)
+
+    # Ordering of effects (read-your-writes within a connection): a read starts once every earlier write
+    # of this connection has committed, and a write once every earlier read that is still running (an
+    # offloaded SELECT, a SUBSCRIBE resolving) has taken its snapshot; requests queue in order otherwise.
+
+    def _can_start(self, kind):
+        if kind == K_READ:
+            return self.pending_writes == 0
+        if kind == K_WRITE:
+            return self.pending_reads == 0
+        return True
+
+    def _run(self, kind, fn):
+        if self.queue or not self._can_start(kind):
+            self.queue.append((kind, fn))
+        else:
+            fn()
+
+    def _begin(self, kind):
+        self._inflight += 1
+        if kind == K_READ:
+            self.pending_reads += 1
+        elif kind == K_WRITE:
+            self.pending_writes += 1
+
+    def _end(self, kind):
+        self._inflight -= 1
+        if kind == K_READ:
+            self.pending_reads -= 1
+        elif kind == K_WRITE:
+            self.pending_writes -= 1
+        q = self.queue
+        while q and self._can_start(q[0][0]) and self.state == ST_OPEN:
+            _, fn = q.popleft()
+            fn()
+
+    # --------------------------------------------------------------------------------- dispatch
+
+    def _dispatch(self, req, payloads):
+        key = (req.noun, req.verb)
+        if key != (EVENT, "PUBLISH"):
+            self._submit_batch()
+        if req.verb not in ("LIST",) and len(req.words) > 2:
+            try:
+                C.check_name(req.words[2])
+            except ReamError as e:
+                self._refuse(req, e.reason)
+                return
+        if key == (EVENT, "PUBLISH"):
+            self._handle(req, payloads)    # validates now; the batch goes through _run when submitted
+        else:
+            self._run(KINDS.get(key, K_WRITE), lambda: self._handle(req, payloads))
+
+    def _handle(self, req, payloads):
+        handler = getattr(self, _HANDLERS[(req.noun, req.verb)])
+        try:
+            handler(req, payloads)
+        except ReamError as e:
+            self._refuse(req, e.reason)
+        except X.ExprError as e:
+            self._refuse(req, f"Invalid expression: {e}")
+        except RiverbedError as e:
+            self._refuse(req, reason_of(e))
+
+    def _need(self, req, nwords):
+        if len(req.words) != nwords:
+            raise usage_error((req.noun, req.verb))
+
+    def _allow(self, what, name):
+        if not self.broker.allowed(self.user, what, name):
+            raise ReamError(f"Access refused: {what} on {name}")
+
+
+_NOUNS = {EVENT, AGGREGATE, PROJECTION, "PING", "PONG"}
+
+_HANDLERS = {
+    (EVENT, "PUBLISH"): "_event_publish",
+    (EVENT, "SUBSCRIBE"): "_event_subscribe",
+    (EVENT, "UNSUBSCRIBE"): "_event_unsubscribe",
+    (EVENT, "LIST"): "_event_list",
+    (EVENT, "REMOVE"): "_event_remove",
+    (AGGREGATE, "SET"): "_aggregate_set",
+    (AGGREGATE, "GET"): "_aggregate_get",
+    (AGGREGATE, "REMOVE"): "_aggregate_remove",
+    (AGGREGATE, "LIST"): "_aggregate_list",
+    (PROJECTION, "CREATE"): "_projection_create",
+    (PROJECTION, "SET"): "_projection_set",
+    (PROJECTION, "SELECT"): "_projection_select",
+    (PROJECTION, "UPDATE"): "_projection_update",
+    (PROJECTION, "DELETE"): "_projection_delete",
+    (PROJECTION, "DROP"): "_projection_drop",
+}

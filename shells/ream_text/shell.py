@@ -1,0 +1,92 @@
+"""What the REAM connections of one listener share beyond the broker layer: settings, the document
+store operations, stream creation on first publish, and waking subscriptions that wait for a stream.
+
+Loop-thread only.
+"""
+
+import logging
+
+from riverbed.engine.docstore import DocStore
+from riverbed.engine.errors import RiverbedError, StreamExists
+from riverbed.shells.ream_text.aggregates import Aggregates
+from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
+from riverbed.shells.ream_text.projections import Projections
+
+log = logging.getLogger("riverbed.ream")
+
+
+def _run_now(fn, cb):
+    try:
+        res = fn()
+    except Exception as e:  # noqa: BLE001 - handed to the caller, who answers the client
+        cb(None, e)
+        return
+    cb(res, None)
+
+
+class ReamShell:
+    """Per-listener REAM state over ``broker``.
+
+    ``keepalive``: seconds of client silence before the server sends PING (None/0 = never).
+    ``max_payload``: the largest declared payload size accepted, bytes. ``text_user``: the user every
+    connection acts as when the broker has a users file. ``offload(fn, cb)`` runs ``fn()`` off the loop
+    thread and ``cb(result, exc)`` on it (default: at once, for sans-I/O tests).
+    """
+
+    def __init__(self, broker, *, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD, text_user=None, offload=None):
+        self.broker = broker
+        self.keepalive = keepalive or None
+        self.max_payload = max_payload
+        self.text_user = text_user
+        self.offload = offload or _run_now
+        self.docs = DocStore(broker.engine)
+        self.aggregates = Aggregates(self.docs, broker.then)
+        self.projections = Projections(self.docs, broker.then, self.offload)
+        self.sessions = set()
+        self._creating = {}     # stream -> callbacks waiting for its creation (first publish)
+
+    def user_for(self, peer_loopback):
+        """The user a new connection acts as, or (None, reason) when it is refused."""
+        auth = self.broker.auth
+        if auth.open_to_loopback:
+            user = auth.implicit_user(peer_loopback)
+            return (user, None) if user else (None, "Only loopback clients are served without a users file")
+        user = auth.user(self.text_user) if self.text_user else None
+        if user is None:
+            return None, f"No user {self.text_user!r} in the users file"
+        if user.loopback_only and not peer_loopback:
+            return None, f"User {self.text_user!r} may only connect from loopback"
+        return user, None
+
+    # ------------------------------------------------------------------------------- publishing
+
+    def publish(self, stream, records, cb):
+        """Append ``records`` to ``stream`` (created when missing), ``cb(AppendResult, exc)``. Appends of
+        one stream are submitted in call order, also across a creation in flight."""
+        waiting = self._creating.get(stream)
+        if waiting is not None:
+            waiting.append((records, cb))
+            return
+        if self.broker.has_stream(stream):
+            self.broker.append_records(stream, records, cb)
+            return
+        self._creating[stream] = [(records, cb)]
+        self.broker.create_stream(stream, {}, lambda exc: self._created(stream, exc))
+
+    def _created(self, stream, exc):
+        waiting = self._creating.pop(stream, [])
+        if exc is not None and not isinstance(exc, StreamExists):
+            for _, cb in waiting:
+                cb(None, exc)
+            return
+        for records, cb in waiting:
+            try:
+                self.broker.append_records(stream, records, cb)
+            except RiverbedError as e:
+                cb(None, e)
+        self.stream_appeared(stream)
+
+    def stream_appeared(self, stream):
+        """Wake this listener's subscriptions waiting for ``stream`` (others notice on their tick)."""
+        for s in list(self.sessions):
+            s.stream_appeared(stream)

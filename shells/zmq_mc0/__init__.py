@@ -1,0 +1,20 @@
+"""ZeroMQ shell: mc0 (MCollective over ZeroMQ), a ROUTER with CURVE, TTL heartbeats and stored topics.
+
+The same shape as every shell::
+
+    server.py    McServer: the pyzmq ROUTER on the asyncio loop, ZAP handler (CURVE allow-list), HWM
+      -> session.py   McShell + McClient: sans-I/O state per routing identity (verbs, TTL timers,
+                      subscriptions as broker-layer Tails, per-client request order behind PUT commits)
+           -> codec.py    frame lists <-> requests and replies, stored records <-> MESSAGE, pure
+    keys.py      Z85 key files, the allow-list directory, ``riverbed zmq-keygen``
+
+Every topic is the stream of the same name (created on the first PUT); a PUT is stored as an AMQP 1.0
+message (application/octet-stream, headers as application properties, one data section per body frame)
+before it is fanned out.
+"""
+
+from riverbed.shells.zmq_mc0.codec import (  # noqa: F401
+    Request, RequestError, encode_error, encode_message, encode_ok, parse_request, put_record, record_message,
+)
+from riverbed.shells.zmq_mc0.server import DEFAULT_PORT, McServer, serve  # noqa: F401
+from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, McClient, McShell  # noqa: F401

@@ -38,7 +38,7 @@ import time
 from riverbed.engine import OffsetSpec
 from riverbed.engine import format as fmt
 from riverbed.engine import core
-from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 
 log = logging.getLogger("riverbed.broker")
@@ -71,6 +71,7 @@ class Broker:
         self._offset_writes = {}   # (stream, reference) -> [in-flight count, waiting callbacks]
         self._seq_writes = {}      # (stream, publisher) -> [in-flight count, waiting callbacks]
         self._deleting = {}        # stream -> deletes requested through this broker, not yet answered
+        self._creating = {}        # stream -> callbacks waiting for its creation by ensure_stream
         self._delete_hooks = []    # fn(stream) run before sessions hear of a deletion (SAC groups, ...)
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
         engine.add_delete_listener(self._deleted_on_writer)
@@ -145,6 +146,34 @@ class Broker:
     def create_stream(self, name, arguments, cb):
         """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...)."""
         self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
+
+    def ensure_stream(self, name, cb):
+        """``cb(exc)`` once stream ``name`` exists: at once when it does, else after creating it with
+        default arguments (exc None; a creation that lost a race to another one counts as success) or
+        failing to (exc). Concurrent callers share one creation and are called back in the order they
+        asked, so work queued behind a creation keeps its order. Permission checks are the caller's."""
+        waiting = self._creating.get(name)
+        if waiting is not None:
+            waiting.append(cb)
+            return
+        if self.engine.has_stream(name):
+            cb(None)
+            return
+        self._creating[name] = [cb]
+
+        def created(exc):
+            if isinstance(exc, StreamExists):
+                exc = None
+            for fn in self._creating.pop(name, ()):
+                try:
+                    fn(exc)
+                except Exception:
+                    log.exception("stream creation callback failed for %r", name)
+        self.create_stream(name, {}, created)
+
+    def creating(self, name):
+        """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""
+        return name in self._creating
 
     def delete_stream(self, name, cb):
         """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is

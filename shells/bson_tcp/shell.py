@@ -6,7 +6,6 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from riverbed.engine.docstore import DocStore
-from riverbed.engine.errors import StreamExists
 from riverbed.shells.bson_tcp.projections import Projections
 
 log = logging.getLogger("riverbed.bson")
@@ -22,7 +21,6 @@ class BsonShell:
         self.idle_timeout = idle_timeout
         self.docs = DocStore(broker.engine)
         self.projections = Projections(broker, self.docs)
-        self._creating = {}     # channel -> callbacks waiting for its creation
         self._readers = None
 
     def read_async(self, fn):
@@ -39,26 +37,9 @@ class BsonShell:
 
     def channel_pending(self, name):
         """Whether ``name`` is being created (appends to it must queue behind the creation)."""
-        return name in self._creating
+        return self.broker.creating(name)
 
     def ensure_channel(self, name, cb):
         """``cb(exc)`` once channel ``name`` exists (created now if needed; exc None) or cannot be
         created. Callbacks for one channel run in the order they were registered."""
-        waiting = self._creating.get(name)
-        if waiting is not None:
-            waiting.append(cb)
-            return
-        if self.broker.has_stream(name):
-            cb(None)
-            return
-        self._creating[name] = [cb]
-
-        def created(exc):
-            if isinstance(exc, StreamExists):
-                exc = None
-            for fn in self._creating.pop(name, ()):
-                try:
-                    fn(exc)
-                except Exception:
-                    log.exception("channel creation callback failed for %r", name)
-        self.broker.create_stream(name, {}, created)
+        self.broker.ensure_stream(name, cb)

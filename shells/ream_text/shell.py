@@ -7,7 +7,6 @@ Loop-thread only.
 import logging
 
 from riverbed.engine.docstore import DocStore
-from riverbed.engine.errors import RiverbedError, StreamExists
 from riverbed.shells.ream_text.aggregates import Aggregates
 from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
 from riverbed.shells.ream_text.projections import Projections
@@ -43,7 +42,6 @@ class ReamShell:
         self.aggregates = Aggregates(self.docs, broker.then)
         self.projections = Projections(self.docs, broker.then, self.offload)
         self.sessions = set()
-        self._creating = {}     # stream -> callbacks waiting for its creation (first publish)
 
     def user_for(self, peer_loopback):
         """The user a new connection acts as, or (None, reason) when it is refused."""
@@ -63,28 +61,19 @@ class ReamShell:
     def publish(self, stream, records, cb):
         """Append ``records`` to ``stream`` (created when missing), ``cb(AppendResult, exc)``. Appends of
         one stream are submitted in call order, also across a creation in flight."""
-        waiting = self._creating.get(stream)
-        if waiting is not None:
-            waiting.append((records, cb))
-            return
-        if self.broker.has_stream(stream):
+        if not self.broker.creating(stream) and self.broker.has_stream(stream):
             self.broker.append_records(stream, records, cb)
             return
-        self._creating[stream] = [(records, cb)]
-        self.broker.create_stream(stream, {}, lambda exc: self._created(stream, exc))
+        created = not self.broker.creating(stream)
 
-    def _created(self, stream, exc):
-        waiting = self._creating.pop(stream, [])
-        if exc is not None and not isinstance(exc, StreamExists):
-            for _, cb in waiting:
+        def ready(exc):
+            if exc is not None:
                 cb(None, exc)
-            return
-        for records, cb in waiting:
-            try:
-                self.broker.append_records(stream, records, cb)
-            except RiverbedError as e:
-                cb(None, e)
-        self.stream_appeared(stream)
+                return
+            self.broker.append_records(stream, records, cb)
+            if created:
+                self.stream_appeared(stream)
+        self.broker.ensure_stream(stream, ready)
 
     def stream_appeared(self, stream):
         """Wake this listener's subscriptions waiting for ``stream`` (others notice on their tick)."""

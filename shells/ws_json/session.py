@@ -30,7 +30,7 @@ from riverbed.engine import OffsetSpec
 from riverbed.engine import core
 from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
-from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
@@ -81,7 +81,6 @@ class WsShell:
         self.defer = defer
         self.send_buffer_max = send_buffer_max
         self.fanouts = {}        # (stream id, partition) -> Fanout
-        self._creating = {}      # log stream -> callbacks waiting for its creation
 
     def fanout(self, stream_id, partition, log_stream):
         key = (stream_id, partition)
@@ -93,21 +92,7 @@ class WsShell:
     def ensure_stream(self, name, cb):
         """``cb(exc)`` once the log stream ``name`` exists (created with default arguments if missing;
         concurrent callers share one creation; a stream created meanwhile by anyone counts)."""
-        if self.broker.has_stream(name):
-            cb(None)
-            return
-        waiting = self._creating.get(name)
-        if waiting is not None:
-            waiting.append(cb)
-            return
-        self._creating[name] = [cb]
-
-        def created(exc):
-            if isinstance(exc, StreamExists):
-                exc = None
-            for fn in self._creating.pop(name, ()):
-                fn(exc)
-        self.broker.create_stream(name, {}, created)
+        self.broker.ensure_stream(name, cb)
 
 
 class Fanout:

@@ -224,3 +224,17 @@ def test_a_record_of_each_content_type_reads_back_the_same_through_the_broker(lp
     zmq = rec.decode_record(got[2][1])
     assert zmq.sections == [b"\x00\x01", b"", b"tail"] and zmq.app_properties == {"X-Kind": "bin"}
     assert rec.decode_record(got[0][1]).app_properties == {"pkey": "k1"}
+
+
+def test_ensure_stream_creates_once_and_calls_back_in_order(lp):
+    got = []
+    for i in range(3):
+        lp.broker.ensure_stream("auto", lambda exc, i=i: got.append((i, exc, lp.broker.creating("auto"))))
+    assert lp.broker.creating("auto") and got == []
+    lp.settle()
+    assert got == [(0, None, False), (1, None, False), (2, None, False)]
+    lp.broker.ensure_stream("auto", lambda exc: got.append(("again", exc)))      # exists: at once
+    assert got[-1] == ("again", None) and lp.eng.list_streams() == ["auto"]
+    lp.broker.ensure_stream("", lambda exc: got.append(("bad", type(exc).__name__)))
+    lp.settle()
+    assert got[-1] == ("bad", "InvalidArgument")

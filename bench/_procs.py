@@ -20,6 +20,9 @@ from bench._client import descendants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RABBITMQ_SH = os.path.join(ROOT, "ci", "rabbitmq.sh")
+# every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+                       "--http-port", "off")
 LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
 
 
@@ -130,7 +133,7 @@ class Riverbed:
         self.tmp = tempfile.mkdtemp(prefix=f"riverbed-bench-{self.fsync}-")
         data = os.path.join(self.tmp, "data")
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", data, "--host", "127.0.0.1",
-               "--stream-port", "0", "--http-port", "off", "--fsync", self.fsync]
+               "--stream-port", "0", *OTHER_LISTENERS_OFF, "--fsync", self.fsync]
         self.log(f"starting riverbed serve --fsync {self.fsync} on a fresh data directory {data}")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True, cwd=self.tmp)

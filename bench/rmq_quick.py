@@ -25,12 +25,15 @@ import time
 
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
+# every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+                       "--http-port", "off")
 LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
 
 
 def start_server(data_dir, fsync):
     cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", data_dir, "--stream-port", "0",
-           "--http-port", "off", "--fsync", fsync]
+           *OTHER_LISTENERS_OFF, "--fsync", fsync]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     port = None
     ready = threading.Event()

@@ -179,6 +179,7 @@ class Engine:
         self._lock = threading.Lock()        # guards _streams, _waiters and listener lists
         self._waiters = {}                   # sid -> list of (offset, callback)
         self._delete_listeners = []
+        self._create_listeners = []
         self._load()
         self._writer = None
         if not readonly:
@@ -527,6 +528,11 @@ class Engine:
         """Call ``callback(name)`` on the writer thread after a stream is deleted."""
         with self._lock:
             self._delete_listeners.append(callback)
+
+    def add_create_listener(self, callback):
+        """Call ``callback(name)`` on the writer thread after a stream is created (and committed)."""
+        with self._lock:
+            self._create_listeners.append(callback)
 
     # ----------------------------------------------------------------------------------------- writing
 

@@ -298,6 +298,8 @@ class _Writer(threading.Thread):
                             keep.append(entry)
                     eng._waiters[s.sid] = keep
             listeners = list(eng._delete_listeners) if staged.deleted else ()
+            created = [n for n in staged.created if n in eng._streams] if staged.created else ()
+            create_listeners = list(eng._create_listeners) if created else ()
         for cb, exc in wake:
             try:
                 cb(exc)
@@ -309,6 +311,12 @@ class _Writer(threading.Thread):
                     cb(name)
                 except Exception:
                     log.exception("delete listener failed")
+        for name in created:
+            for cb in create_listeners:
+                try:
+                    cb(name)
+                except Exception:
+                    log.exception("create listener failed")
 
     # --------------------------------------------------------------------------- retention and purging
 
@@ -513,6 +521,7 @@ class _Staged:
         self.bytes_written = 0
         self.next_sid = None
         self.on_commit = []
+        self.created = []
 
     def stream(self, name):
         s = self.streams.get(name)
@@ -539,6 +548,7 @@ class _Staged:
         if name in self.deleted:
             self.deleted.remove(name)
         self.streams[name] = s
+        self.created.append(name)
         self.dirty = True
         return None
 

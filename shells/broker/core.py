@@ -74,7 +74,9 @@ class Broker:
         self._creating = {}        # stream -> callbacks waiting for its creation by ensure_stream
         self._delete_hooks = []    # fn(stream) run before sessions hear of a deletion (SAC groups, ...)
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
+        self._create_hooks = []    # fn(stream) run when a stream is created, before sessions hear of it
         engine.add_delete_listener(self._deleted_on_writer)
+        engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
             self._import_legacy_super_streams(os.path.join(data_dir, LEGACY_SUPER_STREAMS_FILE))
 
@@ -209,6 +211,26 @@ class Broker:
     def on_stream_deleted(self, hook):
         """Run ``hook(name)`` on the loop thread when a stream is deleted, before sessions hear of it."""
         self._delete_hooks.append(hook)
+
+    def on_stream_created(self, hook):
+        """Run ``hook(name)`` on the loop thread when a stream is created through any protocol."""
+        self._create_hooks.append(hook)
+
+    def stream_created(self, name):
+        """Tell the hooks, and every session that has a ``stream_created(name)``, that ``name`` now
+        exists: subscriptions waiting for a stream start at once instead of polling for it."""
+        for hook in self._create_hooks:
+            try:
+                hook(name)
+            except Exception:
+                log.exception("stream creation hook failed for %r", name)
+        for s in list(self.sessions):
+            fn = getattr(s, "stream_created", None)
+            if fn is not None:
+                try:
+                    fn(name)
+                except Exception:
+                    log.exception("session failed to handle the creation of %r", name)
 
     def stream_deleted(self, name):
         """Forget per-stream state and tell every session of every protocol."""

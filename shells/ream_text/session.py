@@ -141,9 +141,6 @@ class ReamSession(EventRequests, DocumentRequests):
     def tick(self, now):
         if self.state != ST_OPEN:
             return
-        for sub in list(self.subs.values()):
-            if sub.tail is None and not sub.closed and sub.start is not None and self.broker.has_stream(sub.stream):
-                self._start_tail(sub)
         ka = self.shell.keepalive
         if not ka:
             return
@@ -191,7 +188,9 @@ class ReamSession(EventRequests, DocumentRequests):
             sub.tail = None
             sub.start = 0
 
-    def stream_appeared(self, name):
+    def stream_created(self, name):
+        """The broker says ``name`` now exists (created through any protocol): a subscription waiting
+        for it starts."""
         sub = self.subs.get(name)
         if sub is not None and sub.tail is None and not sub.closed and sub.start is not None \
                 and self.state == ST_OPEN:

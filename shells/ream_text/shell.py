@@ -64,18 +64,11 @@ class ReamShell:
         if not self.broker.creating(stream) and self.broker.has_stream(stream):
             self.broker.append_records(stream, records, cb)
             return
-        created = not self.broker.creating(stream)
 
         def ready(exc):
             if exc is not None:
                 cb(None, exc)
                 return
             self.broker.append_records(stream, records, cb)
-            if created:
-                self.stream_appeared(stream)
+        # subscriptions waiting for a new stream hear of it from the broker (Broker.stream_created)
         self.broker.ensure_stream(stream, ready)
-
-    def stream_appeared(self, stream):
-        """Wake this listener's subscriptions waiting for ``stream`` (others notice on their tick)."""
-        for s in list(self.sessions):
-            s.stream_appeared(stream)

@@ -54,7 +54,6 @@ TICK = 0.02                  # seconds between timer checks (TTL NOOP/expiry, bl
 NOOP_FACTOR = 0.95           # NOOP after this x TTL of send-silence
 EXPIRE_FACTOR = 1.05         # forget after this x TTL of receive-silence
 IDLE_FORGET = 60.0           # seconds after which a client holding nothing is forgotten
-WAITING_POLL = 0.25          # seconds between checks for the streams of waiting subscriptions
 MAX_OUTBOX = 10000           # replies held for a blocked client before it is dropped
 BATCH_RECORDS = 4096         # records per append (one commit)
 BATCH_BYTES = 8 << 20        # bytes per append
@@ -233,7 +232,8 @@ class McShell:
         self._batches = {}            # stream name -> [(record, client, entry), ...] of this loop turn
         self._creating = {}           # stream name -> batches waiting for its creation
         self._flush_scheduled = False
-        self._next_waiting_poll = 0.0
+        # a subscription to a topic that does not exist yet starts when any protocol creates it
+        broker.on_stream_created(self._wake_waiting)
         self._next_idle_sweep = 0.0
 
     # ------------------------------------------------------------------------------- identities
@@ -600,10 +600,6 @@ class McShell:
                 self.blocked.discard(client)
             elif client.retry():
                 self.blocked.discard(client)
-        if self.waiting and now >= self._next_waiting_poll:
-            self._next_waiting_poll = now + WAITING_POLL
-            for name in [n for n in self.waiting if n not in self._creating and self.broker.has_stream(n)]:
-                self._wake_waiting(name)
         if now >= self._next_idle_sweep:
             self._next_idle_sweep = now + IDLE_FORGET / 4
             for client in list(self.clients.values()):

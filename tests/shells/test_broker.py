@@ -238,3 +238,22 @@ def test_ensure_stream_creates_once_and_calls_back_in_order(lp):
     lp.broker.ensure_stream("", lambda exc: got.append(("bad", type(exc).__name__)))
     lp.settle()
     assert got[-1] == ("bad", "InvalidArgument")
+
+
+def test_every_session_hears_of_a_new_stream_whoever_created_it(lp):
+    heard = []
+
+    class Waiting:
+        def stream_created(self, name):
+            heard.append(("session", name))
+
+        def stream_deleted(self, name):
+            pass
+    lp.broker.register(Waiting())
+    lp.broker.register(Listener([], "no-create-handler"))    # sessions without the method are skipped
+    lp.broker.on_stream_created(lambda name: heard.append(("hook", name)))
+    lp.eng.create_stream("made-elsewhere").result()           # not through this broker
+    lp.broker.ensure_stream("made-here", lambda exc: None)
+    lp.settle()
+    assert heard == [("hook", "made-elsewhere"), ("session", "made-elsewhere"), ("hook", "made-here"),
+                     ("session", "made-here")]

@@ -21,6 +21,7 @@ from riverbed.engine._pyrecord import (  # noqa: F401
 )
 # The document store's raw-BSON matcher is its own module too (docs.pxi is its compiled twin).
 from riverbed.engine._pydocs import DocMatcher, bson_index_keys, bson_values  # noqa: F401
+from riverbed.engine._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
 
 COMPILED = False
 

@@ -56,3 +56,4 @@ KIND_BSON = impl.KIND_BSON
 DocMatcher = impl.DocMatcher
 bson_values = impl.bson_values
 bson_index_keys = impl.bson_index_keys
+bson_pub = impl.bson_pub     # a mewbase PUB frame recognised without decoding it (bsonpub.pxi / _pybsonpub.py)

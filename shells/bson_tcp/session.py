@@ -10,6 +10,9 @@ Behaviour where the protocol leaves a choice:
   RESPONSE ok:false (errCode 6, with the rID when one could be read) and close; the body of an
   oversized frame is never read. An unknown ``type``: RESPONSE {ok:false, rID, errCode 6}, and the
   connection stays open. Any frame before a successful CONNECT: errCode 2 and close.
+* A PUB frame that ``core.bson_pub`` recognises (exactly the PUB envelope, strictly checked BSON) is
+  not decoded: its event's bytes are stored as the frame has them, which are the bytes decoding and
+  encoding them again would give. Any other frame is decoded in full (and a PUB's event encoded again).
 * Pipelined PUBs read in one go are appended per channel as one batch (one engine append, contiguous);
   each PUB is answered with its rID once the batch is durable. A frame other than PUB first sends the
   batch gathered so far, so the order of a connection's requests is kept.
@@ -137,6 +140,12 @@ class BsonSession(AdminCommands):
         return frames, pos
 
     def _dispatch(self, raw):
+        if self.state == ST_OPEN:
+            pub = core.bson_pub(raw)
+            if pub is not None:
+                # a well-formed PUB, checked without decoding: its event is stored as the frame has it
+                self._pub(pub[0], pub[1], pub[2], bytes(raw[pub[3]:pub[4]]))
+                return
         try:
             ftype, frame = c.decode_envelope(raw)
         except c.DecodeError as e:
@@ -351,6 +360,11 @@ class BsonSession(AdminCommands):
         if not isinstance(event, dict):
             self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, "PUB needs a document 'event'")
             return
+        self._pub(channel, rid, sess_id, event)
+
+    def _pub(self, channel, rid, sess_id, event):
+        """A PUB with a non-empty string ``channel``; ``event`` is a decoded document (encoded here), or
+        its BSON bytes as they came in a frame :func:`core.bson_pub` accepted (stored as they are)."""
         allowed = self._writable.get(channel)
         if allowed is None:
             # the user is fixed at CONNECT, so its answer per channel can be kept for the connection
@@ -360,11 +374,14 @@ class BsonSession(AdminCommands):
         if not allowed:
             self._pub_error(rid, c.ERR_NOT_AUTHORISED, f"no write permission on {channel!r}")
             return
-        try:
-            ev = c.encode_event(event)
-        except c.DecodeError as e:
-            self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, str(e))
-            return
+        if type(event) is bytes:
+            ev = event
+        else:
+            try:
+                ev = c.encode_event(event)
+            except c.DecodeError as e:
+                self._pub_error(rid, c.ERR_COMMAND_NOT_PROCESSED, str(e))
+                return
         now = self._now_ms
         if now is None:
             now = self._now_ms = self.broker.wall_clock()     # one clock read per read from the socket

@@ -171,3 +171,34 @@ def test_stream_deleted_ends_subscriptions(h):
     h.broker.delete_stream("gone", done.append)
     h.settle()
     assert done == [None] and c.s.subscriptions == {}
+
+
+def test_pub_fast_path_stores_what_the_slow_path_would(h):
+    # core.bson_pub takes well-formed PUBs without decoding them; anything else (here: a regex, an extra
+    # field, a DBRef-shaped event, bad BSON) takes the decoding path. Both store the event's BSON as is.
+    from bson.regex import Regex
+
+    from riverbed.engine import core
+    from riverbed.engine.record import decode_record
+    c = Conn(h)
+    events = [{"i": 1, "s": "é"}, {"r": Regex("^a", "i")}, {"i": 3}, {"_id": 4, "a": [1, {"b": None}]}]
+    fast = [core.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "f", "event": e}})) for e in events]
+    assert [r is not None for r in fast] == [True, False, True, True]
+    c.send("PUB", {"channel": "f", "event": events[0], "rID": 1})
+    c.send("PUB", {"channel": "f", "event": events[1], "rID": 2})
+    c.send("PUB", {"channel": "f", "event": events[2], "rID": 3, "extra": True})
+    c.send("PUB", {"channel": "f", "event": events[3], "rID": Int64(4)})
+    c.send("PUB", {"channel": "", "event": {"a": 1}, "rID": 5})
+    c.send("PUB", {"channel": "f", "event": {"$ref": "x", "$id": 1}, "rID": 6})
+    fs = sorted((f["frame"] for f in c.frames()), key=lambda f: f["rID"])     # errors need no append
+    assert fs[:4] == [{"ok": True, "rID": i} for i in (1, 2, 3, 4)] and type(fs[3]["rID"]) is Int64
+    assert fs[4] == {"ok": False, "rID": 5, "errCode": 6, "errMsg": "PUB needs a string 'channel'"}
+    assert fs[5] == {"ok": False, "rID": 6, "errCode": 6, "errMsg": "PUB needs a document 'event'"}
+    stored = [decode_record(r).payload for _, chunk in h.eng.read_chunks("f", 0, 10)
+              for r in core.chunk_records(chunk)]
+    assert stored == [bson.encode(e) for e in events]
+    bad = bytearray(bson.encode({"type": "PUB", "frame": {"channel": "f", "event": {"t": True}, "rID": 7}}))
+    bad[bad.index(b"t\x00\x01") + 2] = 2            # a boolean byte of 2: invalid BSON
+    c.s.data_received(bytes(bad))
+    f = c.frames()[0]["frame"]
+    assert f["ok"] is False and f["errCode"] == 6 and c.io.closed

@@ -391,6 +391,10 @@ class WsSession:
         key = (stream, p)
         if key in self.subscriptions:
             return
+        if self._outbox:
+            # this connection's own publishes go to the engine before the subscription's start is
+            # resolved, so a subscriber never gets back what it published before subscribing
+            self._flush()
         fan = self.shell.fanout(stream, p, log_stream)
         self.subscriptions[key] = fan
 

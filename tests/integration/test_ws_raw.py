@@ -286,9 +286,11 @@ def test_graceful_shutdown_commits_and_closes(tmp_path):
                 await c.send({"type": "publish", "stream": "shut", "msg": json.dumps({"i": i})})
             await c.send({"type": "subscribe", "stream": "shut"})
             assert (await c.recv(10))[1] == 2
-            assert srv.stop() == 0
+            # stop from another thread: this loop must go on reading to take part in the close handshake
+            stopped = asyncio.get_running_loop().run_in_executor(None, srv.stop)
             closed = await c.recv(10)
             assert closed[0] == "closed" and c.ws.close_code == 1001
+            assert await stopped == 0
         scenario(srv, go)
         srv2 = ServerProcess(tmp_path / "data", "--ws-port", "0").start()
         try:

@@ -455,22 +455,26 @@ class BsonSession(AdminCommands):
             self.txs[sess] = _Tx()
             self._reply(c.response(rid, True))
 
-    def _on_aborttx(self, f):
+    def _close_tx(self, f):
+        """``(rID, the transaction of sessID)``, taken off the open ones; the transaction is None (and
+        the error answered) when none is open."""
         rid = f.get("rID")
         tx = self.txs.pop(f.get("sessID"), None)
         if tx is None:
             self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "no transaction open"))
-            return
-        self.tx_bytes -= tx.nbytes
-        self._reply(c.response(rid, True))
+        else:
+            self.tx_bytes -= tx.nbytes
+        return rid, tx
+
+    def _on_aborttx(self, f):
+        rid, tx = self._close_tx(f)
+        if tx is not None:
+            self._reply(c.response(rid, True))
 
     def _on_committx(self, f):
-        rid = f.get("rID")
-        tx = self.txs.pop(f.get("sessID"), None)
+        rid, tx = self._close_tx(f)
         if tx is None:
-            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, "no transaction open"))
             return
-        self.tx_bytes -= tx.nbytes
         if not tx.events:
             self._reply(c.response(rid, True))
             return

@@ -33,6 +33,7 @@ test-compiled: install
 	@ci/ensure-java.sh
 	@ci/rstream-old.sh >/dev/null
 	@ci/npm-test-deps.sh >/dev/null
+	@ci/ensure-chromium.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install
@@ -41,13 +42,16 @@ test-pure: install
 bench: install
 	$(BIN)/python -m pytest bench/bench_engine.py bench/bench_core.py --benchmark-only \
 		--benchmark-columns=min,median,max,ops -p no:randomly -q -s
+	$(BIN)/python -m bench.bench_publish
 
 # Riverbed against the real RabbitMQ Streams server on this machine (ci/rabbitmq.sh installs Debian's
 # rabbitmq-server if missing and runs it on 127.0.0.1 only), same workloads through the same clients,
-# interleaved rounds; prints the ratio table, writes bench/results/<date>-<host>.json and .png, and
-# stops everything it started. Shorter: make bench-compare ARGS='--n 200000 --rounds 1'
+# and beside Redis 7 Streams and NATS JetStream (ci/redis.sh, ci/nats.sh: Debian's packages, free
+# loopback ports, temporary directories; each with its own client), interleaved rounds; prints the ratio
+# table, writes bench/results/<date>-<host>.json and .png, and stops everything it started.
+# Shorter: make bench-compare ARGS='--n 200000 --rounds 1 --peers rabbitmq,redis'
 bench-compare: install
-	@$(BIN)/python -c "import rbfly, rstream, matplotlib, tqdm" 2>/dev/null || $(PIP) install -q -e '.[test,bench]'
+	@$(BIN)/python -c "import rbfly, rstream, matplotlib, tqdm, redis, hiredis, nats" 2>/dev/null || $(PIP) install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.compare $(ARGS)
 
 clean:

@@ -202,12 +202,14 @@ def chunk_records(buf, verify=True):
     return data_records(memoryview(buf)[start:start + h[8]], h[2], h[3])
 
 
-def split_frames(buf, max_size):
+def split_frames(buf, max_size, view_key=None):
     """Split RabbitMQ Stream frames: ``uint32 BE size (excluding itself) | payload``.
 
     Returns ``(frames, consumed)``: the complete payloads as ``bytes`` and how many bytes of ``buf`` they
     used; an incomplete tail is left for the next call. A declared size over ``max_size`` raises
-    FrameTooLarge before any of that frame is buffered.
+    FrameTooLarge before any of that frame is buffered. Payloads whose 16-bit key is ``view_key`` come
+    as memoryviews of ``buf`` instead of copies (big Publish frames): the caller must then not change
+    ``buf`` while it uses them.
     """
     mv = memoryview(buf)
     end = len(mv)
@@ -219,7 +221,10 @@ def split_frames(buf, max_size):
             raise FrameTooLarge(f"frame of {n} bytes is over the {max_size}-byte limit", n)
         if end - pos - 4 < n:
             break
-        frames.append(bytes(mv[pos + 4:pos + 4 + n]))
+        frame = mv[pos + 4:pos + 4 + n]
+        if view_key is None or n < 2 or ((frame[0] << 8) | frame[1]) != view_key:
+            frame = bytes(frame)
+        frames.append(frame)
         pos += 4 + n
     return frames, pos
 

@@ -11,7 +11,7 @@ cdef int64_t c_frame_cap(object max_size) except? -2:
 
 
 cdef int c_split_frames(const unsigned char* p, Py_ssize_t end, int64_t cap, object max_size, list frames,
-                        Py_ssize_t* consumed) except -1:
+                        Py_ssize_t* consumed, int view_key=-1, object mv=None) except -1:
     cdef Py_ssize_t pos = 0
     cdef int64_t n
     cdef PyObject* frame
@@ -23,6 +23,10 @@ cdef int c_split_frames(const unsigned char* p, Py_ssize_t end, int64_t cap, obj
             raise FrameTooLarge(f"frame of {n} bytes is over the {max_size}-byte limit", n)
         if end - pos - 4 < n:
             break
+        if view_key >= 0 and n >= 2 and ((<int>p[pos + 4] << 8) | p[pos + 5]) == view_key:
+            frames.append(mv[pos + 4:pos + 4 + n])
+            pos += 4 + n
+            continue
         frame = _bytes_new(<const char*>(p + pos + 4), <Py_ssize_t>n)
         if frame == NULL:
             return -1
@@ -61,20 +65,24 @@ cdef int c_split_bson_frames(const unsigned char* p, Py_ssize_t end, int64_t cap
     return 0
 
 
-def split_frames(buf, max_size):
+def split_frames(buf, max_size, view_key=None):
     """Split RabbitMQ Stream frames: ``uint32 BE size (excluding itself) | payload``.
 
     Returns ``(frames, consumed)``: the complete payloads as ``bytes`` and how many bytes of ``buf`` they
     used; an incomplete tail is left for the next call. A declared size over ``max_size`` raises
-    FrameTooLarge before any of that frame is buffered.
+    FrameTooLarge before any of that frame is buffered. Payloads whose 16-bit key is ``view_key`` come
+    as memoryviews of ``buf`` instead of copies (big Publish frames): the caller must then not change
+    ``buf`` while it uses them.
     """
     cdef Py_buffer view
     cdef Py_ssize_t consumed = 0
     cdef int64_t cap = c_frame_cap(max_size)
     cdef list frames = []
+    cdef int vk = -1 if view_key is None else <int>view_key
     c_get_buffer(buf, &view)
     try:
-        c_split_frames(<const unsigned char*>view.buf, view.len, cap, max_size, frames, &consumed)
+        c_split_frames(<const unsigned char*>view.buf, view.len, cap, max_size, frames, &consumed, vk,
+                       memoryview(buf) if vk >= 0 else None)
     finally:
         PyBuffer_Release(&view)
     return frames, consumed

@@ -155,7 +155,8 @@ class _Stream:
     """Committed (or, inside the writer, staged) state of one stream."""
 
     __slots__ = ("name", "sid", "args", "next_offset", "first_chunk", "last_chunk", "bytes", "records",
-                 "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "chunk_max_records", "bloom_size")
+                 "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "chunk_max_records", "bloom_size",
+                 "args_json")
 
     def __init__(self, name, sid, args):
         self.name = name
@@ -173,6 +174,8 @@ class _Stream:
         self.chunk_max = int(args.get("chunk-max-bytes", DEFAULT_CHUNK_MAX_BYTES))
         self.chunk_max_records = int(args.get("chunk-max-records", DEFAULT_CHUNK_MAX_RECORDS))
         self.bloom_size = int(args.get("stream-filter-size-bytes", BLOOM_DEFAULT_SIZE))
+        # the arguments never change, and the state is rewritten at every commit: encode them once
+        self.args_json = json.dumps(args).encode()
 
     @classmethod
     def decode(cls, name, raw):
@@ -184,12 +187,16 @@ class _Stream:
 
     def encode(self):
         return _STATE.pack(self.sid, 0, self.next_offset, self.first_chunk, self.last_chunk, self.bytes,
-                           self.records, self.chunks, self.last_ts) + json.dumps(self.args).encode()
+                           self.records, self.chunks, self.last_ts) + self.args_json
 
     def copy(self):
-        c = _Stream.__new__(_Stream)
-        for k in _Stream.__slots__:
-            setattr(c, k, getattr(self, k))
+        # spelled out: the writer copies the state of every stream it touches at every commit
+        c = _new_stream(_Stream)
+        c.name, c.sid, c.args, c.next_offset = self.name, self.sid, self.args, self.next_offset
+        c.first_chunk, c.last_chunk, c.bytes = self.first_chunk, self.last_chunk, self.bytes
+        c.records, c.chunks, c.last_ts = self.records, self.chunks, self.last_ts
+        c.max_bytes, c.max_age_ms, c.chunk_max = self.max_bytes, self.max_age_ms, self.chunk_max
+        c.chunk_max_records, c.bloom_size, c.args_json = self.chunk_max_records, self.bloom_size, self.args_json
         return c
 
     def info(self, first_ts):
@@ -197,6 +204,9 @@ class _Stream:
                           self.first_chunk, self.next_offset - 1 if self.chunks else -1, self.next_offset,
                           self.bytes, self.records, self.chunks, first_ts, self.last_ts if self.chunks else -1)
 
+
+_new_stream = object.__new__
+assert len(_Stream.__slots__) == 16, "_Stream.copy names every slot"
 
 
 def _tracking_key(sid, kind, reference):

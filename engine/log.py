@@ -46,9 +46,10 @@ from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's p
     FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
     _tracking_key, normalize_arguments, parse_max_age,
 )
+from riverbed.engine.stats import EngineStats
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
-    _OP_SYNC, _OP_TXN, WriteContext, _Append, _Writer,
+    _OP_SYNC, _OP_TXN, Done, WriteContext, _Append, _Writer,
 )
 
 log = logging.getLogger("riverbed.engine")
@@ -180,8 +181,14 @@ class Engine:
         self._waiters = {}                   # sid -> list of (offset, callback)
         self._delete_listeners = []
         self._create_listeners = []
+        self._trusted_from = {}              # sid -> first chunk id written by this process (read_chunks)
+        self._verified = {}                  # sid -> [first, last] chunk ids of a run already CRC-checked
         self._load()
+        self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None
+        # with fsync=never a commit costs microseconds, so a caller may run it rather than wake the
+        # writer thread; with an fsync it would block the caller (an event loop) for the fsync
+        self._inline = fsync == "never"
         if not readonly:
             self._writer = _Writer(self, retention_interval, max_batch_bytes)
             self._writer.start()
@@ -200,7 +207,8 @@ class Engine:
                 raise RiverbedError(f"{self.path}: unknown data format version")
             for key, raw in txn.cursor(db=self._db_streams):
                 name = bytes(key).decode()
-                self._streams[name] = _Stream.decode(name, raw)
+                s = self._streams[name] = _Stream.decode(name, raw)
+                self._trusted_from[s.sid] = s.next_offset
 
     def close(self):
         """Finish the queued operations, sync to disk and close the environment. Idempotent."""
@@ -345,6 +353,12 @@ class Engine:
         s = self._current(name)
         sid = s.sid
         out = []
+        # A chunk's CRC is checked once: when it is written (this process built or checked it), or at
+        # its first read. Chunks from before this process are remembered as one verified run per
+        # stream (consumers read in order, so one run covers them); a jump starts a new run.
+        trusted = self._trusted_from.get(sid, 0)
+        run = self._verified.get(sid)
+        prev = None
         with self.read_txn() as txn:
             cur = txn.cursor(db=self._db_chunks)
             ok = self._seek(cur, name, sid, from_offset)
@@ -352,13 +366,23 @@ class Engine:
                 ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
                 if ksid != sid:
                     break
-                out.append((chunk_id, self._checked(name, chunk_id, cur.value())))
+                raw = cur.value()
+                if chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]):
+                    out.append((chunk_id, self._checked(name, chunk_id, raw, False)))
+                else:
+                    out.append((chunk_id, self._checked(name, chunk_id, raw, True)))
+                    if run is not None and prev is not None and run[1] == prev:
+                        run[1] = chunk_id
+                    else:
+                        run = self._verified[sid] = [chunk_id, chunk_id]
+                prev = chunk_id
                 ok = cur.next()
         return out
 
-    def _checked(self, name, chunk_id, raw):
+    @staticmethod
+    def _checked(name, chunk_id, raw, crc):
         try:
-            h = core.check_chunk(raw)
+            h = core.check_chunk(raw) if crc else core.read_header(raw)
         except ChunkError as e:
             raise ChunkError(e.reason, name, chunk_id) from None
         if h[H_CHUNK_ID] != chunk_id:
@@ -536,15 +560,24 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------- writing
 
-    def _submit(self, op, *args):
+    def _submit(self, op, *args, on_done=None):
+        """Queue ``op`` for the writer. Returns a Future, or, with ``on_done(result, exc)``, None: the
+        callback then runs once on the thread that committed, with no Future made (see Done). With
+        fsync=never, a small operation that finds the writer idle commits on the caller's thread, and
+        its callback runs before this returns."""
         if self._writer is None:
             raise RiverbedError("engine was opened read-only")
-        fut = Future()
+        fut = Future() if on_done is None else Done(on_done)
         if self._closed or self._writer.stopping:
             fut.set_exception(EngineClosed("engine closed"))
+            return None if on_done is not None else fut
+        item = (op, args, fut)
+        if on_done is None:
+            self._writer.submit(item)
             return fut
-        self._writer.queue.put((op, args, fut))
-        return fut
+        if not (self._inline and self._writer.commit_inline(item)):
+            self._writer.submit(item)
+        return None
 
     def create_stream(self, name, arguments=None):
         """Create stream ``name`` with RabbitMQ-style ``arguments`` (see normalize_arguments).
@@ -558,20 +591,21 @@ class Engine:
         """Delete ``name`` and all of its records and tracking. Future of None; StreamNotFound."""
         return self._submit(_OP_DELETE, name)
 
-    def append(self, stream, records, *, publishing_ids=None, publisher=None, filter_values=None):
+    def append(self, stream, records, *, publishing_ids=None, publisher=None, filter_values=None, on_done=None):
         """Append ``records`` (bytes-like), one simple entry each. See append_entries."""
         if filter_values is None and 0 < len(records) <= MAX_CHUNK_ENTRIES:
             # build the chunk here, CRC included, so the writer thread only stamps and stores it
             if publisher is not None:
                 _check_name(publisher, "publisher reference")
             return self._submit(_OP_APPEND, _Append(stream, core.encode_chunk_buffer(records), publishing_ids,
-                                                    publisher, None, len(records), len(records), True))
+                                                    publisher, None, len(records), len(records), True),
+                                on_done=on_done)
         return self.append_entries(stream, core.encode_entries(records), publishing_ids=publishing_ids,
                                    publisher=publisher, filter_values=filter_values,
-                                   num_entries=len(records), num_records=len(records))
+                                   num_entries=len(records), num_records=len(records), on_done=on_done)
 
     def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
-                     crc_done=True):
+                     crc_done=True, on_done=None):
         """Append a chunk the caller built whole: a ``bytearray`` laid out as :func:`core.encode_chunk_buffer`
         or :func:`core.publish_chunk` make it (48-byte header with the data CRC, length and counts, then
         the data section; no bloom, no filter values). The writer stamps chunk id and timestamp into it in
@@ -591,12 +625,12 @@ class Engine:
             raise InvalidArgument("a chunk to append must be a bytearray (the writer stamps it in place)")
         if num_entries > MAX_CHUNK_ENTRIES:
             return self._submit(_OP_APPEND, _Append(stream, memoryview(chunk)[LEN_CHUNK_HEADER:], publishing_ids,
-                                                    publisher, None, num_entries, num_records))
+                                                    publisher, None, num_entries, num_records), on_done=on_done)
         return self._submit(_OP_APPEND, _Append(stream, chunk, publishing_ids, publisher, None, num_entries,
-                                                num_records, True, not crc_done))
+                                                num_records, True, not crc_done), on_done=on_done)
 
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
-                       num_entries=None, num_records=None):
+                       num_entries=None, num_records=None, on_done=None):
         """Append an Osiris data section (simple and/or sub-batch entries, format.py) to ``stream``.
 
         ``publishing_ids`` and ``filter_values`` are per entry. With a ``publisher`` reference, an
@@ -605,14 +639,16 @@ class Engine:
         ``num_entries`` and ``num_records``, when the caller knows them (it built the entries), spare the
         writer a walk over the section; they must then be right. Without them the section is walked and
         checked. Returns a Future of AppendResult; errors through it: StreamNotFound, ChunkError
-        (malformed entries), EngineClosed.
+        (malformed entries), EngineClosed. With ``on_done(result, exc)`` (every append method takes it)
+        no Future is made and None is returned; the callback runs once after the commit, on the
+        writer's thread or, with fsync=never and an idle writer, on the caller's before the call returns.
         """
         if publisher is not None:
             _check_name(publisher, "publisher reference")
         if (num_entries is None) != (num_records is None):
             raise InvalidArgument("give both num_entries and num_records, or neither")
         return self._submit(_OP_APPEND, _Append(stream, data, publishing_ids, publisher, filter_values,
-                                                num_entries, num_records))
+                                                num_entries, num_records), on_done=on_done)
 
     def store_offset(self, stream, reference, offset):
         """Store consumer ``offset`` for ``reference``. Future of None; StreamNotFound."""

@@ -58,6 +58,33 @@ class _Append:
         self.records = records
 
 
+class Done:
+    """A completion callback in a Future's place: ``cb(result, None)`` or ``cb(None, exc)``, once, on the
+    thread that committed (the writer's, or the caller's for an inline commit). Cheaper than a Future
+    and its done-callback for the one-message path."""
+
+    __slots__ = ("cb",)
+
+    def __init__(self, cb):
+        self.cb = cb
+
+    def done(self):
+        return self.cb is None
+
+    def set_result(self, res):
+        self._run(res, None)
+
+    def set_exception(self, exc):
+        self._run(None, exc)
+
+    def _run(self, res, exc):
+        cb, self.cb = self.cb, None
+        try:
+            cb(res, exc)
+        except Exception:  # a broken callback must not take the writer down
+            log.exception("append completion failed")
+
+
 class _Pending:
     """Entries of one stream collected for the chunk being built in this transaction."""
 
@@ -91,10 +118,45 @@ class _Writer(threading.Thread):
         self._seq_cache = {}      # (sid, publisher) -> last publishing id, committed
         self._purge = []          # sids of deleted streams whose keys are still to be removed
         self._stopped = threading.Event()
+        # Who writes: every write transaction runs holding _claim, on this thread or, for a small
+        # operation that finds nothing queued, on the caller's thread (commit_inline). _outstanding
+        # counts operations submitted and not yet finished (under _mutex): an inline commit only runs
+        # when it is 0, so it can never overtake an operation queued before it.
+        self._claim = threading.Lock()
+        self._mutex = threading.Lock()
+        self._outstanding = 0
+
+    def submit(self, item):
+        """Queue ``(op, args, done)`` for the thread; ``done`` is a Future or a :class:`Done`."""
+        with self._mutex:
+            self._outstanding += 1
+        self.queue.put(item)
+
+    def commit_inline(self, item):
+        """Commit ``item`` now, on the caller's thread, if nothing is queued or being written; returns
+        False (and does nothing) otherwise. Its completion runs before this returns. Skipping the queue
+        saves two thread hand-offs, which are most of a small append's cost with fsync=never."""
+        with self._mutex:
+            if self._outstanding or self.stopping:
+                return False
+            self._outstanding = 1
+        try:
+            if not self._claim.acquire(False):  # the thread is purging or applying retention
+                return False
+            try:
+                self._commit_batch([item])
+            except BaseException:  # the completion has the error; the engine is stopped (see above)
+                log.exception("inline commit failed; the engine is stopped")
+            finally:
+                self._claim.release()
+            return True
+        finally:
+            with self._mutex:
+                self._outstanding -= 1
 
     def stop(self):
         self.stopping = True
-        self.queue.put((_OP_STOP, (), None))
+        self.submit((_OP_STOP, (), None))
         self._stopped.wait()
         self.join()
 
@@ -109,28 +171,32 @@ class _Writer(threading.Thread):
                 try:
                     first = self.queue.get(timeout=self._idle_timeout())
                 except queue.Empty:
-                    self._housekeeping()
+                    with self._claim:
+                        self._housekeeping()
                     continue
                 batch = [first]
-                size = 0
-                while len(batch) < 100000 and size < self.max_batch_bytes:
-                    try:
-                        item = self.queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    batch.append(item)
-                    if item[0] == _OP_APPEND:
-                        size += len(item[1][0].data)
-                stop = any(op == _OP_STOP for op, _, _ in batch)
-                if any(op == _OP_RETENTION for op, _, _ in batch):
-                    self._commit_batch([b for b in batch if b[0] != _OP_RETENTION])
-                    self._housekeeping(force_retention=True)
-                    for op, _, fut in batch:
-                        if op == _OP_RETENTION:
-                            fut.set_result(None)
-                else:
-                    self._commit_batch(batch)
-                    self._housekeeping()
+                with self._claim:
+                    size = 0
+                    while len(batch) < 100000 and size < self.max_batch_bytes:
+                        try:
+                            item = self.queue.get_nowait()
+                        except queue.Empty:
+                            break
+                        batch.append(item)
+                        if item[0] == _OP_APPEND:
+                            size += len(item[1][0].data)
+                    stop = any(op == _OP_STOP for op, _, _ in batch)
+                    if any(op == _OP_RETENTION for op, _, _ in batch):
+                        self._commit_batch([b for b in batch if b[0] != _OP_RETENTION])
+                        self._housekeeping(force_retention=True)
+                        for op, _, fut in batch:
+                            if op == _OP_RETENTION:
+                                fut.set_result(None)
+                    else:
+                        self._commit_batch(batch)
+                        self._housekeeping()
+                with self._mutex:
+                    self._outstanding -= len(batch)
             eng.env.sync(True)
         except BaseException:
             log.exception("writer thread stopped by an error")
@@ -196,8 +262,10 @@ class _Writer(threading.Thread):
         no nested transactions under WRITEMAP, so this is how its partial writes are undone)."""
         eng = self.engine
         failed = {}     # batch index -> exception of a transact function, kept across the redo
+        started = time.perf_counter()   # metrics (engine/stats.py): the group commit's latency, redos included
         while True:
             staged = _Staged(eng, self)
+            staged.alone = len(batch) == 1
             results = []
             try:
                 eng._gate.enter()
@@ -213,6 +281,7 @@ class _Writer(threading.Thread):
                                 results.append(self._apply(staged, op, args))
                         staged.flush_all()
                         staged.write_states()
+                        applied = time.perf_counter()   # metrics: the rest is LMDB's commit (and fsync)
                 finally:
                     eng._gate.leave()
             except _TxnFailed as f:
@@ -224,6 +293,8 @@ class _Writer(threading.Thread):
             except lmdb.MapResizedError:
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
                 continue
+            # metrics (engine/stats.py): a few integer updates; _commit runs under _claim, one at a time
+            eng.stats.commit_done(started, applied, time.perf_counter(), len(batch), staged.bytes_written)
             return staged, results
 
     @staticmethod
@@ -522,6 +593,7 @@ class _Staged:
         self.next_sid = None
         self.on_commit = []
         self.created = []
+        self.alone = False        # the transaction holds one operation (see append)
 
     def stream(self, name):
         s = self.streams.get(name)
@@ -641,8 +713,10 @@ class _Staged:
         p = self.pending.get(s.name)
         if p is None:
             p = self.pending[s.name] = _Pending()
-        if sealed and filters is None and OWN_CHUNK_MIN <= len(data) <= s.chunk_max and records <= s.chunk_max_records:
-            # big enough to be a chunk of its own: stamp the caller's buffer, no copy
+        if (sealed and filters is None and (OWN_CHUNK_MIN <= len(data) or self.alone) and len(data) <= s.chunk_max
+                and records <= s.chunk_max_records):
+            # big enough to be a chunk of its own, or alone in its transaction (nothing to merge it
+            # with): stamp the caller's buffer, no copy
             self._flush(s, p)
             res.first = s.next_offset
             res.last = s.next_offset + records - 1

@@ -54,12 +54,15 @@ async def _start_listener(name, module, broker, cfg, port):
     return await mod.serve(broker, host=cfg.host, port=port, config=cfg)
 
 
-async def run_server(cfg, stop=None):
-    """Run the broker until ``stop`` (an asyncio.Event; default: SIGTERM/SIGINT) is set. Returns 0."""
+async def run_server(cfg, stop=None, started=None):
+    """Run the broker until ``stop`` (an asyncio.Event; default: SIGTERM/SIGINT) is set. Returns 0.
+    ``started(broker)``, when given, is called once every listener is up (in-process tests use it)."""
     from riverbed.engine import Engine
     from riverbed.shells.auth import Authenticator
     from riverbed.shells.broker import Broker
+    from riverbed.shells import tls as _tls
 
+    tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
@@ -68,7 +71,8 @@ async def run_server(cfg, stop=None):
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
-    broker = Broker(engine, post=loop.call_soon_threadsafe, auth=auth, data_dir=cfg.data_dir)
+    broker = Broker(engine, post=loop.call_soon_threadsafe, post_local=loop.call_soon, auth=auth,
+                    data_dir=cfg.data_dir)
     listeners = []
     try:
         for key, name, module in SHELLS:
@@ -78,8 +82,20 @@ async def run_server(cfg, stop=None):
             server = await _start_listener(name, module, broker, cfg, port)
             listeners.append(server)
             log.info("listening %s %s", name, _fmt_addr(cfg.host, server.port))
+        if tls_context is not None and cfg.stream_tls_port is not None:
+            # RabbitMQ Stream has a TLS port beside the plain one (the other TCP shells switch theirs)
+            from riverbed.shells.rmq_stream.server import serve_tls
+            server = await serve_tls(broker, host=cfg.host, port=cfg.stream_tls_port, config=cfg)
+            listeners.append(server)
+            log.info("listening %s %s", "rabbitmq-stream-tls", _fmt_addr(cfg.host, server.port))
+        # GET /healthz checks each listener started above; GET /readyz is 200 from here until stopping
+        broker.listeners.extend((getattr(s, "name", type(s).__name__), s) for s in listeners)
+        broker.ready = True
         log.info("ready")
+        if started is not None:
+            started(broker)
         await stop.wait()
+        broker.ready = False
         log.info("stopping")
     finally:
         for server in listeners:
@@ -229,6 +245,8 @@ def build_parser():
                        description="Write PREFIX.key (Z85 secret key, mode 0600; for --zmq-curve-secret) and "
                                    "PREFIX.pub (Z85 public key; for clients, or a --zmq-curve-clients dir).")
     k.add_argument("prefix", nargs="?", default="riverbed-zmq", help="output path prefix (default riverbed-zmq)")
+    from riverbed.shells import admin    # streams, tail, publish, consumers
+    admin.add_parsers(sub)
     sub.add_parser("dump", help="print the streams and chunks of a data directory", add_help=False)
     sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
                    add_help=False)
@@ -248,6 +266,9 @@ def main(argv=None):
         return cmd_serve(args)
     if args.command == "users":
         return cmd_users(args)
+    if args.command in ("streams", "tail", "publish", "consumers"):
+        from riverbed.shells import admin
+        return admin.run(args)
     if args.command == "zmq-keygen":
         return cmd_zmq_keygen(args)
     return 2

@@ -133,6 +133,12 @@ OPTIONS = [
     Option("text_max_payload", _positive_int, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
+    Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
+           "--tls-cert (default 5551; 0 = any free; off)", "PORT"),
+    Option("tls_cert", _opt_str, None, "PEM certificate chain: TLS on the RabbitMQ Stream TLS port, and the "
+           "BSON, REAM text, WebSocket (wss) and HTTP (https) ports switch to TLS; ZeroMQ keeps CURVE", "FILE"),
+    Option("tls_key", _opt_str, None, "PEM private key (unencrypted) of --tls-cert", "FILE"),
+    Option("tls_ca", _opt_str, None, "PEM CA bundle: TLS clients must present a certificate it signed", "FILE"),
     Option("advertised_host", _opt_str, None,
            "host clients are told to dial (Metadata/OpenResponse; default: the address they connected to)",
            "HOST"),

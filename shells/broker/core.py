@@ -30,9 +30,11 @@ What lives here, protocol-neutral:
 Loop-thread only, except :meth:`post`-ed completions, which arrive from the writer thread.
 """
 
+import collections
 import json
 import logging
 import os
+import threading
 import time
 
 from riverbed.engine import OffsetSpec
@@ -40,6 +42,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker.stats import BrokerStats
 
 log = logging.getLogger("riverbed.broker")
 
@@ -60,9 +63,17 @@ class Broker:
     (when the answer is known at once), never in the middle of another callback.
     """
 
-    def __init__(self, engine, *, post, auth=None, clock=time.monotonic, wall_clock=None, data_dir=None):
+    def __init__(self, engine, *, post, post_local=None, auth=None, clock=time.monotonic, wall_clock=None,
+                 data_dir=None):
         self.engine = engine
         self.post = post
+        # ``post_local`` (the loop's call_soon) is ``post`` without the wake-up, for use on the loop
+        # thread itself: an inline commit (fsync=never) completes there
+        self.post_local = post_local or post
+        self._loop_thread = threading.get_ident()
+        self._inbox = collections.deque()   # (fn, args) completed by any thread, run in order by _drain
+        self._inbox_armed = False
+        self._flushes = None                # session -> flush, while _drain runs
         self.auth = auth or _auth.Authenticator()
         self.clock = clock
         self.wall_clock = wall_clock or (lambda: int(time.time() * 1000))
@@ -75,6 +86,10 @@ class Broker:
         self._delete_hooks = []    # fn(stream) run before sessions hear of a deletion (SAC groups, ...)
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
         self._create_hooks = []    # fn(stream) run when a stream is created, before sessions hear of it
+        self.stats = BrokerStats()     # counters for GET /metrics (stats.py)
+        self._delete_hooks.append(self.stats.forget_stream)
+        self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
+        self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -87,12 +102,53 @@ class Broker:
     # ------------------------------------------------------------------------------- loop hand-off
 
     def _post(self, fn, *args):
+        """Run ``fn(*args)`` on the loop thread, after everything posted before it. Thread-safe.
+
+        Completions queue in one inbox that a single loop callback drains: a group commit of many
+        appends wakes the loop once, and their confirms go out in the same loop turn (one write per
+        connection). The arming flag needs no lock: a producer appends before it reads the flag, and
+        the drain clears the flag before it empties the inbox, so every item is drained."""
         if self._closed:
             return
+        self._inbox.append((fn, args))
+        if self._inbox_armed:
+            return
+        self._inbox_armed = True
         try:
-            self.post(fn, *args)
+            if threading.get_ident() == self._loop_thread:
+                self.post_local(self._drain)
+            else:
+                self.post(self._drain)
         except RuntimeError:  # the loop is closed: the process is stopping, nobody waits for this
             pass
+
+    def _drain(self):
+        self._inbox_armed = False
+        inbox = self._inbox
+        flushes = self._flushes = {}
+        try:
+            while inbox:
+                fn, args = inbox.popleft()
+                try:
+                    fn(*args)
+                except Exception:  # one session's broken callback must not starve the others' completions
+                    log.exception("broker callback failed")
+        finally:
+            self._flushes = None
+        for flush in flushes.values():
+            try:
+                flush()
+            except Exception:
+                log.exception("session flush failed")
+
+    def flush_soon(self, key, flush):
+        """Run ``flush()`` once after the completions being delivered now, or at once outside a
+        delivery. A session passes its output flush here so that the confirms of one group commit leave
+        in one write per connection (``key``: the session)."""
+        if self._flushes is None:
+            flush()
+        else:
+            self._flushes[key] = flush
 
     def then(self, fut, cb):
         """Run ``cb(result, exc)`` on the loop thread once the engine future ``fut`` completes."""
@@ -103,6 +159,10 @@ class Broker:
                 res, exc = None, e
             self._post(cb, res, exc)
         fut.add_done_callback(done)
+
+    def _done(self, cb):
+        """An engine ``on_done`` that runs ``cb(result, exc)`` on the loop thread (through the inbox)."""
+        return lambda res, exc: self._post(cb, res, exc)
 
     def _call(self, submit, cb):
         """``submit()`` an engine operation and ``cb(result, exc)`` on the loop; an error raised at once
@@ -377,40 +437,37 @@ class Broker:
     def append(self, stream, data, ids, publisher, filters, cb, num_entries=None, num_records=None):
         """Append an Osiris data section; ``cb(AppendResult, exc)`` after the commit. ``num_entries`` and
         ``num_records``, when given, must be exact."""
-        self._appended(lambda: self.engine.append_entries(
+        self._appended(lambda on_done: self.engine.append_entries(
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
-            num_entries=num_entries, num_records=num_records), stream, publisher, cb)
+            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb)
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
         """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
         counts must be exact; the chunk belongs to the engine from here on. ``crc_done=False``: its
         header CRC is left for the engine to compute (Engine.append_chunk)."""
-        self._appended(lambda: self.engine.append_chunk(
+        self._appended(lambda on_done: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher, crc_done=crc_done), stream, publisher, cb)
+            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb)
 
     def append_records(self, stream, records, cb):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""
-        self._appended(lambda: self.engine.append(stream, records), stream, None, cb)
+        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb)
 
     def _appended(self, submit, stream, publisher, cb):
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
-        if key is None:
-            self._call(submit, cb)
-            return
+        if key is not None:
+            inner = cb
+
+            def cb(res, exc):
+                self._barrier_leave(self._seq_writes, key)
+                inner(res, exc)
+            self._barrier_enter(self._seq_writes, key)
         try:
-            fut = submit()
+            submit(self._done(cb))
         except RiverbedError as e:
             cb(None, e)
-            return
-        self._barrier_enter(self._seq_writes, key)
-
-        def done(res, exc):
-            self._barrier_leave(self._seq_writes, key)
-            cb(res, exc)
-        self.then(fut, done)
 
     def query_publisher_sequence(self, stream, publisher, cb):
         """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit."""

@@ -21,6 +21,8 @@ import asyncio
 import logging
 
 from riverbed.shells import auth as _auth
+from riverbed.shells import tls as _tls
+from riverbed.shells.broker.stats import ERR_INTERNAL, ERR_TRANSPORT
 
 log = logging.getLogger("riverbed.broker")
 
@@ -51,15 +53,20 @@ class SessionProtocol(asyncio.Protocol):
             self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
             peer_loopback=_auth.is_loopback(peer[0]))
         self.listener.protocols.add(self)
+        self.listener.stats.connections_total += 1     # metrics
 
     def _guard(self, fn, *args):
         try:
             fn(*args)
         except Exception:  # a bug must cost this connection only, never the server
             log.exception("%s: internal error; closing the connection", getattr(self.session, "peer", "?"))
+            self.listener.stats.error(ERR_INTERNAL)       # metrics
             self.transport.abort()
 
     def data_received(self, data):
+        stats = self.listener.stats     # metrics: two int updates per read, no lock (loop thread)
+        stats.reads += 1
+        stats.bytes_in += len(data)
         self._guard(self.session.data_received, data)
 
     def eof_received(self):
@@ -67,6 +74,8 @@ class SessionProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc):
         self.listener.protocols.discard(self)
+        if exc is not None:     # metrics: reset, broken pipe (a close by either side passes None)
+            self.listener.stats.error(ERR_TRANSPORT)
         if self.session is not None:
             self._guard(self.session.connection_lost)
 
@@ -103,16 +112,20 @@ class TcpListener:
 
     ``session_factory(io, *, peer, local, remote, peer_loopback)`` builds a session per connection
     (``local``/``remote`` are (host, port)). ``port`` is the bound port once :meth:`start` returned
-    (useful with port 0). Loop-thread only.
+    (useful with port 0). ``ssl``, an ``ssl.SSLContext`` (see :mod:`riverbed.shells.tls`), makes it a
+    TLS listener: a session is built only once the handshake succeeded, and a client that fails it (a
+    plaintext client) is closed and logged in one line (:class:`riverbed.shells.tls.TlsServer`).
+    Loop-thread only.
     """
 
     name = "tcp"
 
-    def __init__(self, broker, session_factory, *, host="127.0.0.1", port=0, name=None):
+    def __init__(self, broker, session_factory, *, host="127.0.0.1", port=0, name=None, ssl=None):
         self.broker = broker
         self.session_factory = session_factory
         self.host = host
         self.port = port
+        self.ssl = ssl
         if name:
             self.name = name
         self.loop = None
@@ -123,8 +136,14 @@ class TcpListener:
     async def start(self):
         """Bind and start accepting. Raises OSError when the address cannot be bound."""
         self.loop = asyncio.get_running_loop()
-        self._server = await self.loop.create_server(lambda: SessionProtocol(self), self.host, self.port,
-                                                     reuse_address=True, backlog=1024)
+        # metrics: here, not in __init__, because a subclass may rename itself after super().__init__
+        self.stats = self.broker.stats.listener(self.name, self.protocols.__len__)
+        if self.ssl is None:
+            self._server = await self.loop.create_server(lambda: SessionProtocol(self), self.host, self.port,
+                                                         reuse_address=True, backlog=1024)
+        else:
+            self._server = await _tls.create_server(lambda: SessionProtocol(self), self.host, self.port, self.ssl,
+                                                    self.name, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
         return self

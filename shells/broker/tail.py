@@ -155,6 +155,9 @@ class Tail:
                 if raw[1] != fmt.CHUNK_USER:
                     continue
                 used = self.on_chunk(self, chunk_id, raw, max(start, chunk_id))
+                if used:    # metrics: records the subscriber got (it may have stopped inside the chunk)
+                    delivered = self.broker.stats.delivered
+                    delivered[self.stream] = delivered.get(self.stream, 0) + self.offset - max(start, chunk_id)
                 if self._closed:
                     return
                 if self.mode == MODE_CREDIT:

@@ -1,6 +1,7 @@
 """The BSON/TCP (mewbase) listener: a broker-layer TcpListener whose sessions are BsonSessions; it also
 runs the stored projections for as long as it listens."""
 
+from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.bson_tcp.session import BsonSession
 from riverbed.shells.bson_tcp.shell import DEFAULT_IDLE_TIMEOUT, BsonShell
@@ -14,9 +15,9 @@ class BsonServer(TcpListener):
 
     name = "bson"
 
-    def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, idle_timeout=DEFAULT_IDLE_TIMEOUT):
+    def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, idle_timeout=DEFAULT_IDLE_TIMEOUT, ssl=None):
         self.shell = BsonShell(broker, idle_timeout=idle_timeout)
-        super().__init__(broker, self._new_session, host=host, port=port)
+        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
 
     def _new_session(self, io, *, peer, local, remote, peer_loopback):
         return BsonSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
@@ -33,10 +34,10 @@ class BsonServer(TcpListener):
 
 async def serve(broker, *, host="127.0.0.1", port=DEFAULT_PORT, config=None, idle_timeout=DEFAULT_IDLE_TIMEOUT):
     """Start a BSON/TCP listener on ``host:port`` (0 = any free port) over ``broker`` and the stored
-    projections. ``config`` (a Config), when given, supplies ``bson_idle_timeout`` (seconds). Returns the
-    started :class:`BsonServer`; stop it with ``await server.shutdown()``. Raises OSError when the address
-    cannot be bound."""
+    projections. ``config`` (a Config), when given, supplies ``bson_idle_timeout`` (seconds) and, with
+    ``tls_cert``, makes the port TLS-only. Returns the started :class:`BsonServer`; stop it with ``await
+    server.shutdown()``. Raises OSError when the address cannot be bound, TlsError for unusable TLS files."""
     if config is not None:
         idle_timeout = getattr(config, "bson_idle_timeout", idle_timeout)
-    server = BsonServer(broker, host=host, port=port, idle_timeout=idle_timeout)
+    server = BsonServer(broker, host=host, port=port, idle_timeout=idle_timeout, ssl=_tls.context_for(config))
     return await server.start()

@@ -303,6 +303,14 @@ class BsonSession(AdminCommands):
         log.info("%s: subscription %d on %r ended: %s", self.peer, sub.sub_id, sub.channel, exc)
         self.subscriptions.pop(sub.sub_id, None)
 
+    def consumer_infos(self):
+        """This connection's SUBSCRIBEs (see the RabbitMQ Stream session's): the reference is the durable
+        subscription's name (None for a plain one); no credits (a byte window). Loop-thread only."""
+        name = f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}"
+        return [{"stream": sub.channel, "protocol": "bson", "connection": name, "subscription_id": sub.sub_id,
+                 "reference": sub.durable_ref, "offset": sub.tail.offset, "credits": None}
+                for sub in list(self.subscriptions.values())]
+
     def connection_info(self):
         return {
             "name": f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}",

@@ -18,6 +18,8 @@ import json
 
 from aiohttp import hdrs, web
 
+from riverbed.shells import tls as _tls
+
 DEFAULT_PORT = 15692            # RabbitMQ's Prometheus port; the management API shares the listener here
 SHUTDOWN_TIMEOUT = 2.0          # seconds running requests get to finish at shutdown
 
@@ -26,6 +28,10 @@ CONFIG = web.AppKey("config", object)    # the resolved settings of `riverbed se
 
 FEATURES = (
     "riverbed.shells.http.mgmt",          # /api/connections: RabbitMQ's management API, connection part
+    "riverbed.shells.http.metrics",       # /metrics: Prometheus text (prometheus-client)
+    "riverbed.shells.http.health",        # /healthz, /readyz: probes, no auth
+    "riverbed.shells.http.api",           # /api/streams, /api/stream/consumers|publishers: dashboard JSON
+    "riverbed.shells.http.dashboard",     # GET /, /static/*, /api/events (server-sent snapshots)
 )
 
 
@@ -74,8 +80,13 @@ class HttpServer:
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         try:
-            self._server = await asyncio.get_running_loop().create_server(
-                runner.server, self.host, self.port, reuse_address=True, backlog=128)
+            ctx = _tls.context_for(self.config)
+            if ctx is None:
+                self._server = await asyncio.get_running_loop().create_server(
+                    runner.server, self.host, self.port, reuse_address=True, backlog=128)
+            else:                       # with --tls-cert the port is HTTPS only
+                self._server = await _tls.create_server(runner.server, self.host, self.port, ctx, self.name,
+                                                        backlog=128)
         except BaseException:
             await runner.cleanup()
             raise

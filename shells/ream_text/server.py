@@ -4,6 +4,7 @@ thread pool for document-store reads that may scan many rows (PROJECTION SELECT)
 import asyncio
 import concurrent.futures
 
+from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
 from riverbed.shells.ream_text.session import ReamSession
@@ -23,11 +24,11 @@ class ReamServer(TcpListener):
     name = "text"
 
     def __init__(self, broker, *, host="127.0.0.1", port=7461, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD,
-                 text_user=None):
+                 text_user=None, ssl=None):
         self._pool = concurrent.futures.ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="ream-read")
         self.shell = ReamShell(broker, keepalive=keepalive, max_payload=max_payload, text_user=text_user,
                                offload=self._offload)
-        super().__init__(broker, self._new_session, host=host, port=port)
+        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
 
     def _new_session(self, io, *, peer, local, remote, peer_loopback):
         return ReamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
@@ -71,5 +72,5 @@ async def serve(broker, *, host="127.0.0.1", port=7461, config=None, keepalive=N
         if auth.user(text_user) is None:
             raise ConfigError(f"--text-user {text_user!r} is not in the users file")
     server = ReamServer(broker, host=host, port=port, keepalive=keepalive, max_payload=max_payload,
-                        text_user=text_user)
+                        text_user=text_user, ssl=_tls.context_for(config))   # with tls_cert: TLS-only
     return await server.start()

@@ -170,6 +170,20 @@ class ReamSession(EventRequests, DocumentRequests):
         log.info("%s: closing: %s", self.peer, reason)
         self.close_gracefully(reason)
 
+    def consumer_infos(self):
+        """This connection's EVENT SUBSCRIBEs (see the RabbitMQ Stream session's): the subscription id
+        is the stream; the offset is the tail's, or where it will start while it waits for the stream;
+        no credits. Loop-thread only."""
+        out = []
+        for stream, sub in list(self.subs.items()):
+            if sub.closed:
+                continue
+            offset = sub.tail.offset if sub.tail is not None else sub.start
+            if offset is not None:
+                out.append({"stream": stream, "protocol": "ream", "connection": self.name, "subscription_id": stream,
+                            "reference": None, "offset": offset, "credits": None})
+        return out
+
     def connection_info(self):
         return {
             "name": self.name, "protocol": "ream", "peer_host": self.remote[0], "peer_port": self.remote[1],

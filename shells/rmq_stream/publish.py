@@ -38,6 +38,9 @@ class Publisher:
         self.stream_gone = False               # deleted under it: Publish gets 0x02
 
 
+MAX_CONFIRM_IDS = 1 << 16      # ids per merged PublishConfirm frame (512 KiB, under any client's frame max)
+
+
 class PublishCommands:
     """Mixin: the publishing half of RmqStreamSession (uses its ``_send``, ``_later``, ``publishers``)."""
 
@@ -129,9 +132,7 @@ class PublishCommands:
         def done(result, exc):
             self._inflight_bytes -= size
             if exc is None:
-                # the confirm body is the ids as they came in: header, then the raw bytes, unjoined
-                self._send(_CONFIRM_HEAD.pack(9 + len(raw_ids), CMD_PUBLISH_CONFIRM, 1, publisher_id, count))
-                self._send(raw_ids)
+                self._send_confirm(publisher_id, count, raw_ids)
             else:
                 code = response_code_for(exc)
                 if code == RC_INTERNAL_ERROR:
@@ -143,6 +144,38 @@ class PublishCommands:
                                  self._later(done), count, records, crc_done=False)
         if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
             self._update_reading()
+
+    def _send_confirm(self, publisher_id, count, raw_ids):
+        """Queue a confirm of ``count`` ids (``raw_ids``: their 8-byte big-endian bytes as they came).
+        Confirms of one publisher that leave in the same flush become one PublishConfirm frame, at
+        the place of the first: a group commit of many Publish frames costs the client one frame to
+        parse, not one per Publish (moving a confirm earlier among frames that follow it is safe)."""
+        merged = self._confirms.get(publisher_id)
+        if merged is None or merged[0] + count > self._confirm_ids_max():
+            merged = self._confirms[publisher_id] = [count, [raw_ids], publisher_id]
+            self._out.append(merged)
+        else:
+            merged[0] += count
+            merged[1].append(raw_ids)
+
+    def _confirm_ids_max(self):
+        # a merged frame stays within the frame max the client asked for (13 bytes of frame head)
+        fm = self.frame_max
+        return min(MAX_CONFIRM_IDS, (fm - 13) // 8) if fm else MAX_CONFIRM_IDS
+
+    def _merged_confirms(self, out):
+        """``out`` with each merged confirm (a list in it) turned into its frame's parts."""
+        done = []
+        for item in out:
+            if type(item) is list:
+                count, parts, publisher_id = item
+                size = 9 + 8 * count
+                done.append(_CONFIRM_HEAD.pack(size, CMD_PUBLISH_CONFIRM, 1, publisher_id, count))
+                done.extend(parts)
+            else:
+                done.append(item)
+        self._confirms.clear()
+        return done
 
     def _publish_batch(self, batch):
         """Publish v2, and v1 frames the fast path hands over (refused sub-batches, unknown publisher)."""

@@ -1,31 +1,40 @@
 """The RabbitMQ Stream listener: a broker-layer TcpListener whose sessions are RmqStreamSessions."""
 
+from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.rmq_stream.constants import DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT
 from riverbed.shells.rmq_stream.session import RmqStreamSession
 from riverbed.shells.rmq_stream.shell import RmqShell
+
+SHELL_KEY = "rabbitmq-stream"     # broker.extensions key of the shell both listeners share
 
 
 class RmqStreamServer(TcpListener):
     """A RabbitMQ Stream listener over the shared broker. Create it with :func:`serve`.
 
     ``port`` is the bound port (useful with port 0); ``shell`` the listener's :class:`RmqShell`.
-    Loop-thread only.
+    With ``ssl`` (an ``ssl.SSLContext``) it is the TLS listener: it shares ``shell`` (settings,
+    single-active-consumer groups) with the plain listener when one is given, and its clients are
+    advertised its own port. Loop-thread only.
     """
 
     name = "rabbitmq-stream"
 
-    def __init__(self, broker, *, host="127.0.0.1", port=5552, **shell_options):
-        self.shell = RmqShell(broker, **shell_options)
-        super().__init__(broker, self._new_session, host=host, port=port)
+    def __init__(self, broker, *, host="127.0.0.1", port=5552, ssl=None, shell=None, **shell_options):
+        self.shell = shell if shell is not None else RmqShell(broker, **shell_options)
+        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
+        if ssl is not None:
+            self.name = "rabbitmq-stream-tls"
 
     def _new_session(self, io, *, peer, local, remote, peer_loopback):
-        return RmqStreamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
+        return RmqStreamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback,
+                                tls_port=self.port if self.ssl is not None else None)
 
     async def start(self):
         await super().start()
-        self.shell.listen_host = self.host if self.host not in ("", "0.0.0.0", "::") else None
-        self.shell.listen_port = self.port
+        if self.ssl is None:
+            self.shell.listen_host = self.host if self.host not in ("", "0.0.0.0", "::") else None
+            self.shell.listen_port = self.port
         return self
 
 
@@ -47,4 +56,28 @@ async def serve(broker, *, host="127.0.0.1", port=5552, config=None, advertised_
     server = RmqStreamServer(broker, host=host, port=port, advertised_host=advertised_host,
                              advertised_port=advertised_port, frame_max=frame_max, heartbeat=heartbeat,
                              handshake_timeout=handshake_timeout)
+    await server.start()
+    # the TLS listener of the same process shares this shell (SAC groups span both ports)
+    broker.extensions.setdefault(SHELL_KEY, server.shell)
+    return server
+
+
+async def serve_tls(broker, *, host="127.0.0.1", port=5551, config):
+    """Start the RabbitMQ Stream TLS listener on ``host:port`` (0 = any free port) over ``broker``, with
+    the context of ``config``'s ``tls_cert``/``tls_key``/``tls_ca`` (:func:`riverbed.shells.tls.context_for`).
+
+    It shares the plain listener's shell when that was started first on ``broker``; its clients are
+    advertised ``config.advertised_host`` (else the address they dialled) and this listener's port.
+    Returns the started :class:`RmqStreamServer`. Raises TlsError when TLS is not configured or a file
+    cannot be used, OSError when the address cannot be bound.
+    """
+    ctx = _tls.context_for(config)
+    if ctx is None:
+        raise _tls.TlsError("the RabbitMQ Stream TLS listener needs --tls-cert and --tls-key")
+    shell = broker.extensions.get(SHELL_KEY)
+    if shell is None:
+        shell = broker.extensions[SHELL_KEY] = RmqShell(
+            broker, advertised_host=config.advertised_host, advertised_port=config.advertised_port,
+            frame_max=config.frame_max, heartbeat=config.heartbeat, handshake_timeout=config.handshake_timeout)
+    server = RmqStreamServer(broker, host=host, port=port, ssl=ctx, shell=shell)
     return await server.start()

@@ -66,8 +66,10 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     server-initiated Close (0x0d unknown frame, 0x0e frame too large, ...) and the connection closes.
     """
 
-    def __init__(self, shell, io, *, peer="?", local_host=None, peer_loopback=False, local=None, remote=None):
+    def __init__(self, shell, io, *, peer="?", local_host=None, peer_loopback=False, local=None, remote=None,
+                 tls_port=None):
         self.shell = shell
+        self.tls_port = tls_port        # set on the TLS listener: the port advertised to this client
         self.broker = broker = shell.broker
         self.io = io
         self.peer = peer
@@ -94,6 +96,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self._need = 0
         self._max_frame = INITIAL_FRAME_MAX
         self._out = []
+        self._confirms = {}             # publisher id -> its confirm being merged in _out (publish.py)
         self._corr = 0
         self._pending_updates = {}      # correlation id of a ConsumerUpdate we sent -> subscription id
         self._write_paused = False
@@ -120,17 +123,24 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         else:
             src = data
         try:
-            frames, used = core.split_frames(src, self._max_frame)
+            # Publish payloads come as views of src, not copies (the compiled core copies each once,
+            # into its chunk): so src is never changed after this; its unused tail moves to a new buffer
+            frames, used = core.split_frames(src, self._max_frame, CMD_PUBLISH)
         except FrameTooLarge:
             # Frames before the big one may include Open, which raises the cap: go one at a time.
             frames, used = self._split_slowly(src)
             if frames is None:
                 return
-        if src is buf:
-            if used:
-                del buf[:used]
-        elif used < len(data):
-            self._buf = bytearray(memoryview(data)[used:])
+            if src is buf:
+                if used:
+                    del buf[:used]
+                src = None
+        if src is None or (used == 0 and src is buf):
+            pass                                    # nothing taken from the buffer: keep it as it is
+        elif used < len(src):
+            self._buf = bytearray(memoryview(src)[used:])
+        elif src is buf:
+            self._buf = bytearray()
         rest = self._buf
         self._need = LEN_SIZE + _U32.unpack_from(rest, 0)[0] if len(rest) >= LEN_SIZE else LEN_SIZE
         for f in frames:
@@ -163,6 +173,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     def _flush(self):
         if self._out and self.state < ST_CLOSED:
             out, self._out = self._out, []
+            if self._confirms:
+                out = self._merged_confirms(out)
             self.io.writelines(out)
             self.last_sent = self.broker.clock()
 
@@ -187,7 +199,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             fn(*args)
             if self._read_paused:
                 self._update_reading()
-            self._flush()
+            self.broker.flush_soon(self, self._flush)
         return run
 
     # ------------------------------------------------------------------------------ flow and lifecycle
@@ -285,6 +297,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             self._drop_subscription(sub)
         self.subscriptions.clear()
         self._out = []
+        self._confirms.clear()
         self.broker.unregister(self)
 
     # ----------------------------------------------------------------------------- management API
@@ -307,7 +320,25 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             "client_properties": dict(self.client_properties), "connected_at": self.connected_at,
             "state": state.get(self.state, "closed"), "vhost": "/",
             "publishers": len(self.publishers), "subscriptions": len(self.subscriptions),
+            "ssl": self.tls_port is not None,
         }
+
+    def consumer_infos(self):
+        """This connection's subscriptions for the dashboard and ``/api/stream/consumers``: dicts with
+        ``stream``, ``protocol``, ``connection``, ``subscription_id``, ``reference`` (the single active
+        consumer name, else None), ``offset`` (next offset to deliver) and ``credits`` (chunks the client
+        may still take). Subscriptions still resolving their start are left out. Loop-thread only."""
+        return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
+                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units}
+                for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
+
+    def publisher_infos(self):
+        """This connection's declared publishers: ``stream``, ``protocol``, ``connection``,
+        ``publisher_id``, ``reference`` (None when the publisher has none), ``published`` (None: not
+        counted per publisher). Loop-thread only."""
+        return [{"stream": pub.stream, "protocol": "stream", "connection": self.name,
+                 "publisher_id": pub.publisher_id, "reference": pub.reference or None, "published": None}
+                for pub in list(self.publishers.values()) if not pub.stream_gone]
 
     def close_by_admin(self, reason="closed via management API"):
         """Close the connection as RabbitMQ does for a management DELETE: a Close frame, then the socket."""
@@ -430,7 +461,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             return
         self.state = ST_OPEN
         self._max_frame = MAX_PUBLISH_FRAME
-        host, port = self.shell.advertised(self.local_host)
+        host, port = self._advertised()
         self._respond(CMD_OPEN, corr, RC_OK,
                       enc_properties({"advertised_host": host, "advertised_port": str(port)}))
 
@@ -482,12 +513,17 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             self.broker.delete_stream(stream, self._later(
                 lambda exc: self._respond(CMD_DELETE, corr, response_code_for(exc))))
 
+    def _advertised(self):
+        # a client of the TLS port must be sent back to the TLS port: rstream dials what it is told
+        host, port = self.shell.advertised(self.local_host)
+        return host, self.tls_port or port
+
     def _on_metadata(self, f, version):
         r = Reader(f)
         corr = r.u32()
         streams = r.strings()
         r.done()
-        host, port = self.shell.advertised(self.local_host)
+        host, port = self._advertised()
         has = self.broker.has_stream
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
                    for s in streams]

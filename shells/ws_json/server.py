@@ -29,7 +29,9 @@ from aiohttp import WSMsgType, web
 from riverbed.engine import OffsetSpec
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError
+from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
+from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
@@ -113,10 +115,11 @@ class WsJsonServer:
     name = "ws"
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, max_frame=DEFAULT_MAX_FRAME,
-                 send_buffer_max=DEFAULT_SEND_BUFFER_MAX):
+                 send_buffer_max=DEFAULT_SEND_BUFFER_MAX, ssl=None):
         self.broker = broker
         self.host = host
         self.port = port
+        self.ssl = ssl                  # an ssl.SSLContext: wss:// and https:// only
         self.max_frame = max_frame
         self.loop = None
         self.shell = None
@@ -124,10 +127,12 @@ class WsJsonServer:
         self.sessions = set()
         self._runner = None
         self._site = None
+        self._server = None             # the asyncio server (the site's, or our own for TLS)
         self._stopping = False
 
     async def start(self):
         self.loop = asyncio.get_running_loop()
+        self.stats = self.broker.stats.listener(self.name, self.sessions.__len__)     # metrics
         self.shell = WsShell(self.broker, defer=self.loop.call_soon, send_buffer_max=self.send_buffer_max)
         app = web.Application(client_max_size=REST_MAX_BODY)
         app.router.add_get(WS_PATH, self._ws_handler)
@@ -137,9 +142,13 @@ class WsJsonServer:
         app.router.add_post(base, self._rest_post)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_GRACE)
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await self._site.start()
-        server = self._site._server
+        if self.ssl is None:
+            self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+            await self._site.start()
+            self._server = self._site._server
+        else:   # with --tls-cert the port is wss:// (and https:// for REST) only
+            self._server = await _tls.create_server(self._runner.server, self.host, self.port, self.ssl, self.name)
+        server = self._server
         if server is not None and server.sockets:
             self.port = server.sockets[0].getsockname()[1]
         return self
@@ -147,9 +156,8 @@ class WsJsonServer:
     def stop_accepting(self):
         """No new connections (sync; the listening socket closes)."""
         self._stopping = True
-        server = self._site._server if self._site is not None else None
-        if server is not None:
-            server.close()
+        if self._server is not None:
+            self._server.close()
 
     async def shutdown(self, drain_timeout=10.0):
         """Stop taking requests, let accepted publishes commit (up to ``drain_timeout`` s), close every
@@ -187,18 +195,22 @@ class WsJsonServer:
         io = WsIO(ws, request.transport, self.loop)
         session = WsSession(self.shell, io, peer=tuple(peer[:2]), local=tuple(local[:2]), peer_loopback=loopback)
         self.sessions.add(session)
+        self.stats.connections_total += 1      # metrics
         try:
             while True:
                 if io.readable is not None:      # the session's publishes are not committed yet
                     await io.readable.wait()
                 msg = await ws.receive()
                 t = msg.type
+                if t is WSMsgType.TEXT or t is WSMsgType.BINARY:
+                    self.stats.reads += 1      # metrics
                 if t is WSMsgType.TEXT:
                     session.text_received(msg.data)
                 elif t is WSMsgType.BINARY:
                     session.binary_received(msg.data)
                 elif t is WSMsgType.ERROR:
                     log.info("%s: WebSocket closed: %s", session.peer, msg.data)
+                    self.stats.error(ERR_WEBSOCKET)     # metrics
                     break
                 else:      # CLOSE, CLOSING, CLOSED
                     break
@@ -375,5 +387,6 @@ async def serve(broker, *, host="127.0.0.1", port=DEFAULT_PORT, config=None, max
         max_frame = max_frame or getattr(config, "ws_max_frame", None)
         send_buffer_max = send_buffer_max or getattr(config, "ws_send_buffer", None)
     server = WsJsonServer(broker, host=host, port=port, max_frame=max_frame or DEFAULT_MAX_FRAME,
-                          send_buffer_max=send_buffer_max or DEFAULT_SEND_BUFFER_MAX)
+                          send_buffer_max=send_buffer_max or DEFAULT_SEND_BUFFER_MAX,
+                          ssl=_tls.context_for(config))    # with tls_cert the port is TLS-only
     return await server.start()

@@ -545,6 +545,20 @@ class WsSession:
         self.resends.clear()
         self.broker.unregister(self)
 
+    def consumer_infos(self):
+        """This connection's subscriptions (see the RabbitMQ Stream session's): the subscription id is
+        the stream id, with ``#PARTITION`` for a partition other than 0; the offset is its fan-out's (one
+        reader per stream-partition, shared by its subscribers); no credits (a byte window).
+        Subscriptions whose start is not resolved yet are left out. Loop-thread only."""
+        name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
+        out = []
+        for (stream_id, partition), fan in list(self.subscriptions.items()):
+            if fan.ready and fan.tail is not None:
+                out.append({"stream": fan.log_stream, "protocol": "ws", "connection": name,
+                            "subscription_id": stream_id if not partition else f"{stream_id}#{partition}",
+                            "reference": None, "offset": fan.tail.offset, "credits": None})
+        return out
+
     def connection_info(self):
         user = self.last_user.name if self.last_user is not None else ""
         return {

@@ -23,6 +23,7 @@ import zmq
 import zmq.backend
 
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker.stats import ERR_REFUSED
 from riverbed.shells.zmq_mc0 import keys as _keys
 from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, TICK, McShell
 
@@ -77,6 +78,8 @@ class McServer:
     async def start(self):
         """Bind and start serving. Raises OSError when the address cannot be bound."""
         self.loop = asyncio.get_running_loop()
+        # metrics: ZeroMQ hides its connections; the clients the shell knows stand for the open ones
+        self.stats = self.broker.stats.listener(self.name, lambda: len(self.shell.clients))
         self.ctx = zmq.Context()
         try:
             self.zap = self.ctx.socket(zmq.ROUTER)
@@ -201,6 +204,7 @@ class McServer:
                 return
             if len(msg) < 1:
                 continue
+            self.stats.reads += 1       # metrics
             try:
                 handle(msg[0], msg[1:])
             except Exception:   # a bug must cost that request only, never the listener
@@ -229,6 +233,11 @@ class McServer:
             except Exception:
                 log.exception("zmq: ZAP handler error")
                 continue
+            # metrics: ZAP sees each connection's handshake once: accepted (200) or refused
+            if reply[4] == b"200":
+                self.stats.connections_total += 1
+            else:
+                self.stats.error(ERR_REFUSED)
             try:
                 zap.send_multipart(reply, zmq.NOBLOCK)
             except zmq.ZMQError as e:

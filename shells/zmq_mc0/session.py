@@ -112,6 +112,19 @@ class McClient:
     def peer(self):
         return self.shell.peer_of(self.identity) or self.identity.hex()
 
+    def consumer_infos(self):
+        """This client's topic subscriptions (see the RabbitMQ Stream session's): the subscription id is
+        the topic; the offset is the tail's, or where it will start while it waits for the stream; no
+        credits. Loop-thread only."""
+        out = []
+        for sub in list(self.subs.values()):
+            offset = sub.tail.offset if sub.tail is not None else sub.start
+            if offset is not None:
+                out.append({"stream": sub.name, "protocol": "zmq", "connection": f"zmq {self.identity.hex()}",
+                            "subscription_id": sub.topic.decode("utf-8", "replace"), "reference": None,
+                            "offset": offset, "credits": None})
+        return out
+
     def connection_info(self):
         host, port = self.shell.address_of(self.identity)
         return {

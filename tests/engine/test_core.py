@@ -319,6 +319,21 @@ def test_split_frames_cut_anywhere_gives_back_the_frames(twin, payloads, data):
     assert twin.split_frames(stream + b"\x00\x00", 300) == (payloads, len(stream))
 
 
+def test_split_frames_gives_frames_of_the_view_key_as_views_of_the_buffer(twin):
+    #           size        key   ver   body
+    publish = b"\x00\x00\x00\x06" b"\x00\x02" b"\x00\x01" b"ab"
+    other = b"\x00\x00\x00\x05" b"\x00\x17" b"\x00\x01" b"c"
+    short = b"\x00\x00\x00\x01" b"\x00"             # under 2 bytes: no key, always a copy
+    buf = bytearray(publish + other + short + publish[:5])
+    frames, used = twin.split_frames(buf, 100, 0x0002)
+    assert used == len(buf) - 5
+    assert [type(f) for f in frames] == [memoryview, bytes, bytes]
+    assert [bytes(f) for f in frames] == [publish[4:], other[4:], short[4:]]
+    assert frames[0].obj is buf                       # no copy
+    frames, _ = twin.split_frames(buf, 100)
+    assert [type(f) for f in frames] == [bytes, bytes, bytes]
+
+
 @PROPERTY
 @given(bodies=st.lists(st.binary(min_size=1, max_size=300), max_size=20), data=st.data())
 def test_split_bson_frames_cut_anywhere_gives_back_the_documents(twin, bodies, data):

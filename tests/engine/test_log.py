@@ -161,6 +161,66 @@ def test_concurrent_appends_share_group_commits(eng):
     assert info.chunks < n_threads * per_thread, "appends that met in one transaction share a chunk"
 
 
+def test_small_append_with_a_callback_commits_on_the_callers_thread_when_the_writer_is_idle(eng):
+    eng.create_stream("s").result()
+    seen = []
+    assert eng.append("s", [rec(1)], on_done=lambda res, exc: seen.append(
+        (res.first_offset, exc, threading.get_ident()))) is None
+    assert seen == [(0, None, threading.get_ident())]           # done before append returned
+    assert eng.committed_chunk_id("s") == 0
+
+
+def test_callback_appends_from_many_threads_keep_each_threads_order(eng):
+    # inline commits (caller's thread) and queued ones (writer thread) interleave; none may overtake
+    # an append queued before it by the same thread
+    eng.create_stream("s").result()
+    n_threads, per_thread = 4, 300
+    got = [[] for _ in range(n_threads)]
+    threads_seen = set()
+
+    def work(k):
+        done = threading.Event()
+
+        def cb(res, exc, i):
+            assert exc is None
+            got[k].append((i, res.first_offset))
+            threads_seen.add(threading.get_ident())
+            if i == per_thread - 1:
+                done.set()
+        for i in range(per_thread):
+            eng.append("s", [rec(k * 1000 + i, 20)], on_done=lambda r, e, i=i: cb(r, e, i))
+        assert done.wait(10)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(n_threads):
+        assert [i for i, _ in got[k]] == list(range(per_thread))
+        offsets = [o for _, o in got[k]]
+        assert offsets == sorted(offsets)
+        assert [r[:8] for o, r in eng.scan("s") if o in set(offsets)] == \
+            [rec(k * 1000 + i, 20)[:8] for i in range(per_thread)]
+    assert eng.stream_info("s").records == n_threads * per_thread
+
+
+def test_callback_append_with_fsync_batch_goes_through_the_writer_thread(tmp_path):
+    with Engine(tmp_path / "d", fsync="batch", retention_interval=0) as e:
+        e.create_stream("s").result()
+        seen = threading.Event()
+        where = []
+        e.append("s", [rec(1)], on_done=lambda res, exc: (where.append(threading.get_ident()), seen.set()))
+        assert seen.wait(5) and where != [threading.get_ident()]
+
+
+def test_callback_append_to_a_missing_stream_reports_the_error(eng):
+    seen = []
+    eng.append("nope", [rec(1)], on_done=lambda res, exc: seen.append(type(exc).__name__))
+    eng.sync().result()
+    assert seen == ["StreamNotFound"]
+
+
 def test_sub_batch_entries_count_their_records(eng):
     eng.create_stream("s").result()
     plain = core.encode_sub_batch([b"a", b"b", b"c"])

@@ -5,6 +5,8 @@ Every process started here is stopped at teardown. The server's port is read fro
 """
 
 import os
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))   # for procs and rawwire (--import-mode=importlib)
 
 from procs import ServerProcess  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -29,3 +33,15 @@ def fresh_server(tmp_path):
     srv = ServerProcess(tmp_path / "data")
     yield srv
     srv.kill()
+
+
+@pytest.fixture(scope="module")
+def node_modules():
+    """The node_modules folder with streamr-client@0.12.2 and ws (ci/npm-test-deps.sh installs them
+    into ~/.cache/riverbed-test once); skips when node or npm is missing."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        pytest.skip("node/npm not installed")
+    out = subprocess.run([os.path.join(ROOT, "ci", "npm-test-deps.sh")], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]

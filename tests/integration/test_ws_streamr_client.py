@@ -8,7 +8,6 @@ the scenarios are in js/streamr_scenarios.js.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -18,18 +17,7 @@ from procs import ServerProcess
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js", "streamr_scenarios.js")
-
-
-@pytest.fixture(scope="module")
-def node_modules():
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node/npm not installed")
-    out = subprocess.run([os.path.join(ROOT, "ci", "npm-test-deps.sh")], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]
 
 
 def js(node_modules, srv, scenario, timeout=60, **cfg):

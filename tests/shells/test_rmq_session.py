@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rstream import schema
-from rstream.encoding import encode_frame
+from rstream.encoding import decode_frame, encode_frame, encode_publish
 
 from riverbed.engine import core
 from riverbed.shells import auth
@@ -216,6 +216,37 @@ def test_publish_confirm_after_commit(conn, h):
     r = conn.one(schema.PublishConfirm)
     assert r.publisher_id == 1 and r.publishing_ids == list(range(1, 101))
     assert [rec for _, rec in h.eng.scan("s")] == [b"m%d" % i for i in range(1, 101)]
+
+
+def test_confirms_of_one_delivery_merge_into_one_frame_per_publisher(conn, h):
+    conn.create("s")
+    conn.create("t")
+    assert conn.declare(1, "s") == rs.RC_OK and conn.declare(2, "t") == rs.RC_OK
+    frames = [encode_publish(schema.Publish(p, [schema.Message(i, None, b"m%d" % i) for i in ids]), 1)
+              for p, ids in ((1, [1, 2]), (2, [7]), (1, [3]), (1, [4, 5, 6]))]
+    conn.io.writes = 0
+    conn.send_raw(b"".join(frames))        # four Publish frames, completed in one loop turn
+    raw = conn.raw_frames()
+    assert len(raw) == 2 and conn.io.writes == 1
+    confirms = [decode_frame(f, 1) for f in raw]
+    assert [(c.publisher_id, c.publishing_ids) for c in confirms] == [(1, [1, 2, 3, 4, 5, 6]), (2, [7])]
+    assert [rec for _, rec in h.eng.scan("s")] == [b"m%d" % i for i in range(1, 7)]
+
+
+def test_merged_confirm_stays_within_the_clients_frame_max(tmp_path):
+    h = Harness(tmp_path)
+    try:
+        c = h.connect()
+        c.handshake(frame_max=8192)               # at most (8192 - 13) // 8 = 1022 ids per confirm
+        c.create("s")
+        c.declare(1, "s")
+        c.send_raw(b"".join(encode_publish(schema.Publish(1, [schema.Message(b * 600 + i, None, b"x")
+                                                               for i in range(600)]), 1) for b in range(3)))
+        confirms = [decode_frame(f, 1) for f in c.raw_frames()]
+        assert len(confirms) >= 2 and all(len(x.publishing_ids) <= 1022 for x in confirms)
+        assert sorted(i for x in confirms for i in x.publishing_ids) == list(range(1800))
+    finally:
+        h.close()
 
 
 def test_publish_errors(conn, h):

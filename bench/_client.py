@@ -27,6 +27,14 @@ Workloads (bodies are ``--size`` bytes, default 100):
 - ``latency-rstream``: rstream ``send_wait`` one message at a time: ``--warmup`` (100) untimed, then
   ``--timed`` (5,000) timed, each from the call to the confirm.
 - ``latency-rbfly``: the same with rbfly ``PublisherBin.send``.
+- ``memory-rstream``: ``--streams`` (1,000) streams created (untimed), then, over ``--connections`` (10)
+  rstream ``Producer`` + ``Consumer`` pairs (each connection holding ``--streams``/``--connections``
+  publishers or consumers), one consumer from ``first`` and one publisher per stream, ``--n`` messages
+  published to each and every one delivered; then, with all of them still connected, the server's
+  VmRSS and RssAnon (process tree) go into the RESULT (``server_rss_kb``, ``server_anon_kb``).
+
+The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``; they use
+the same Runner (READY/GO, snapshots, RESULT).
 """
 
 import argparse
@@ -40,7 +48,10 @@ import time
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 WORKLOADS = ("rstream-raw", "rbfly-raw", "rbfly-amqp", "rbfly-amqp-batch", "consume-rstream",
-             "consume-rbfly-raw", "consume-rbfly-amqp", "latency-rstream", "latency-rbfly")
+             "consume-rbfly-raw", "consume-rbfly-amqp", "latency-rstream", "latency-rbfly", "memory-rstream")
+# peer workloads -> the module that runs them (``await module.run(runner)``)
+PEER_CLIENTS = {w: "bench._redis" for w in ("redis-publish", "redis-consume", "redis-latency")}
+PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-publish", "nats-consume", "nats-latency")})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -197,6 +208,13 @@ class Runner:
     async def run(self):
         a = self.a
         w = a.workload
+        if w in PEER_CLIENTS:
+            import importlib
+            await importlib.import_module(PEER_CLIENTS[w]).run(self)
+            return
+        if w == "memory-rstream":
+            await self.w_memory_rstream()
+            return
         await rstream_create(a)
         if w == "consume-rbfly-amqp":
             await rbfly_fill_amqp(a, self.body)
@@ -343,7 +361,7 @@ class Runner:
                 await p.send_wait(a.stream, body)
                 lat.append(clock() - t)
             self.stop()
-        self._latency(lat)
+        self.latency(lat)
 
     async def w_latency_rbfly(self):
         from rbfly.streams._client import PublisherBin
@@ -365,9 +383,83 @@ class Runner:
                 self.stop()
         finally:
             await client.disconnect()
-        self._latency(lat)
+        self.latency(lat)
 
-    def _latency(self, lat):
+    # --- memory ---
+
+    async def w_memory_rstream(self):
+        from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+        from bench._procs import rss_kb
+        a = self.a
+        names = [f"{a.stream}-{i}" for i in range(a.streams)]
+        groups = [names[g::a.connections] for g in range(a.connections)]
+        per_conn = max(len(g) for g in groups)
+        if per_conn > 200:   # rstream's limit of publishers (subscribers) per connection
+            raise SystemExit(f"--streams/--connections must be at most 200 per connection, not {per_conn}")
+        expect = a.n * a.streams
+        state = {"confirmed": 0, "got": 0, "bytes": 0}
+        all_confirmed, all_got = asyncio.Event(), asyncio.Event()
+
+        def on_confirm(status):
+            state["confirmed"] += 1
+            if state["confirmed"] >= expect:
+                all_confirmed.set()
+
+        async def on_message(msg, ctx):
+            state["got"] += 1
+            state["bytes"] += len(msg)
+            if state["got"] >= expect:
+                all_got.set()
+
+        def producer():
+            return Producer(a.host, a.port, username=USER, password=PASSWORD)
+
+        async def each_stream(op):
+            # On one connection kept open: Producer.create_stream/delete_stream open and close a locator
+            # connection per call (~200 ms each here), which would make 1,000 streams take minutes.
+            async with producer() as p:
+                client = await p.default_client
+                for s in names:
+                    await getattr(client, op)(s)
+
+        t0 = time.monotonic()
+        await each_stream("create_stream")   # setup, untimed (reported as setup_s)
+        self.result["setup_s"] = time.monotonic() - t0
+        self.result["streams"] = a.streams
+        self.result["connections"] = a.connections
+        try:
+            from contextlib import AsyncExitStack
+            self.wait_go()
+            self.start()
+            async with AsyncExitStack() as stack:
+                pairs = []
+                for group in groups:
+                    c = await stack.enter_async_context(Consumer(a.host, a.port, username=USER,
+                                                                         password=PASSWORD))
+                    p = await stack.enter_async_context(producer())
+                    pairs.append((p, c, group))
+
+                async def one(p, c, group):
+                    for s in group:
+                        await c.subscribe(s, on_message, initial_credit=10,
+                                          offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+                    for s in group:
+                        await p.send_batch(s, [self.body] * a.n, on_publish_confirm=on_confirm)
+
+                await asyncio.gather(*(one(*pair) for pair in pairs))
+                await asyncio.wait_for(asyncio.gather(all_confirmed.wait(), all_got.wait()), 300)
+                await asyncio.sleep(0.5)   # let the server settle (freed buffers) before reading its memory
+                self.result["server_rss_kb"] = rss_kb(a.server_pid)
+                self.result["server_anon_kb"] = rss_kb(a.server_pid, "RssAnon")
+                self.stop()
+        finally:
+            if not a.keep_stream:
+                await each_stream("delete_stream")
+        self.result.update(n=state["got"], received=state["got"], received_bytes=state["bytes"],
+                           confirmed=state["confirmed"])
+
+    def latency(self, lat):
+        """Record latencies (ns, one per message) as the result's n and p50/p99/max/mean in µs."""
         lat.sort()
         k = len(lat)
         pct = lambda q: lat[min(k - 1, int(q * k))] / 1e3  # noqa: E731  (µs)
@@ -377,7 +469,7 @@ class Runner:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="one benchmark workload (see the module docstring)")
-    ap.add_argument("workload", choices=WORKLOADS)
+    ap.add_argument("workload", choices=WORKLOADS + tuple(PEER_CLIENTS))
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--stream", required=True)
@@ -391,6 +483,9 @@ def parse_args(argv=None):
     ap.add_argument("--server-pid", type=int, default=0, help="the broker process to measure")
     ap.add_argument("--idle-pid", type=int, action="append", default=[],
                     help="other brokers running meanwhile (their CPU is reported, and counts as noise)")
+    ap.add_argument("--streams", type=int, default=1000, help="memory-rstream: streams (default 1,000)")
+    ap.add_argument("--connections", type=int, default=10,
+                    help="memory-rstream: producer/consumer connection pairs (default 10)")
     ap.add_argument("--no-sync", action="store_true", help="do not wait for GO on stdin")
     ap.add_argument("--keep-stream", action="store_true")
     return ap.parse_args(argv)

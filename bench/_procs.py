@@ -1,15 +1,20 @@
-"""The two brokers as processes the bench harness starts, measures and always stops.
+"""The brokers as processes the bench harness starts, measures and always stops.
 
 - ``RabbitMQ``: Debian's rabbitmq-server through ``ci/rabbitmq.sh`` (installed if missing, loopback only);
   the measured process is the node's ``beam.smp`` (and its few children).
 - ``Riverbed``: ``riverbed serve`` on a fresh data directory, port 0 (any free port), loopback only.
+- ``ScriptServer``: the base of the other peers (``bench._redis.Redis``, ``bench._nats.Nats``): a
+  ``ci/<name>.sh`` script installs the Debian package if missing and runs the server on a free port in a
+  temporary directory; the measured process is the server itself.
 """
 
+import atexit
 import ctypes
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -198,3 +203,76 @@ def kill_tree(proc, grace=3.0):
         except OSError:
             pass
         proc.wait()
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now (the server started next binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ScriptServer:
+    """A peer server that a ``ci/<name>.sh`` script installs (Debian package, if missing), starts on
+    127.0.0.1 and a free port with its data in a fresh temporary directory, and stops by the pid in that
+    directory (Redis, NATS). ``start`` raises RuntimeError when the package cannot be installed or the
+    server does not come up (the harness then skips the peer); ``stop`` is idempotent, and is also
+    registered with atexit so that a harness that dies of an exception still stops it."""
+
+    name = label = script = package = ""
+    port_env = dir_env = ""
+
+    def __init__(self, log=print):
+        self.log = log
+        self.port = None
+        self.pid = None
+        self.tmp = None
+        self.version = None
+
+    def _sh(self, *args):
+        env = dict(os.environ, **{self.port_env: str(self.port), self.dir_env: self.tmp})
+        # Own session: a Ctrl-C in the terminal reaches the harness only.
+        return subprocess.run(["bash", os.path.join(ROOT, "ci", self.script), *args], env=env, text=True,
+                              capture_output=True, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def start(self):
+        # The scripts stop "every server this script started" by the pid files under /tmp/riverbed-<name>-*.
+        self.tmp = tempfile.mkdtemp(prefix=f"riverbed-{self.name}-", dir="/tmp")
+        atexit.register(self.stop)
+        self.port = free_port()
+        r = self._sh("install")
+        if r.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"ci/{self.script} install failed:\n{(r.stdout + r.stderr).strip()}")
+        for attempt in range(3):   # a free port can be taken between our probe and the server's bind
+            self.port = free_port()
+            self.log(f"starting {self.label} (ci/{self.script} start) on 127.0.0.1:{self.port}")
+            r = self._sh("start")
+            if r.returncode == 0:
+                break
+        else:
+            self.stop()
+            raise RuntimeError(f"ci/{self.script} start failed:\n{(r.stdout + r.stderr).strip()}")
+        pid = self._sh("pid").stdout.strip()
+        if not pid:
+            self.stop()
+            raise RuntimeError(f"{self.label} runs but its pid was not found")
+        self.pid = int(pid)
+        self.version = self._version()
+        return self
+
+    def _version(self):
+        try:
+            v = subprocess.run(["dpkg-query", "-W", "-f=${Version}", self.package], text=True,
+                               capture_output=True).stdout
+        except OSError:
+            v = ""
+        return f"{self.package} {v or 'unknown'} (Debian)"
+
+    def stop(self):
+        if self.tmp is None:
+            return
+        self._sh("stop")
+        self.pid = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp = None

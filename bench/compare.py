@@ -1,28 +1,36 @@
-"""Riverbed against RabbitMQ Streams: the same workloads, through the same real clients, in one run.
+"""Riverbed against RabbitMQ Streams, Redis Streams and NATS JetStream: comparable workloads, in one run.
 
-    python -m bench.compare [--n 1000000] [--rounds 3] [--workloads a,b,...] [--keep-rabbitmq]
+    python -m bench.compare [--n 1000000] [--rounds 3] [--workloads a,b,...] [--peers rabbitmq,redis,nats]
     make bench-compare ARGS='--n 200000 --rounds 1'
 
 What it does:
-1. starts the real RabbitMQ Streams server on this machine (``ci/rabbitmq.sh start``: installs Debian's
-   rabbitmq-server if missing, enables rabbitmq_stream, binds 127.0.0.1 only, stream port 5552);
+1. starts the peers (``--peers``, default all), each skipped with a message when it cannot be installed or
+   started: the real RabbitMQ Streams server (``ci/rabbitmq.sh start``: installs Debian's rabbitmq-server
+   if missing, enables rabbitmq_stream, binds 127.0.0.1 only, stream port 5552), Redis 7
+   (``ci/redis.sh``: Debian's redis-server, ``appendonly yes``, ``appendfsync everysec``) and NATS
+   (``ci/nats.sh``: Debian's nats-server ``-js``), the last two on free ports in temporary directories;
 2. starts ``riverbed serve`` on a fresh data directory and a free port, with the fsync policy that
    matches RabbitMQ's durability (``never``: RabbitMQ/Osiris does not fsync per chunk, a confirm means
    "in the page cache"), and a second one with ``--durable-fsync`` (default ``batch``) for the
    separately labelled durable rows;
-3. runs every workload against each broker, interleaved (RabbitMQ, Riverbed, RabbitMQ, Riverbed …),
-   ``--rounds`` rounds, each run in its own client process (``bench._client``) on a fresh stream that is
-   deleted afterwards; a run during which other processes kept more than ``--max-other`` of a core busy
-   is repeated (up to ``--max-tries``), and the runs it replaced stay in the JSON marked discarded;
+3. runs every workload against Riverbed and RabbitMQ (the same real clients), and each workload's Redis
+   and NATS counterpart (their own clients: ``bench._redis``, ``bench._nats``; the mapping is
+   ``bench._workloads.PEER_MAP``), interleaved, ``--rounds`` rounds, each run in its own client process
+   (``bench._client``) on a fresh stream that is deleted afterwards; a run during which other processes
+   kept more than ``--max-other`` of a core busy is repeated (up to ``--max-tries``), and the runs it
+   replaced stay in the JSON marked discarded;
 4. stops everything it started (also on Ctrl-C or an error) and prints the table: medians with min–max,
-   and Riverbed ÷ RabbitMQ;
+   and Riverbed ÷ each peer ("—" where a row has no counterpart), goals judged against RabbitMQ;
 5. writes ``bench/results/<date>-<host>.json`` (every raw run) and ``.png`` (bar chart of the ratios,
    error bars from the min–max).
 
 Per run it measures msgs/s and MB/s (bodies), the server's CPU seconds per million messages
 (utime+stime of the server's process tree from /proc over the timed window), the client's CPU, the
 server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's other busy CPU
-(/proc/stat busy minus server, client and harness).
+(/proc/stat busy minus server, client and harness). The ``memory-streams`` workload (Riverbed and
+RabbitMQ) creates ``--memory-streams`` streams, gives each a publisher and a consumer over
+``--memory-connections`` connection pairs, publishes ``--memory-msgs`` to each, waits for every delivery
+and reports the server's RSS then (and its peak), against the 150 MB goal.
 """
 
 import argparse
@@ -33,7 +41,6 @@ import platform
 import queue
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import threading
@@ -41,80 +48,11 @@ import time
 
 from bench import _procs
 from bench._client import machine_stat
+from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
+from bench._workloads import DEFAULT_DURABLE, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, W, spec
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-
-# --------------------------------------------------------------------------------------------------
-# workloads: name -> how to run it
-
-W = {
-    "publish-rstream-raw": dict(
-        label="publish rstream raw send_batch 5k×16", client="rstream-raw", kind="publish"),
-    "publish-rbfly-raw-1": dict(
-        label="publish rbfly raw, 1 publisher", client="rbfly-raw", kind="publish", publishers=1),
-    "publish-rbfly-raw-4": dict(
-        label="publish rbfly raw, 4 publishers", client="rbfly-raw", kind="publish", publishers=4),
-    "publish-rbfly-amqp-1": dict(
-        label="publish rbfly AMQP, 1 publisher", client="rbfly-amqp", kind="publish", publishers=1),
-    "publish-rbfly-amqp-4": dict(
-        label="publish rbfly AMQP, 4 publishers", client="rbfly-amqp", kind="publish", publishers=4),
-    "publish-rbfly-amqp-batch": dict(
-        label="publish rbfly AMQP batch publisher", client="rbfly-amqp-batch", kind="publish"),
-    "publish-2streams": dict(
-        label="publish 2 clients × 2 streams (rstream raw), aggregate", client="rstream-raw", kind="publish",
-        procs=2),
-    "consume-rstream": dict(label="consume from first, rstream", client="consume-rstream", kind="consume"),
-    "consume-rbfly-raw": dict(label="consume from first, rbfly raw", client="consume-rbfly-raw", kind="consume"),
-    "consume-rbfly-amqp": dict(
-        label="consume from first, rbfly AMQP", client="consume-rbfly-amqp", kind="consume"),
-    "latency-rstream": dict(label="confirm latency, rstream send_wait", client="latency-rstream", kind="latency"),
-    "latency-rbfly": dict(label="confirm latency, rbfly send", client="latency-rbfly", kind="latency"),
-}
-DEFAULT_DURABLE = ("publish-rstream-raw", "latency-rstream")
-
-# Goals the ratios are judged against (from the issue).
-GOALS = {
-    ("publish-rstream-raw", "msgs_per_s"): ("ratio", ">=", 1.3),
-    ("publish-rbfly-raw-4", "msgs_per_s"): ("ratio", ">=", 1.3),
-    ("consume-rstream", "msgs_per_s"): ("ratio", ">=", 1.0),
-    ("consume-rbfly-raw", "msgs_per_s"): ("ratio", ">=", 1.0),
-    ("consume-rbfly-amqp", "msgs_per_s"): ("ratio", ">=", 1.0),
-    ("latency-rstream", "lat_p50_us"): ("abs", "<=", 150.0),
-    ("latency-rstream", "lat_p99_us"): ("abs", "<=", 500.0),
-    ("latency-rbfly", "lat_p50_us"): ("abs", "<=", 150.0),
-    ("latency-rbfly", "lat_p99_us"): ("abs", "<=", 500.0),
-}
-for _w, _spec in W.items():
-    if _spec["kind"] == "publish":
-        GOALS[(_w, "server_us_per_msg")] = ("ratio", "<=", 0.2)
-
-# metric key -> (label, format, higher is better)
-METRICS = {
-    "msgs_per_s": ("msgs/s", "{:,.0f}", True),
-    "mb_per_s": ("MB/s", "{:,.1f}", True),
-    "server_us_per_msg": ("server CPU s/M msgs", "{:.2f}", False),
-    "client_us_per_msg": ("client CPU s/M msgs", "{:.2f}", False),
-    "server_cores": ("server cores busy", "{:.2f}", False),
-    "server_peak_rss_mb": ("server peak RSS MB", "{:,.0f}", False),
-    "server_peak_anon_mb": ("  of which anon MB", "{:,.0f}", False),
-    "lat_p50_us": ("confirm p50 µs", "{:,.0f}", False),
-    "lat_p99_us": ("confirm p99 µs", "{:,.0f}", False),
-    "lat_max_us": ("confirm max µs", "{:,.0f}", False),
-    "other_cores": ("other busy cores", "{:.2f}", False),
-}
-KIND_METRICS = {
-    "publish": ["msgs_per_s", "mb_per_s", "server_us_per_msg", "client_us_per_msg", "server_peak_rss_mb",
-                "server_peak_anon_mb"],
-    "consume": ["msgs_per_s", "mb_per_s", "server_us_per_msg", "client_us_per_msg", "server_peak_rss_mb",
-                "server_peak_anon_mb"],
-    "latency": ["lat_p50_us", "lat_p99_us", "lat_max_us", "server_us_per_msg", "server_peak_rss_mb",
-                "server_peak_anon_mb"],
-}
-# the metrics drawn in the chart
-CHART = {"publish": ["msgs_per_s", "server_us_per_msg"], "consume": ["msgs_per_s", "server_us_per_msg"],
-         "latency": ["lat_p50_us", "lat_p99_us"]}
-
 
 def log(msg):
     """Messages go to stderr above the progress bar."""
@@ -215,27 +153,32 @@ ACTIVE = set()   # client processes that are running now (stopped on any exit)
 
 
 def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
-    spec = W[wname]
-    nprocs = spec.get("procs", 1)
-    n = args.n_send if (args.n_send and spec["client"] in ("rbfly-raw", "rbfly-amqp")) else args.n
+    sp = spec(wname)
+    nprocs = sp.get("procs", 1)
+    if sp["kind"] == "memory":
+        n = args.memory_msgs
+    else:
+        n = args.n_send if (args.n_send and sp["client"] in ("rbfly-raw", "rbfly-amqp")) else args.n
     tag = f"{os.getpid()}-{rnd}-{attempt}-{int(time.time() * 1000) % 10**8}"
     clients = []
     rec = {"workload": wname, "broker": broker.name, "round": rnd, "attempt": attempt, "n_per_client": n,
            "clients": nprocs, "size": args.size, "started": dt.datetime.now().isoformat(timespec="seconds")}
     try:
         for i in range(nprocs):
-            argv = [sys.executable, "-m", "bench._client", spec["client"], "--host", "127.0.0.1",
+            argv = [sys.executable, "-m", "bench._client", sp["client"], "--host", "127.0.0.1",
                     "--port", str(broker.port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
                     "--n", str(n), "--size", str(args.size), "--batch", str(args.batch),
-                    "--inflight", str(args.inflight), "--publishers", str(spec.get("publishers", 1)),
-                    "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid)]
+                    "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
+                    "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
+                    "--streams", str(args.memory_streams), "--connections", str(args.memory_connections)]
             for o in others:
                 argv += ["--idle-pid", str(o.pid)]
             c = ClientProc(argv)
             clients.append(c)
             ACTIVE.add(c)
         # Setup (connect, create, fill) is untimed; every client says READY, then all GO at once.
-        setup_deadline = time.monotonic() + 120 + (n / 20_000 if spec["kind"] == "consume" else 0)
+        setup_deadline = time.monotonic() + 120 + (n / 5_000 if sp["kind"] == "consume" else 0) + (
+            args.memory_streams * 0.1 if sp["kind"] == "memory" else 0)
         for c in clients:
             c.expect("READY", setup_deadline)
         sampler = RssSampler(broker.pid)
@@ -260,7 +203,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
         rec["server_peak_rss_kb"] = peak
         rec["server_peak_anon_kb"] = sampler.peak_anon_kb
         rec["server_vmhwm_kb"] = max(hwm0, _procs.rss_kb(broker.pid, "VmHWM"))
-        rec.update(derive(results, spec["kind"], args.size, peak))
+        rec.update(derive(results, sp["kind"], args.size, peak))
         rec["server_peak_anon_mb"] = sampler.peak_anon_kb / 1024
         rec["ok"] = True
     except Exception as e:   # a failed run is recorded, and the bench goes on
@@ -302,6 +245,10 @@ def derive(results, kind, size, peak_kb):
     if kind == "latency":
         r = results[0]
         m.update({k: r[k] for k in ("lat_p50_us", "lat_p99_us", "lat_max_us", "lat_mean_us")})
+    elif kind == "memory":
+        r = results[0]
+        m.update(server_rss_mb=r["server_rss_kb"] / 1024, server_anon_mb=r["server_anon_kb"] / 1024,
+                 setup_s=r["setup_s"], streams=r["streams"])
     return m
 
 
@@ -321,166 +268,6 @@ def wait_quiet(args, budget):
 def _self_cpu():
     t = os.times()
     return t.user + t.system
-
-
-# --------------------------------------------------------------------------------------------------
-# summary, table, chart
-
-def summarise(runs, pairs):
-    """{(workload, variant): {metric: {med, min, max, values}}} over the kept runs."""
-    out = {}
-    for wname, bname in pairs:
-        kept = [r for r in runs if r["workload"] == wname and r["broker"] == bname and r.get("kept")]
-        if not kept:
-            continue
-        d = {}
-        for key in METRICS:
-            vals = [r[key] for r in kept if r.get(key) is not None]
-            if vals:
-                d[key] = {"med": statistics.median(vals), "min": min(vals), "max": max(vals), "values": vals}
-        d["noisy_rounds"] = sum(1 for r in kept if r.get("noisy"))
-        d["rounds"] = len(kept)
-        out[(wname, bname)] = d
-    return out
-
-
-def ratio(a, b):
-    """Riverbed ÷ RabbitMQ: ratio of medians, range from min/max to max/min."""
-    if not a or not b or a["med"] == 0 or a["min"] == 0:
-        return None
-    return {"med": b["med"] / a["med"], "min": b["min"] / a["max"], "max": b["max"] / a["min"]}
-
-
-def goal_check(wname, key, ratio_d, rb):
-    g = GOALS.get((wname, key))
-    if not g:
-        return ""
-    how, op, target = g
-    val = (ratio_d or {}).get("med") if how == "ratio" else (rb or {}).get("med")
-    if val is None:
-        return "?"
-    ok = val >= target if op == ">=" else val <= target
-    text = (f"{op}{target:g}×" if how == "ratio" else f"{op}{target:g}")
-    return f"{'met' if ok else 'MISSED'} ({text})"
-
-
-def fmt_stat(d, fmt):
-    if not d:
-        return "—"
-    if d["min"] == d["max"]:
-        return fmt.format(d["med"])
-    return f"{fmt.format(d['med'])} ({fmt.format(d['min'])}–{fmt.format(d['max'])})"
-
-
-def table_rows(summary, rows):
-    """rows: [(workload, rabbit variant, riverbed variant, row label)] -> list of table lines."""
-    header = ("workload", "metric", "RabbitMQ", "Riverbed", "Riverbed ÷ RabbitMQ", "goal")
-    lines = [header]
-    for wname, a_name, b_name, label in rows:
-        a_all, b_all = summary.get((wname, a_name), {}), summary.get((wname, b_name), {})
-        if not a_all and not b_all:
-            continue
-        first = True
-        for key in KIND_METRICS[W[wname]["kind"]]:
-            mlabel, fmt, _ = METRICS[key]
-            a, b = a_all.get(key), b_all.get(key)
-            r = ratio(a, b)
-            rtxt = "—" if r is None else (f"{r['med']:.2f} ({r['min']:.2f}–{r['max']:.2f})"
-                                          if len(a["values"]) > 1 or len(b["values"]) > 1 else f"{r['med']:.2f}")
-            noisy = "*" if (a_all.get("noisy_rounds") or b_all.get("noisy_rounds")) and first else ""
-            lines.append((label + noisy if first else "", mlabel, fmt_stat(a, fmt), fmt_stat(b, fmt), rtxt,
-                          goal_check(wname, key, r, b) if b_name == "riverbed" else ""))
-            first = False
-    return lines
-
-
-def print_table(lines, out=sys.stdout):
-    widths = [max(len(str(r[i])) for r in lines) for i in range(len(lines[0]))]
-    for j, row in enumerate(lines):
-        cells = []
-        for i, c in enumerate(row):
-            c = str(c)
-            cells.append(c.ljust(widths[i]) if i < 2 or i == 5 else c.rjust(widths[i]))
-        print("  ".join(cells).rstrip(), file=out)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), file=out)
-
-
-def draw_chart(summary, rows, path, title):
-    """Two panels of horizontal bars, Riverbed ÷ RabbitMQ (median, whiskers = min–max): throughput
-    (higher is better) and server CPU per message / confirm latency (lower is better). Green = goal
-    met (or, without a goal, better than parity), orange = better than parity but short of the goal,
-    red = worse than parity. Each bar is annotated with the two medians."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("higher is better — throughput (msgs/s)", ["msgs_per_s"], True),
-              ("lower is better — server CPU per message, confirm latency", ["server_us_per_msg", "lat_p50_us",
-                                                                              "lat_p99_us"], False)]
-    data = []
-    for ptitle, keys, higher in panels:
-        items = []
-        for wname, a_name, b_name, label in rows:
-            for key in keys:
-                if key not in CHART[W[wname]["kind"]]:
-                    continue
-                a = summary.get((wname, a_name), {}).get(key)
-                b = summary.get((wname, b_name), {}).get(key)
-                r = ratio(a, b)
-                if r is None:
-                    continue
-                g = GOALS.get((wname, key)) if b_name == "riverbed" else None
-                if g and g[0] == "ratio":
-                    goal_ratio, met = g[2], (r["med"] >= g[2] if g[1] == ">=" else r["med"] <= g[2])
-                elif g:   # an absolute goal, drawn where it falls relative to RabbitMQ's median
-                    goal_ratio, met = g[2] / a["med"], (b["med"] >= g[2] if g[1] == ">=" else b["med"] <= g[2])
-                else:
-                    goal_ratio, met = None, None
-                noisy = summary[(wname, a_name)].get("noisy_rounds") or summary[(wname, b_name)].get("noisy_rounds")
-                name = (label if key == "msgs_per_s" else f"{label} — {METRICS[key][0]}") + (" *" if noisy else "")
-                fmt = METRICS[key][1]
-                note = f"{r['med']:.2f}×  ({fmt.format(b['med'])} vs {fmt.format(a['med'])}"
-                if g and g[0] == "abs":
-                    note += f"; goal {g[1]}{g[2]:g}"
-                note += ")"
-                items.append((name, r, goal_ratio, met, note))
-        data.append((ptitle, items, higher))
-    data = [d for d in data if d[1]]
-    if not data:
-        return
-    heights = [0.42 * len(items) + 1.2 for _, items, _ in data]
-    fig, axes = plt.subplots(len(data), 1, figsize=(13, sum(heights) + 1.3),
-                             gridspec_kw={"height_ratios": heights}, squeeze=False)
-    for ax, (ptitle, items, higher) in zip(axes[:, 0], data):
-        ys = list(range(len(items)))[::-1]
-        meds = [it[1]["med"] for it in items]
-        lo = [max(0.0, it[1]["med"] - it[1]["min"]) for it in items]
-        hi = [max(0.0, it[1]["max"] - it[1]["med"]) for it in items]
-        colours = []
-        for _, r, _, met, _ in items:
-            better = r["med"] >= 1.0 if higher else r["med"] <= 1.0
-            colours.append("#2b8a3e" if (met if met is not None else better) else
-                           ("#e8590c" if better else "#c92a2a"))
-        ax.barh(ys, meds, xerr=[lo, hi], color=colours, alpha=0.85, capsize=4, ecolor="#333", height=0.7)
-        ax.axvline(1.0, color="black", linewidth=1.2)
-        xmax = max(2.0, max(max(it[1]["max"], it[2] or 0) for it in items) * 1.45)
-        for y, (_, r, goal, _, note) in zip(ys, items):
-            ax.text(r["max"] + xmax * 0.01, y, note, va="center", fontsize=7.5)
-            if goal is not None:
-                ax.plot([goal, goal], [y - 0.42, y + 0.42], color="#1c7ed6", linewidth=2.5)
-        ax.set_yticks(ys)
-        ax.set_yticklabels([it[0] for it in items], fontsize=8)
-        ax.set_xlim(0, xmax)
-        ax.set_title(ptitle, fontsize=10)
-        ax.grid(axis="x", alpha=0.3)
-    axes[-1, 0].set_xlabel("Riverbed ÷ RabbitMQ — bar: median; whiskers: min–max; black line: parity; blue tick: goal\n"
-                           "green: goal met (no goal: better than RabbitMQ); orange: better than RabbitMQ but short "
-                           "of the goal; red: worse; * = a kept run was noisy", fontsize=7.5)
-    fig.suptitle(title, fontsize=10.5)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.45 / fig.get_figheight()))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -511,6 +298,13 @@ def parse_args(argv=None):
     ap.add_argument("--quiet-wait", type=float, default=30.0,
                     help="seconds to wait for a quiet machine before each run (default 30)")
     ap.add_argument("--run-timeout", type=float, default=300.0, help="seconds per run, plus 1 ms per message")
+    ap.add_argument("--peers", default=",".join(PEER_NAMES),
+                    help="the brokers beside Riverbed, comma-separated (default %(default)s; none = Riverbed only)")
+    ap.add_argument("--memory-streams", type=int, default=1000,
+                    help="memory-streams: streams, each with a publisher and a consumer (default 1,000)")
+    ap.add_argument("--memory-connections", type=int, default=10,
+                    help="memory-streams: rstream Producer + Consumer connection pairs (default 10)")
+    ap.add_argument("--memory-msgs", type=int, default=10, help="memory-streams: messages per stream (default 10)")
     ap.add_argument("--rabbitmq-port", type=int, default=5552)
     ap.add_argument("--keep-rabbitmq", action="store_true", help="leave RabbitMQ running at the end")
     ap.add_argument("--out", help="results path without extension (default bench/results/<date>-<host>)")
@@ -526,6 +320,14 @@ def parse_args(argv=None):
         bad = [w for w in a.workload_list if w not in W]
         if bad:
             ap.error(f"unknown workloads {bad}; choose from {', '.join(W)}")
+    a.peer_list = [] if a.peers.strip() == "none" else [p.strip() for p in a.peers.split(",") if p.strip()]
+    bad = [p for p in a.peer_list if p not in PEER_NAMES]
+    if bad:
+        ap.error(f"unknown peers {bad}; choose from {', '.join(PEER_NAMES)} (or none)")
+    a.peer_list = [p for p in PEER_NAMES if p in a.peer_list]   # column order
+    if a.memory_connections < 1 or a.memory_streams < a.memory_connections or \
+            -(-a.memory_streams // a.memory_connections) > 200:
+        ap.error("--memory-streams must be between --memory-connections and 200 × --memory-connections")
     a.durable_list = [] if a.durable_fsync == "none" else [
         w.strip() for w in a.durable_workloads.split(",") if w.strip() in a.workload_list]
     return a
@@ -573,7 +375,11 @@ def main(argv=None):
     signal.signal(signal.SIGHUP, _on_term)
     signal.signal(signal.SIGINT, signal.default_int_handler)   # even if started with SIGINT ignored
 
-    rabbit = _procs.RabbitMQ(port=args.rabbitmq_port, keep=args.keep_rabbitmq, log=log)
+    from bench._nats import Nats
+    from bench._redis import Redis
+    servers = {"rabbitmq": lambda: _procs.RabbitMQ(port=args.rabbitmq_port, keep=args.keep_rabbitmq, log=log),
+               "redis": lambda: Redis(log=log), "nats": lambda: Nats(log=log)}
+    peers = {name: servers[name]() for name in args.peer_list}
     headline = _procs.Riverbed(args.riverbed_fsync, name="riverbed", label=f"Riverbed fsync={args.riverbed_fsync}",
                                log=log)
     durable = (_procs.Riverbed(args.durable_fsync, name=f"riverbed-{args.durable_fsync}",
@@ -586,24 +392,41 @@ def main(argv=None):
         "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(),
         "cpus": os.cpu_count(), "cpu_model": _cpu_model(), "kernel": platform.release(),
         "loadavg_start": os.getloadavg(), "args": {k: v for k, v in vars(args).items()},
-        "clients": versions(),
+        "clients": versions(), "skipped_peers": {},
     }
     bar = None
     try:
-        for srv in (rabbit, headline, durable):
+        for name, srv in list(peers.items()):
+            try:
+                srv.start()
+            except Exception as e:   # a peer that cannot be installed or started is skipped, and said so
+                msg = str(e).strip().splitlines()
+                meta["skipped_peers"][name] = " ".join(msg[-3:])[:500]
+                log(f"skipping {PEER_LABELS[name]}: could not install or start it: {meta['skipped_peers'][name]}")
+                del peers[name]
+                continue
+            started.append(srv)
+        for srv in (headline, durable):
             if srv is not None:
                 srv.start()
                 started.append(srv)
-        brokers = [rabbit, headline] + ([durable] if durable else [])
+        rabbit = peers.get("rabbitmq")
+        brokers = list(peers.values()) + [headline] + ([durable] if durable else [])
         meta["brokers"] = {b.name: {"label": b.label, "port": b.port, "pid": b.pid, "version": b.version}
                            for b in brokers}
         plan = []
         for rnd in range(1, args.rounds + 1):
+            done = set()
             for wname in args.workload_list:
-                for b in brokers:
+                for b in ([rabbit] if rabbit else []) + [headline] + ([durable] if durable else []):
                     if b is durable and wname not in args.durable_list:
                         continue
                     plan.append((rnd, wname, b))
+                for name, srv in peers.items():
+                    pw = PEER_MAP.get(wname, {}).get(name)
+                    if pw and pw not in done:   # a peer workload mapped from several rows runs once a round
+                        done.add(pw)
+                        plan.append((rnd, pw, srv))
         log(f"{len(plan)} runs: {len(args.workload_list)} workloads × brokers × {args.rounds} rounds, "
             f"N = {args.n:,} × {args.size} B; load average now {os.getloadavg()[0]:.2f}")
         bar = tqdm(total=len(plan), unit="run", dynamic_ncols=True, file=sys.stderr)
@@ -613,7 +436,7 @@ def main(argv=None):
             tries = []
             for attempt in range(1, (1 if args.profile else args.max_tries) + 1):
                 pre = wait_quiet(args, args.quiet_wait)
-                prof = _Profiler(args, b, wname, rnd) if args.profile and b is not rabbit else None
+                prof = _Profiler(args, b, wname, rnd) if args.profile and b in (headline, durable) else None
                 rec = run_once(args, wname, b, others, rnd, attempt, on_go=prof)
                 if prof and prof.out:
                     rec["profile"] = prof.out
@@ -658,46 +481,52 @@ def main(argv=None):
         _procs.reap_orphans()
 
     meta["loadavg_end"] = os.getloadavg()
+    up = [p for p in PEER_NAMES if p in peers]
     rows = []
     for wname in args.workload_list:
-        rows.append((wname, "rabbitmq", "riverbed", W[wname]["label"]))
+        cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers else {}
+        cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
+        rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
     for wname in args.durable_list:
-        rows.append((wname, "rabbitmq", durable.name, f"{W[wname]['label']} [Riverbed fsync={args.durable_fsync}]"))
-    pairs = {(w, b) for w, a_, b_, _ in rows for b in (a_, b_)}
-    summary = summarise(runs, pairs)
-    lines = table_rows(summary, rows)
+        rows.append(dict(rows[args.workload_list.index(wname)], riverbed=durable.name,
+                         label=f"{W[wname]['label']} [Riverbed fsync={args.durable_fsync}]"))
+    summary = summarise(runs, row_pairs(rows))
+    lines = table_rows(summary, rows, up)
     doc = {"meta": meta, "runs": runs,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
-           "rows": [{"workload": w, "rabbitmq": a_, "riverbed": b_, "label": label,
-                     "ratios": {k: ratio(summary.get((w, a_), {}).get(k), summary.get((w, b_), {}).get(k))
-                                for k in KIND_METRICS[W[w]["kind"]]}}
-                    for w, a_, b_, label in rows],
+           "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
            "table": [list(r) for r in lines]}
     if runs and meta.get("interrupted") and not args.out:
         json_path = json_path[:-5] + "-interrupted.json"
         png_path = png_path[:-4] + "-interrupted.png"
+    versions_txt = ", ".join(f"{PEER_LABELS[p]} {_short_version(meta, p)}" for p in up) or "no peer"
     if runs:
         os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
         with open(json_path, "w") as f:
             json.dump(doc, f, indent=1)
         if not args.no_chart and summary:
-            title = (f"Riverbed (fsync={args.riverbed_fsync}) ÷ RabbitMQ "
-                     f"{(meta.get('brokers') or {}).get('rabbitmq', {}).get('version', '')}\n"
+            title = (f"Riverbed (fsync={args.riverbed_fsync}) ÷ {versions_txt}\n"
                      f"N = {args.n:,} × {args.size} B"
                      + (f" (rbfly send rows {args.n_send:,})" if args.n_send else "")
-                     + f", {args.rounds} round(s), same clients, "
+                     + f", {args.rounds} round(s), each broker with its own client, "
                      f"{meta['host']} ({meta['cpus']} cores), {meta['date'][:10]}")
-            draw_chart(summary, rows, png_path, title)
+            draw_chart(summary, rows, up, png_path, title)
     print()
-    print(f"Riverbed (fsync={args.riverbed_fsync}, headline rows) vs RabbitMQ: N = {args.n:,} × {args.size} B"
+    print(f"Riverbed (fsync={args.riverbed_fsync}, headline rows) vs {versions_txt}: N = {args.n:,} × {args.size} B"
           + (f" (rbfly one-message-per-frame send rows: {args.n_send:,})" if args.n_send else "")
           + f", {args.rounds} round(s); median (min–max)")
     print_table(lines)
+    print()
+    for p in up:
+        if p != "rabbitmq":
+            print(f"{PEER_LABELS[p]} column (its own client, bench/_{p}.py): "
+                  + "; ".join(f"{sp['label']} ({sp['kind']} rows)" for sp in PEER_W.values() if sp["peer"] == p))
+    for p, why in meta["skipped_peers"].items():
+        print(f"{PEER_LABELS[p]}: skipped, it could not be installed or started ({why})")
     kept = [r for r in runs if r.get("kept")]
     noisy = [r for r in kept if r.get("noisy")]
     failed = [r for r in runs if not r["ok"]]
-    print()
     print(f"{len(runs)} runs, {len(kept)} kept, {len(runs) - len(kept) - len(failed)} repeated for noise, "
           f"{len(failed)} failed" + (f"; * = {len(noisy)} kept run(s) still had other processes above "
                                      f"{args.max_other} of a core" if noisy else ""))
@@ -705,6 +534,12 @@ def main(argv=None):
         print(f"raw runs: {os.path.relpath(json_path)}" +
               ("" if args.no_chart or not summary else f"   chart: {os.path.relpath(png_path)}"))
     return 1 if meta.get("interrupted") else 0
+
+
+def _short_version(meta, peer):
+    v = (meta.get("brokers") or {}).get(peer, {}).get("version") or ""
+    parts = v.split()
+    return parts[1].split("-")[0].split(":")[-1] if len(parts) > 1 else ""
 
 
 def _cpu_model():

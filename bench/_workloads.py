@@ -1,0 +1,133 @@
+"""What ``bench.compare`` runs and how it reads the results: the workloads, which peer workload each
+maps to, the goals, the metrics and what the chart draws.
+
+Brokers ("peers" when they are not Riverbed): RabbitMQ runs the very workloads Riverbed runs (same
+client, same process, same stream name scheme). Redis and NATS run their own clients' nearest
+workload, and a Riverbed row shows each peer's ratio where a mapping exists ("—" where none does).
+"""
+
+# Riverbed's workloads (RabbitMQ runs them too, unless ``rabbitmq`` is False).
+W = {
+    "publish-rstream-raw": dict(
+        label="publish rstream raw send_batch 5k×16", client="rstream-raw", kind="publish"),
+    "publish-rbfly-raw-1": dict(
+        label="publish rbfly raw, 1 publisher", client="rbfly-raw", kind="publish", publishers=1),
+    "publish-rbfly-raw-4": dict(
+        label="publish rbfly raw, 4 publishers", client="rbfly-raw", kind="publish", publishers=4),
+    "publish-rbfly-amqp-1": dict(
+        label="publish rbfly AMQP, 1 publisher", client="rbfly-amqp", kind="publish", publishers=1),
+    "publish-rbfly-amqp-4": dict(
+        label="publish rbfly AMQP, 4 publishers", client="rbfly-amqp", kind="publish", publishers=4),
+    "publish-rbfly-amqp-batch": dict(
+        label="publish rbfly AMQP batch publisher", client="rbfly-amqp-batch", kind="publish"),
+    "publish-2streams": dict(
+        label="publish 2 clients × 2 streams (rstream raw), aggregate", client="rstream-raw", kind="publish",
+        procs=2),
+    "consume-rstream": dict(label="consume from first, rstream", client="consume-rstream", kind="consume"),
+    "consume-rbfly-raw": dict(label="consume from first, rbfly raw", client="consume-rbfly-raw", kind="consume"),
+    "consume-rbfly-amqp": dict(
+        label="consume from first, rbfly AMQP", client="consume-rbfly-amqp", kind="consume"),
+    "latency-rstream": dict(label="confirm latency, rstream send_wait", client="latency-rstream", kind="latency"),
+    "latency-rbfly": dict(label="confirm latency, rbfly send", client="latency-rbfly", kind="latency"),
+    "memory-streams": dict(
+        label="memory: streams × (1 publisher + 1 consumer), rstream", client="memory-rstream", kind="memory"),
+}
+DEFAULT_DURABLE = ("publish-rstream-raw", "latency-rstream")
+
+# The other peers' workloads (their own clients); bench._client runs them through bench._redis / bench._nats.
+PEER_W = {
+    "redis-publish": dict(peer="redis", label="Redis XADD pipelined", client="redis-publish", kind="publish"),
+    "redis-publish-2": dict(peer="redis", label="Redis XADD pipelined, 2 clients × 2 streams",
+                            client="redis-publish", kind="publish", procs=2),
+    "redis-consume": dict(peer="redis", label="Redis XREAD from 0", client="redis-consume", kind="consume"),
+    "redis-latency": dict(peer="redis", label="Redis XADD round trip", client="redis-latency", kind="latency"),
+    "nats-publish": dict(peer="nats", label="NATS JetStream publish_async + acks", client="nats-publish",
+                         kind="publish"),
+    "nats-publish-2": dict(peer="nats", label="NATS JetStream publish_async, 2 clients × 2 streams",
+                           client="nats-publish", kind="publish", procs=2),
+    "nats-consume": dict(peer="nats", label="NATS JetStream pull consume (fetch)", client="nats-consume",
+                         kind="consume"),
+    "nats-latency": dict(peer="nats", label="NATS JetStream publish + ack (request)", client="nats-latency",
+                         kind="latency"),
+}
+
+# Riverbed workload -> {peer: peer workload}. Batched publish rows map to pipelined / async publishing,
+# consume rows to reading the whole stream from the start, confirm latency to one acknowledged publish at
+# a time. The one-message-per-frame rbfly publish rows and the memory row have no mapping.
+PEER_MAP = {}
+for _w in ("publish-rstream-raw", "publish-rbfly-amqp-batch"):
+    PEER_MAP[_w] = {"redis": "redis-publish", "nats": "nats-publish"}
+PEER_MAP["publish-2streams"] = {"redis": "redis-publish-2", "nats": "nats-publish-2"}
+for _w in ("consume-rstream", "consume-rbfly-raw", "consume-rbfly-amqp"):
+    PEER_MAP[_w] = {"redis": "redis-consume", "nats": "nats-consume"}
+for _w in ("latency-rstream", "latency-rbfly"):
+    PEER_MAP[_w] = {"redis": "redis-latency", "nats": "nats-latency"}
+
+PEER_NAMES = ("rabbitmq", "redis", "nats")
+PEER_LABELS = {"rabbitmq": "RabbitMQ", "redis": "Redis", "nats": "NATS"}
+
+# Goals (issue 11's table), judged on the headline Riverbed (fsync=never) against RabbitMQ, except
+# DURABLE_GOALS, judged on the durable Riverbed rows (fsync=batch). "ratio": Riverbed ÷ RabbitMQ;
+# "abs": Riverbed's own figure.
+MEMORY_GOAL_MB = 150.0
+GOALS = {
+    ("publish-rstream-raw", "msgs_per_s"): ("ratio", ">=", 1.3),
+    ("publish-rbfly-raw-4", "msgs_per_s"): ("ratio", ">=", 1.3),
+    ("latency-rstream", "lat_p50_us"): ("abs", "<=", 150.0),
+    ("latency-rstream", "lat_p99_us"): ("abs", "<=", 400.0),
+    ("latency-rbfly", "lat_p50_us"): ("abs", "<=", 150.0),
+    ("latency-rbfly", "lat_p99_us"): ("abs", "<=", 400.0),
+    ("memory-streams", "server_peak_rss_mb"): ("abs", "<=", MEMORY_GOAL_MB),
+}
+for _w in ("consume-rstream", "consume-rbfly-raw", "consume-rbfly-amqp"):
+    GOALS[(_w, "msgs_per_s")] = ("ratio", ">=", 1.1)
+    GOALS[(_w, "server_us_per_msg")] = ("ratio", "<=", 1.0)
+# server CPU per message: one message per frame <= 0.2×, batched publish <= 0.15×
+for _w in ("publish-rbfly-raw-1", "publish-rbfly-raw-4", "publish-rbfly-amqp-1", "publish-rbfly-amqp-4"):
+    GOALS[(_w, "server_us_per_msg")] = ("ratio", "<=", 0.2)
+for _w in ("publish-rstream-raw", "publish-rbfly-amqp-batch", "publish-2streams"):
+    GOALS[(_w, "server_us_per_msg")] = ("ratio", "<=", 0.15)
+DURABLE_GOALS = {
+    ("latency-rstream", "lat_p50_us"): ("abs", "<=", 500.0),
+}
+
+
+def goal(wname, key, durable=False):
+    """The goal of a Riverbed figure, as (how, op, target), or None."""
+    return (DURABLE_GOALS if durable else GOALS).get((wname, key))
+
+
+# metric key -> (label, format, higher is better)
+METRICS = {
+    "msgs_per_s": ("msgs/s", "{:,.0f}", True),
+    "mb_per_s": ("MB/s", "{:,.1f}", True),
+    "server_us_per_msg": ("server CPU s/M msgs", "{:.2f}", False),
+    "client_us_per_msg": ("client CPU s/M msgs", "{:.2f}", False),
+    "server_cores": ("server cores busy", "{:.2f}", False),
+    "server_peak_rss_mb": ("server peak RSS MB", "{:,.0f}", False),
+    "server_peak_anon_mb": ("  of which anon MB", "{:,.0f}", False),
+    "server_rss_mb": ("server RSS MB, all delivered", "{:,.0f}", False),
+    "server_anon_mb": ("  of which anon MB", "{:,.0f}", False),
+    "setup_s": ("setup s (create streams)", "{:,.1f}", False),
+    "lat_p50_us": ("confirm p50 µs", "{:,.0f}", False),
+    "lat_p99_us": ("confirm p99 µs", "{:,.0f}", False),
+    "lat_max_us": ("confirm max µs", "{:,.0f}", False),
+    "other_cores": ("other busy cores", "{:.2f}", False),
+}
+KIND_METRICS = {
+    "publish": ["msgs_per_s", "mb_per_s", "server_us_per_msg", "client_us_per_msg", "server_peak_rss_mb",
+                "server_peak_anon_mb"],
+    "consume": ["msgs_per_s", "mb_per_s", "server_us_per_msg", "client_us_per_msg", "server_peak_rss_mb",
+                "server_peak_anon_mb"],
+    "latency": ["lat_p50_us", "lat_p99_us", "lat_max_us", "server_us_per_msg", "server_peak_rss_mb",
+                "server_peak_anon_mb"],
+    "memory": ["server_peak_rss_mb", "server_peak_anon_mb", "server_rss_mb", "server_anon_mb", "setup_s"],
+}
+# the metrics drawn in the chart
+CHART = {"publish": ["msgs_per_s", "server_us_per_msg"], "consume": ["msgs_per_s", "server_us_per_msg"],
+         "latency": ["lat_p50_us", "lat_p99_us"], "memory": ["server_peak_rss_mb"]}
+
+
+def spec(wname):
+    """The spec of a Riverbed or peer workload."""
+    return W.get(wname) or PEER_W[wname]

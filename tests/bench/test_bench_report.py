@@ -1,0 +1,102 @@
+"""bench.compare's peers without servers: the table's columns and ratios, the --peers flag, the workload
+mapping, and a peer that cannot be started."""
+
+import os
+
+import pytest
+
+from bench import _client, _report, compare
+from bench._procs import ScriptServer
+from bench._workloads import PEER_MAP, PEER_W, W
+
+
+def stat(*values):
+    return {"med": sorted(values)[len(values) // 2], "min": min(values), "max": max(values), "values": list(values)}
+
+
+def summary_for(riverbed_msgs, peers_msgs):
+    s = {("publish-rstream-raw", "riverbed"): {"msgs_per_s": stat(riverbed_msgs)},
+         ("publish-rbfly-raw-1", "riverbed"): {"msgs_per_s": stat(4000.0)},
+         ("publish-rbfly-raw-1", "rabbitmq"): {"msgs_per_s": stat(3200.0)}}
+    for peer, (wname, v) in peers_msgs.items():
+        s[(wname, peer)] = {"msgs_per_s": stat(v)}
+    return s
+
+
+def rows_for(peers):
+    out = []
+    for w in ("publish-rstream-raw", "publish-rbfly-raw-1"):
+        cols = {"rabbitmq": (w, "rabbitmq")} if "rabbitmq" in peers else {}
+        cols.update({p: (pw, p) for p, pw in PEER_MAP.get(w, {}).items() if p in peers})
+        out.append({"workload": w, "riverbed": "riverbed", "label": W[w]["label"], "cols": cols})
+    return out
+
+
+def msgs_line(lines, label):
+    return next(line for line in lines if line[0] == label and line[1] == "msgs/s")
+
+
+def test_table_has_a_ratio_column_per_peer_and_a_dash_where_no_workload_maps():
+    peers = ["rabbitmq", "redis", "nats"]
+    summary = summary_for(300_000.0, {"rabbitmq": ("publish-rstream-raw", 250_000.0),
+                                      "redis": ("redis-publish", 100_000.0), "nats": ("nats-publish", 60_000.0)})
+    lines = _report.table_rows(summary, rows_for(peers), peers)
+    assert lines[0] == ("workload", "metric", "RabbitMQ", "Riverbed", "Riverbed ÷ RabbitMQ", "Redis",
+                        "Riverbed ÷ Redis", "NATS", "Riverbed ÷ NATS", "goal")
+    batch = msgs_line(lines, W["publish-rstream-raw"]["label"])
+    assert batch[2:9] == ("250,000", "300,000", "1.20", "100,000", "3.00", "60,000", "5.00")
+    assert batch[9] == "MISSED (>=1.3×)"
+    send = msgs_line(lines, W["publish-rbfly-raw-1"]["label"])   # one message per frame: no Redis/NATS twin
+    assert send[2:9] == ("3,200", "4,000", "1.25", "—", "—", "—", "—")
+
+
+def test_without_rabbitmq_a_ratio_goal_cannot_be_judged_and_says_so():
+    peers = ["redis"]
+    summary = summary_for(300_000.0, {"redis": ("redis-publish", 150_000.0)})
+    lines = _report.table_rows(summary, rows_for(peers), peers)
+    assert lines[0] == ("workload", "metric", "Riverbed", "Redis", "Riverbed ÷ Redis", "goal")
+    assert msgs_line(lines, W["publish-rstream-raw"]["label"])[2:] == ("300,000", "150,000", "2.00", "? (>=1.3×)")
+
+
+def test_ratio_range_spans_min_over_max_to_max_over_min():
+    r = _report.ratio(stat(100.0, 200.0, 150.0), stat(300.0, 400.0, 350.0))
+    assert r == {"med": 350.0 / 150.0, "min": 300.0 / 200.0, "max": 400.0 / 100.0}
+    assert _report.ratio(None, stat(1.0)) is None
+
+
+def test_peers_flag_picks_orders_and_rejects():
+    assert compare.parse_args(["--peers", "nats,redis"]).peer_list == ["redis", "nats"]
+    assert compare.parse_args(["--peers", "none"]).peer_list == []
+    assert compare.parse_args([]).peer_list == ["rabbitmq", "redis", "nats"]
+    with pytest.raises(SystemExit) as e:
+        compare.parse_args(["--peers", "rabbitmq,kafka"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--memory-streams", "1000", "--memory-connections", "2"])   # 500 per connection
+
+
+def test_every_mapping_pairs_workloads_of_one_kind_that_a_client_can_run():
+    for wname, m in PEER_MAP.items():
+        for peer, pw in m.items():
+            assert PEER_W[pw]["peer"] == peer
+            assert PEER_W[pw]["kind"] == W[wname]["kind"], (wname, pw)
+            assert PEER_W[pw].get("procs", 1) == W[wname].get("procs", 1), (wname, pw)
+    for pw in PEER_W.values():
+        assert pw["client"] in _client.PEER_CLIENTS
+
+
+class Missing(ScriptServer):
+    name = "missing"
+    label = "Missing"
+    script = "no-such-peer.sh"
+    package = "no-such-package"
+    port_env = "MISSING_PORT"
+    dir_env = "MISSING_DIR"
+
+
+def test_a_peer_that_cannot_start_raises_and_leaves_nothing_behind():
+    srv = Missing(log=lambda msg: None)
+    with pytest.raises(RuntimeError, match=r"no-such-peer.sh (install|start) failed"):
+        srv.start()
+    assert srv.tmp is None and srv.pid is None
+    assert not [d for d in os.listdir("/tmp") if d.startswith("riverbed-missing-")]

@@ -133,6 +133,12 @@ class _Gate:
                 self._open.set()
 
 
+# An append up to this size may commit on the caller's thread (fsync=never, writer idle). A bigger one
+# goes to the writer thread even then: copying it into the map takes long enough that the caller (an
+# event loop reading the next frames) is better off doing that meanwhile, on the other core.
+INLINE_MAX_BYTES = 64 << 10
+
+
 class Engine:
     """A data directory: its LMDB environment, its streams and its single writer thread.
 
@@ -563,8 +569,8 @@ class Engine:
     def _submit(self, op, *args, on_done=None):
         """Queue ``op`` for the writer. Returns a Future, or, with ``on_done(result, exc)``, None: the
         callback then runs once on the thread that committed, with no Future made (see Done). With
-        fsync=never, a small operation that finds the writer idle commits on the caller's thread, and
-        its callback runs before this returns."""
+        fsync=never, a small operation (an append of at most INLINE_MAX_BYTES) that finds the writer
+        idle commits on the caller's thread, and its callback runs before this returns."""
         if self._writer is None:
             raise RiverbedError("engine was opened read-only")
         fut = Future() if on_done is None else Done(on_done)
@@ -575,7 +581,8 @@ class Engine:
         if on_done is None:
             self._writer.submit(item)
             return fut
-        if not (self._inline and self._writer.commit_inline(item)):
+        if not (self._inline and (op != _OP_APPEND or len(args[0].data) <= INLINE_MAX_BYTES)
+                and self._writer.commit_inline(item)):
             self._writer.submit(item)
         return None
 

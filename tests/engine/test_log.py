@@ -214,6 +214,17 @@ def test_callback_append_with_fsync_batch_goes_through_the_writer_thread(tmp_pat
         assert seen.wait(5) and where != [threading.get_ident()]
 
 
+def test_big_callback_append_goes_to_the_writer_thread_even_when_it_is_idle(eng):
+    from riverbed.engine.log import INLINE_MAX_BYTES
+    eng.create_stream("s").result()
+    seen = threading.Event()
+    where = []
+    big = [rec(i, 1000) for i in range(INLINE_MAX_BYTES // 1000 + 1)]
+    assert eng.append("s", big, on_done=lambda res, exc: (where.append(threading.get_ident()), seen.set())) is None
+    assert seen.wait(5) and where != [threading.get_ident()]
+    assert eng.stream_info("s").records == len(big)
+
+
 def test_callback_append_to_a_missing_stream_reports_the_error(eng):
     seen = []
     eng.append("nope", [rec(1)], on_done=lambda res, exc: seen.append(type(exc).__name__))

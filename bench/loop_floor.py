@@ -5,9 +5,10 @@ A server that does nothing but echo each 120-byte message back (uvloop, an ``asy
 read the reply, next), as rbfly's ``send`` and rstream's ``send_wait`` drive a broker. It prints the
 server's CPU per round trip (utime+stime from /proc) and the round trip's p50/p99: what the event loop,
 the two syscalls and the kernel's loopback cost before a broker does any work. On this 2-core VM
-(2026-11-22): 35-38 µs of server CPU and p50 84-92 µs per round trip, against RabbitMQ 3.10.8's
-~170-190 µs of server CPU per message in the same pattern, so a Python broker's 0.2× goal there
-(~38 µs) is about this floor.
+(2026-11-22): 27.5-28 µs of server CPU and p50 65-67 µs per round trip when quiet (35-38 µs and
+84-92 µs with other work running), against RabbitMQ 3.10.8's
+~135-190 µs of server CPU per message in the same pattern, so a 0.2× goal there (27-38 µs) is
+about this floor.
 
     .venv/bin/python -m bench.loop_floor [--messages 20000] [--rounds 2]
 """

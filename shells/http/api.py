@@ -113,20 +113,23 @@ async def get_stream(request):
     return web.json_response(found[0])
 
 
-@routes.get("/api/stream/consumers")
-async def list_consumers(request):
+async def _readable_entries(request, collect):
+    """``collect(broker, stream or None)``'s dicts (consumers, publishers) of the streams the user may
+    read, filtered by ``?stream=``."""
     user = await require_user(request)
     stream = _stream_filter(request, user)
-    found = introspect.consumers(request.app[BROKER], stream)
-    return web.json_response([c for c in found if _may_read(user, c["stream"])])
+    found = collect(request.app[BROKER], stream)
+    return web.json_response([e for e in found if _may_read(user, e["stream"])])
+
+
+@routes.get("/api/stream/consumers")
+async def list_consumers(request):
+    return await _readable_entries(request, introspect.consumers)
 
 
 @routes.get("/api/stream/publishers")
 async def list_publishers(request):
-    user = await require_user(request)
-    stream = _stream_filter(request, user)
-    found = introspect.publishers(request.app[BROKER], stream)
-    return web.json_response([p for p in found if _may_read(user, p["stream"])])
+    return await _readable_entries(request, introspect.publishers)
 
 
 @routes.get("/api/streams/{name}/records")

@@ -211,13 +211,18 @@ def test_stalled_client_is_dropped(server):
         await asyncio.sleep(0.3)
         n = 8000       # 8 MB: more than loopback's kernel buffers (tcp_wmem max 4 MB) plus the bound
         body = json.dumps({"pad": "y" * 900})
-        got = 0
+        async def read_all():
+            # read while publishing: a subscriber that only writes would pass the bound itself
+            got = 0
+            while got < n:
+                f = await good.recv(5)
+                assert f is not None, got
+                got += 1
+            return got
+        reader = asyncio.ensure_future(read_all())
         for i in range(n):
             await good.send({"type": "publish", "stream": "raw4", "msg": body})
-        while got < n:
-            f = await good.recv(5)
-            assert f is not None, got
-            got += 1
+        got = await reader
         # the stalled connection was dropped: the server closed its socket
         stalled.settimeout(5)
         dropped = False

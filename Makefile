@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi) setup.py pyproject.toml
 
-.PHONY: install serve test test-compiled test-pure bench bench-compare clean
+.PHONY: install serve test test-compiled test-pure bench bench-compare fuzz soak clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,22 @@ bench: install
 bench-compare: install
 	@$(BIN)/python -c "import rbfly, rstream, matplotlib, tqdm, redis, hiredis, nats" 2>/dev/null || $(PIP) install -q -e '.[test,bench]'
 	$(BIN)/python -m bench.compare $(ARGS)
+
+# Coverage-guided fuzzing (atheris) of every protocol's codec and sans-I/O session, and of the engine's
+# record and chunk parsers: each target runs FUZZ_SECONDS in its own process, new inputs go into
+# tests/fuzz/corpus/<target> (minimised at the end), findings into .fuzz/findings; prints inputs, exec/s,
+# uncaught exceptions, hangs and peak RSS per target and exits 1 on any. Logs: .fuzz/fuzz-<target>.log.
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,record,chunk
+fuzz: install
+	@$(BIN)/python -c "import atheris" 2>/dev/null || $(PIP) install -q -e '.[test,fuzz]'
+	$(BIN)/python -m tests.fuzz.runner campaign --seconds $(FUZZ_SECONDS) --targets $(FUZZ_TARGETS)
+
+# Network soak: a real server, malformed traffic on every listener, well-behaved clients of every
+# protocol, then a SIGTERM and restart; exits 1 on any failed check. SOAK_MINUTES=10 for the full run.
+SOAK_MINUTES ?= 1
+soak: install
+	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES)
 
 clean:
 	rm -rf $(VENV) build *.egg-info engine/_core.c engine/*.so .benchmarks

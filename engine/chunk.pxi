@@ -549,13 +549,13 @@ def scan_entries(data):
             if p[pos] & 0x80 == 0:
                 if pos + SIMPLE_HDR_LEN > end:
                     raise ChunkError("truncated simple entry header")
-                pos += SIMPLE_HDR_LEN + ld_u32(p + pos)
+                pos += SIMPLE_HDR_LEN + <Py_ssize_t>ld_u32(p + pos)
                 count = 1
             else:
                 if pos + SUB_HDR_LEN > end:
                     raise ChunkError("truncated sub-batch entry header")
                 count = ld_u16(p + pos + 1)
-                pos += SUB_HDR_LEN + ld_u32(p + pos + 7)
+                pos += SUB_HDR_LEN + <Py_ssize_t>ld_u32(p + pos + 7)
             if pos > end:
                 raise ChunkError("entry overruns the data section")
             ends.append(pos)
@@ -585,13 +585,13 @@ def cut_entries(data, max_bytes, max_entries, max_records):
             if p[pos] & 0x80 == 0:
                 if pos + SIMPLE_HDR_LEN > end:
                     raise ChunkError("truncated simple entry header")
-                nxt = pos + SIMPLE_HDR_LEN + ld_u32(p + pos)
+                nxt = pos + SIMPLE_HDR_LEN + <Py_ssize_t>ld_u32(p + pos)
                 count = 1
             else:
                 if pos + SUB_HDR_LEN > end:
                     raise ChunkError("truncated sub-batch entry header")
                 count = ld_u16(p + pos + 1)
-                nxt = pos + SUB_HDR_LEN + ld_u32(p + pos + 7)
+                nxt = pos + SUB_HDR_LEN + <Py_ssize_t>ld_u32(p + pos + 7)
             if nxt > end:
                 raise ChunkError("entry overruns the data section")
             if entries and (nxt - start > lim_b or entries + 1 > lim_e or records + count > lim_r):

@@ -53,7 +53,7 @@ chunk without a bloom is header + data, contiguous. The epoch is 1, as Osiris wr
 import struct
 import zlib
 
-from riverbed.engine.errors import UnsupportedCompression
+from riverbed.engine.errors import ChunkError, UnsupportedCompression
 
 LEN_CHUNK_HEADER = 48
 LEN_SIMPLE_HEADER = 4
@@ -110,15 +110,19 @@ def register_codec(code, decompress):
 
 
 def decompress(code, body, uncompressed_size):
-    """Decompress a sub-batch body. Raises UnsupportedCompression for a code with no codec."""
+    """Decompress a sub-batch body. Raises UnsupportedCompression for a code with no codec, ChunkError for
+    a body that does not decompress or decompresses to another size than the header's."""
     if code == COMPRESSION_NONE:
         return bytes(body)
     fn = SUB_BATCH_CODECS.get(code)
     if fn is None:
         raise UnsupportedCompression(code)
-    out = fn(bytes(body), uncompressed_size)
+    try:
+        out = fn(bytes(body), uncompressed_size)
+    except Exception as e:  # noqa: BLE001 - zlib.error, RuntimeError (lz4), ZstdError, ...: one error for readers
+        raise ChunkError(f"sub-batch does not decompress ({type(e).__name__}: {e})") from None
     if len(out) != uncompressed_size:
-        raise ValueError(f"sub-batch decompressed to {len(out)} bytes, header says {uncompressed_size}")
+        raise ChunkError(f"sub-batch decompressed to {len(out)} bytes, header says {uncompressed_size}")
     return out
 
 

@@ -1,0 +1,301 @@
+"""Fuzz runner: ``python -m tests.fuzz.runner <command>`` from the repository root.
+
+* ``seed [TARGET...]`` - write every target's seed inputs into its corpus directory.
+* ``replay TARGET... [--memory]`` - run the corpus through targets once under the invariants.
+* ``fuzz TARGET --seconds N [--stats FILE]`` - coverage-guided fuzzing with atheris (libFuzzer) for N
+  seconds; new interesting inputs go into tests/fuzz/corpus/TARGET; findings into .fuzz/findings/TARGET.
+* ``campaign [--seconds N] [--targets a,b]`` - ``fuzz`` each target in its own process, one after the
+  other, then minimise each corpus (libFuzzer ``-merge=1``) and print a table: inputs, exec/s, findings
+  (uncaught exceptions by signature), hangs, peak RSS. Exits 1 on any finding, hang, or a peak RSS over
+  300 MB. ``make fuzz`` runs this.
+
+An uncaught exception does not stop a campaign: it is counted under its signature (exception type and
+innermost Riverbed frame), its first input is saved, and the fuzzing goes on, so one run reports every
+bug it meets. ``--stop-on-crash`` gives libFuzzer's usual behaviour instead.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from . import harness
+from .targets import TARGETS, corpus_dir, corpus_inputs, make_target, save_input
+
+ROOT = Path(__file__).resolve().parents[2]
+WORK = ROOT / ".fuzz"
+MAX_LEN = 4096               # bytes per fuzz input: enough for every frame shape, small enough to be fast
+MEMORY_SAMPLE = 997          # one input in this many runs under tracemalloc (its peak must stay bounded)
+TIMEOUT = 30                 # seconds: libFuzzer kills a process stuck this long on one input (a hang)
+CORPUS_BUDGET = 48 << 10     # bytes of committed corpus per target after minimisation
+
+
+class Stats:
+    def __init__(self, target, path=None):
+        self.target = target
+        self.path = path
+        self.inputs = 0
+        self.findings = {}          # signature -> {"count", "first", "message"}
+        self.hangs = 0
+        self.slowest = 0.0
+        self.max_input_alloc = 0
+        self.started = time.monotonic()
+        self._last_write = 0.0
+
+    def finding(self, sig, data, message):
+        f = self.findings.get(sig)
+        if f is None:
+            p = save_input(WORK / "findings" / self.target, data)
+            self.findings[sig] = f = {"count": 0, "first": str(p), "message": message[:300]}
+        f["count"] += 1
+
+    def as_dict(self):
+        secs = time.monotonic() - self.started
+        return {"target": self.target, "inputs": self.inputs, "seconds": round(secs, 1),
+                "exec_per_s": round(self.inputs / secs, 1) if secs else 0,
+                "uncaught": sum(f["count"] for f in self.findings.values()), "hangs": self.hangs,
+                "findings": self.findings, "slowest_s": round(self.slowest, 3),
+                "max_input_alloc_mb": round(self.max_input_alloc / 2**20, 1),
+                "peak_rss_mb": round(harness.peak_rss_bytes() / 2**20, 1)}
+
+    def write(self, force=False):
+        now = time.monotonic()
+        if self.path and (force or now - self._last_write > 2.0):
+            self._last_write = now
+            tmp = f"{self.path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.as_dict(), f, indent=1)
+            os.replace(tmp, self.path)
+
+
+def run_one(target, stats, data, stop_on_crash=False):
+    """One input under the invariants, counted in ``stats``."""
+    stats.inputs += 1
+    measure = stats.inputs % MEMORY_SAMPLE == 0
+    try:
+        dt, peak = harness.check_input(target, data, measure_memory=measure)
+        if dt > stats.slowest:
+            stats.slowest = dt
+        if peak > stats.max_input_alloc:
+            stats.max_input_alloc = peak
+    except Exception as e:  # noqa: BLE001 - every escape is a finding, counted by signature
+        if stop_on_crash:
+            raise
+        cause = getattr(e, "logged", None) or e
+        sig = harness.signature(cause)
+        if isinstance(e, harness.InvariantBroken) and "hang bound" in str(e):
+            stats.hangs += 1
+            sig = "hang@" + sig
+        elif isinstance(e, harness.LoggedException):
+            sig = "logged:" + sig
+        stats.finding(sig, data, f"{type(cause).__name__}: {cause}")
+    stats.write()
+
+
+def hypothesis_examples(name, n):
+    """``n`` inputs drawn from the target's hypothesis strategy (strategies.py)."""
+    from hypothesis import HealthCheck, given, settings
+
+    from .strategies import STRATEGIES
+
+    out = []
+
+    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(STRATEGIES[name])
+    def collect(data):
+        out.append(data)
+
+    collect()
+    return out
+
+
+def cmd_seed(names, n_hypothesis=0):
+    for name in names:
+        t = make_target(name)
+        try:
+            for s in t.seeds():
+                save_input(corpus_dir(name), s)
+        finally:
+            t.close()
+        for s in hypothesis_examples(name, n_hypothesis) if n_hypothesis else ():
+            if len(s) <= MAX_LEN:
+                save_input(corpus_dir(name), s)
+        print(f"{name}: {len(corpus_inputs(name))} inputs in {corpus_dir(name)}")
+
+
+def cmd_replay(names, memory):
+    bad = 0
+    for name in names:
+        t = make_target(name)
+        stats = Stats(name)
+        try:
+            for _, data in corpus_inputs(name):
+                stats.inputs += 1
+                try:
+                    dt, peak = harness.check_input(t, data, measure_memory=memory)
+                    stats.slowest = max(stats.slowest, dt)
+                    stats.max_input_alloc = max(stats.max_input_alloc, peak)
+                except Exception as e:  # noqa: BLE001
+                    cause = getattr(e, "logged", None) or e
+                    stats.finding(harness.signature(cause), data, f"{type(cause).__name__}: {cause}")
+        finally:
+            t.close()
+        d = stats.as_dict()
+        bad += d["uncaught"] + d["hangs"]
+        print(json.dumps(d))
+    return 1 if bad else 0
+
+
+def riverbed_modules():
+    """Every Python module name of the riverbed package, from the source tree (nothing imported)."""
+    names = []
+    for folder, package in (("engine", "riverbed.engine"), ("shells", "riverbed.shells"), ("spark", "riverbed.spark")):
+        for p in (ROOT / folder).rglob("*.py"):
+            parts = list(p.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            names.append(".".join([package, *parts]))
+    return names
+
+
+def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra):
+    import atheris
+
+    # coverage feedback from the code the target is about only: instrumenting the engine's writer and
+    # the broker too would triple the cost of every input and guide nothing
+    wanted = TARGETS[name][1]
+    exclude = [m for m in riverbed_modules() if not any(m == w or m.startswith(w + ".") for w in wanted)]
+    with atheris.instrument_imports(include=["riverbed"], exclude=exclude):
+        target = make_target(name)
+    stats = Stats(name, stats_path)
+    seeds = WORK / "seeds" / name
+    shutil.rmtree(seeds, ignore_errors=True)
+    for s in target.seeds():
+        save_input(seeds, s)
+    corpus_dir(name).mkdir(parents=True, exist_ok=True)
+
+    def one(data):
+        run_one(target, stats, data, stop_on_crash)
+        if stats.inputs % 5000 == 0 and harness.rss_bytes() > harness.RSS_MAX:
+            stats.write(force=True)
+
+    argv = [sys.argv[0], str(corpus_dir(name)), str(seeds), f"-max_total_time={seconds}", f"-max_len={MAX_LEN}",
+            f"-timeout={TIMEOUT}", f"-rss_limit_mb={harness.RSS_MAX >> 20}", "-print_final_stats=1",
+            f"-artifact_prefix={WORK / 'findings' / name}/", *extra]
+    (WORK / "findings" / name).mkdir(parents=True, exist_ok=True)
+    import atexit
+
+    atexit.register(lambda: stats.write(force=True))
+    atheris.Setup(argv, one)
+    try:
+        atheris.Fuzz()
+    finally:
+        stats.write(force=True)
+
+
+def _merge(name):
+    """Minimise a target's corpus with libFuzzer's merge (keeps inputs that add coverage), then trim it to
+    the byte budget, smallest inputs first."""
+    d = corpus_dir(name)
+    tmp = Path(tempfile.mkdtemp(prefix=f"fuzz-merge-{name}-"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", "0",
+                            "--", "-merge=1", str(tmp), str(d)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+        files = sorted(tmp.iterdir(), key=lambda p: p.stat().st_size)
+        if r.returncode == 0 and files:
+            total = 0
+            shutil.rmtree(d)
+            d.mkdir()
+            for p in files:
+                total += p.stat().st_size
+                if total > CORPUS_BUDGET:
+                    break
+                shutil.copy(p, d / p.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return len(list(d.iterdir())), sum(p.stat().st_size for p in d.iterdir())
+
+
+def cmd_campaign(names, seconds, merge):
+    WORK.mkdir(exist_ok=True)
+    rows = []
+    failed = False
+    for name in names:
+        stats_path = WORK / f"stats-{name}.json"
+        log_path = WORK / f"fuzz-{name}.log"
+        stats_path.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            p = subprocess.Popen([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", str(seconds),
+                                  "--stats", str(stats_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(p.pid, 0)
+        rc = os.waitstatus_to_exitcode(status)
+        text = log_path.read_text(errors="replace")
+        st = json.loads(stats_path.read_text()) if stats_path.exists() else {"inputs": 0, "findings": {}, "hangs": 0}
+        executed = re.findall(r"stat::number_of_executed_units: (\d+)", text)
+        libfuzzer_hang = "ALARM: working on the last Unit" in text or "-timeout" in text and "Timeout" in text
+        oom = "out-of-memory" in text
+        row = {"target": name, "inputs": st["inputs"],
+               "libfuzzer_units": int(executed[-1]) if executed else None,
+               "seconds": round(time.monotonic() - t0, 1), "exec_per_s": st.get("exec_per_s"),
+               "uncaught": st.get("uncaught", 0), "hangs": st.get("hangs", 0) + (1 if libfuzzer_hang else 0),
+               "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "oom": oom, "exit": rc,
+               "findings": {k: v["count"] for k, v in st.get("findings", {}).items()}}
+        if merge:
+            row["corpus_files"], row["corpus_bytes"] = _merge(name)
+        rows.append(row)
+        failed |= bool(row["uncaught"] or row["hangs"] or oom or rc not in (0,) or row["peak_rss_mb"] > 300)
+        print(json.dumps(row), flush=True)
+    print()
+    print(f"{'target':8} {'inputs':>10} {'exec/s':>8} {'uncaught':>8} {'hangs':>5} {'peak RSS MB':>11} {'corpus':>12}")
+    for r in rows:
+        corpus = f"{r.get('corpus_files', '-')}/{r.get('corpus_bytes', '-')}B"
+        print(f"{r['target']:8} {r['inputs']:>10} {r['exec_per_s'] or 0:>8} {r['uncaught']:>8} {r['hangs']:>5} "
+              f"{r['peak_rss_mb']:>11} {corpus:>12}")
+        for sig, n in r["findings"].items():
+            print(f"    {n:>8} x {sig}")
+    with open(WORK / "campaign.json", "w") as f:
+        json.dump(rows, f, indent=1)
+    return 1 if failed else 0
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tests.fuzz.runner")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("seed")
+    s.add_argument("targets", nargs="*")
+    s.add_argument("--hypothesis", type=int, default=0, help="also add this many hypothesis examples per target")
+    r = sub.add_parser("replay")
+    r.add_argument("targets", nargs="*")
+    r.add_argument("--memory", action="store_true", help="measure every input's peak allocation (tracemalloc)")
+    f = sub.add_parser("fuzz")
+    f.add_argument("target", choices=sorted(TARGETS))
+    f.add_argument("--seconds", type=int, default=60)
+    f.add_argument("--stats")
+    f.add_argument("--stop-on-crash", action="store_true")
+    f.add_argument("extra", nargs="*", help="libFuzzer flags after --")
+    c = sub.add_parser("campaign")
+    c.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", "60")))
+    c.add_argument("--targets", default=os.environ.get("FUZZ_TARGETS", ",".join(TARGETS)))
+    c.add_argument("--no-merge", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "seed":
+        cmd_seed(a.targets or list(TARGETS), a.hypothesis)
+        return 0
+    if a.cmd == "replay":
+        return cmd_replay(a.targets or list(TARGETS), a.memory)
+    if a.cmd == "fuzz":
+        cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.extra)
+        return 0
+    return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,7 @@
 * ``replay TARGET... [--memory]`` - run the corpus through targets once under the invariants.
 * ``fuzz TARGET --seconds N [--stats FILE]`` - coverage-guided fuzzing with atheris (libFuzzer) for N
   seconds; new interesting inputs go into tests/fuzz/corpus/TARGET; findings into .fuzz/findings/TARGET.
-* ``campaign [--seconds N] [--targets a,b]`` - ``fuzz`` each target in its own process, one after the
+* ``campaign [--seconds N] [--runs N] [--targets a,b]`` - ``fuzz`` each target in its own process, one after the
   other, then minimise each corpus (libFuzzer ``-merge=1``) and print a table: inputs, exec/s, findings
   (uncaught exceptions by signature), hangs, peak RSS. Exits 1 on any finding, hang, or a peak RSS over
   300 MB. ``make fuzz`` runs this.
@@ -54,6 +54,7 @@ class Stats:
             p = save_input(WORK / "findings" / self.target, data)
             self.findings[sig] = f = {"count": 0, "first": str(p), "message": message[:300]}
         f["count"] += 1
+        self.write(force=f["count"] == 1)
 
     def as_dict(self):
         secs = time.monotonic() - self.started
@@ -206,7 +207,7 @@ def _merge(name):
     tmp = Path(tempfile.mkdtemp(prefix=f"fuzz-merge-{name}-"))
     try:
         r = subprocess.run([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", "0",
-                            "--", "-merge=1", str(tmp), str(d)], cwd=ROOT, capture_output=True, text=True,
+                            "--lf=-merge=1", f"--lf={tmp}", f"--lf={d}"], cwd=ROOT, capture_output=True, text=True,
                            timeout=600)
         files = sorted(tmp.iterdir(), key=lambda p: p.stat().st_size)
         if r.returncode == 0 and files:
@@ -223,7 +224,7 @@ def _merge(name):
     return len(list(d.iterdir())), sum(p.stat().st_size for p in d.iterdir())
 
 
-def cmd_campaign(names, seconds, merge):
+def cmd_campaign(names, seconds, merge, runs=0):
     WORK.mkdir(exist_ok=True)
     rows = []
     failed = False
@@ -233,8 +234,11 @@ def cmd_campaign(names, seconds, merge):
         stats_path.unlink(missing_ok=True)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
-            p = subprocess.Popen([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", str(seconds),
-                                  "--stats", str(stats_path)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            cmd = [sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", str(seconds),
+                   "--stats", str(stats_path)]
+            if runs:
+                cmd += [f"--lf=-runs={runs}"]
+            p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(p.pid, 0)
         rc = os.waitstatus_to_exitcode(status)
         text = log_path.read_text(errors="replace")
@@ -242,9 +246,10 @@ def cmd_campaign(names, seconds, merge):
         executed = re.findall(r"stat::number_of_executed_units: (\d+)", text)
         libfuzzer_hang = "ALARM: working on the last Unit" in text or "-timeout" in text and "Timeout" in text
         oom = "out-of-memory" in text
-        row = {"target": name, "inputs": st["inputs"],
-               "libfuzzer_units": int(executed[-1]) if executed else None,
-               "seconds": round(time.monotonic() - t0, 1), "exec_per_s": st.get("exec_per_s"),
+        # libFuzzer ends the process with exit(): its own count of executed inputs is the final one
+        inputs = int(executed[-1]) if executed else st["inputs"]
+        secs = time.monotonic() - t0
+        row = {"target": name, "inputs": inputs, "seconds": round(secs, 1), "exec_per_s": round(inputs / secs),
                "uncaught": st.get("uncaught", 0), "hangs": st.get("hangs", 0) + (1 if libfuzzer_hang else 0),
                "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "oom": oom, "exit": rc,
                "findings": {k: v["count"] for k, v in st.get("findings", {}).items()}}
@@ -261,7 +266,7 @@ def cmd_campaign(names, seconds, merge):
               f"{r['peak_rss_mb']:>11} {corpus:>12}")
         for sig, n in r["findings"].items():
             print(f"    {n:>8} x {sig}")
-    with open(WORK / "campaign.json", "w") as f:
+    with open(WORK / f"campaign-{'-'.join(names)}.json", "w") as f:
         json.dump(rows, f, indent=1)
     return 1 if failed else 0
 
@@ -280,11 +285,14 @@ def main(argv=None):
     f.add_argument("--seconds", type=int, default=60)
     f.add_argument("--stats")
     f.add_argument("--stop-on-crash", action="store_true")
-    f.add_argument("extra", nargs="*", help="libFuzzer flags after --")
+    f.add_argument("--lf", action="append", default=[], metavar="-FLAG=VALUE",
+                   help="a libFuzzer flag, e.g. --lf=-runs=1000 (repeatable)")
     c = sub.add_parser("campaign")
     c.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", "60")))
     c.add_argument("--targets", default=os.environ.get("FUZZ_TARGETS", ",".join(TARGETS)))
     c.add_argument("--no-merge", action="store_true")
+    c.add_argument("--runs", type=int, default=int(os.environ.get("FUZZ_RUNS", "0")),
+                   help="stop a target after this many inputs (0: only the time limit)")
     a = ap.parse_args(argv)
     if a.cmd == "seed":
         cmd_seed(a.targets or list(TARGETS), a.hypothesis)
@@ -292,9 +300,9 @@ def main(argv=None):
     if a.cmd == "replay":
         return cmd_replay(a.targets or list(TARGETS), a.memory)
     if a.cmd == "fuzz":
-        cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.extra)
+        cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.lf)
         return 0
-    return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge)
+    return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge, a.runs)
 
 
 if __name__ == "__main__":

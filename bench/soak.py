@@ -645,36 +645,41 @@ def _bson_answered(buf):
 def log_errors(lines):
     """Tracebacks in the server log. Returns ``(internal, bad_http)``: ``internal`` counts the unhandled
     exceptions ("internal error", "request failed", "error in tick", and aiohttp's "Error handling
-    request" for anything but a malformed request) by announcing line and exception type; ``bad_http``
-    counts the malformed HTTP requests aiohttp answered 400 and logged with a traceback anyway."""
+    request" for anything but a malformed request) by listener (the outermost ``shells/<protocol>``
+    frame), announcing line and exception type (the last of a chain); ``bad_http`` counts the malformed
+    HTTP requests aiohttp answered 400 and logged with a traceback anyway."""
     internal = Counter()
     bad_http = Counter()
-    current = None
-    where = "?"
-    for line in lines:
+    event = None            # [announcement, listener, last exception type]
+
+    def finish():
+        if event is None or event[2] is None:
+            return
+        announced, where, exc = event
+        if announced == "Error handling request" and exc.startswith("aiohttp.http_exceptions."):
+            bad_http[exc.rsplit(".", 1)[1]] += 1
+        else:
+            internal[f"{where}: {announced}: {exc}"] += 1
+
+    for line in lines + ["0 end"]:
         if line[:1].isdigit():
-            current = None
+            finish()
+            event = None
             m = re.search(r"(internal error[^;]*|request failed|Error handling request|error in tick|error while closing)",
                           line)
             if m and (" ERROR " in line or "internal error" in line):
-                current = m.group(1)
-                where = "?"
+                event = [m.group(1), "?", None]
             continue
-        if current is None or line.startswith("Traceback") or not line:
+        if event is None or not line or line.startswith(("Traceback", "During handling", "The above exception")):
             continue
         if line[:1].isspace():
             m = re.search(r"/shells/(\w+)/", line)
-            if m and 'File "' in line and where == "?":     # the outermost protocol frame names the listener
-                where = m.group(1)
+            if m and m.group(1) != "broker" and 'File "' in line and event[1] == "?":  # the outermost protocol frame
+                event[1] = m.group(1)
             continue
         m = re.match(r"^([A-Za-z_][\w.]*)(:|$)", line)
         if m:
-            exc = m.group(1)
-            if current == "Error handling request" and exc.startswith("aiohttp.http_exceptions."):
-                bad_http[exc.rsplit(".", 1)[1]] += 1
-            else:
-                internal[f"{where}: {current}: {exc}"] += 1
-            current = None
+            event[2] = m.group(1)
     return internal, bad_http
 
 

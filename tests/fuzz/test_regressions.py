@@ -1,0 +1,167 @@
+"""Every crash the fuzzing found, as a named test with its input (annotated hex), so it can never come back.
+
+How each was found is in its docstring: ``atheris <target>`` (coverage-guided, tests/fuzz/runner.py),
+``hypothesis <target>`` (tests/fuzz/strategies.py) or ``soak`` (bench/soak.py, over the network).
+"""
+
+import struct
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from riverbed.engine import _pycore, core
+from riverbed.engine import format as fmt
+from riverbed.engine.errors import ChunkError
+
+from . import harness
+from .t_bson import BsonTarget
+from .t_rmq import RmqTarget
+from .t_ws import WsTarget
+
+
+def unhex(text):
+    """Bytes from hex written with spaces, newlines and ``#`` comments."""
+    return bytes.fromhex("".join(line.split("#")[0] for line in text.splitlines()).replace(" ", ""))
+
+
+@pytest.fixture
+def target(request, tmp_path):
+    t = request.param(tmp_path)
+    yield t
+    t.close()
+
+
+# ------------------------------------------------------------------------------ engine: chunk parser
+
+# A data section of one sub-batch entry whose Size is 0xFFFFFFF5: 11 (its header) + Size is 2**32, which
+# wrapped to 0 in the compiled scan_entries (uint32 arithmetic), so the walk never advanced: an endless
+# loop appending to two lists until memory ran out. (atheris chunk: OOM at 469 MB, and the twins disagreed
+# on the same inputs with other sizes near 2**32.)
+WRAPPING_SUB_BATCH = unhex("""
+    80                      # sub-batch entry, no compression
+    0001                    # NumRecords 1
+    00000000                # uncompressed size
+    fffffff5                # Size: 11 + this = 2**32
+""")
+
+
+def test_scan_entries_size_near_2_32_is_an_overrun_not_a_wrap():
+    for impl in (core, _pycore):
+        with pytest.raises(ChunkError):
+            impl.scan_entries(WRAPPING_SUB_BATCH)
+        with pytest.raises(ChunkError):
+            impl.cut_entries(WRAPPING_SUB_BATCH, 1 << 20, 100, 100)
+    # a size that wraps to a small step instead of 0 (the twins disagreed: compiled "ok", pure ChunkError)
+    data = unhex("80 0001 00000000 ffffffff") + b"\x00" * 12
+    for impl in (core, _pycore):
+        with pytest.raises(ChunkError):
+            impl.scan_entries(data)
+
+
+# The same entry inside an uncompressed sub-batch of an RMQ Publish: check_sub_batch walks the body with
+# scan_entries, so one 79-byte frame hung the event loop and grew the server until it was killed. Run in
+# a child process with a memory cap and a time limit, so the test fails (rather than hangs) if it regresses.
+PUBLISH_HANGING_THE_LOOP = unhex("""
+    01                                  # fuzz flags: the harness does the handshake first
+    00000010 000d 0001 00000001 0002 7331 00000000           # Create s1, no arguments
+    0000000f 0001 0001 00000002 01 0000 0002 7331            # DeclarePublisher 1 on s1, no reference
+    00000027 0002 0001 01 00000001                           # Publish v1, publisher 1, 1 message
+      0000000000000001                                       # publishing id 1
+      80 0001 0000000b 0000000b                              # sub-batch: none, 1 record, 11 bytes
+        80 0001 00000000 fffffff5                            # its body: the wrapping entry
+""")
+
+
+def test_rmq_publish_with_wrapping_inner_entry_is_refused_in_bounded_time(tmp_path):
+    script = textwrap.dedent(f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_DATA, (1 << 30, 1 << 30))
+        sys.path.insert(0, {str(harness.Path(__file__).resolve().parents[2])!r})
+        from tests.fuzz import harness, t_rmq
+        t = t_rmq.RmqTarget({str(tmp_path)!r})
+        harness.check_input(t, bytes.fromhex({PUBLISH_HANGING_THE_LOOP.hex()!r}))
+        t.close()
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+# --------------------------------------------------------------------- engine: sub-batch decompression
+
+@pytest.mark.parametrize("entry", [
+    # (hypothesis chunk) gzip whose stream is empty though the header says 3 bytes: ValueError escaped
+    unhex("90 0000 00000003 00000008  789c030000000001"),
+    # (hypothesis chunk) an lz4 frame cut after its magic: lz4's RuntimeError escaped
+    unhex("b0 0000 00000000 00000004  04224d18"),
+    # (atheris chunk) not gzip at all: zlib.error escaped
+    unhex("90 0001 00000005 00000004  deadbeef"),
+], ids=["gzip-size-lie", "lz4-truncated", "gzip-garbage"])
+def test_sub_batch_that_does_not_decompress_is_a_chunk_error(entry):
+    chunk = _pycore.build_chunk(entry, 1, 1, 1000, 7)
+    for impl in (core, _pycore):
+        with pytest.raises(ChunkError):
+            impl.chunk_records(chunk)
+        with pytest.raises(ChunkError):
+            impl.chunk_to_arrow(chunk)
+    with pytest.raises(ChunkError):
+        fmt.decompress(fmt.COMPRESSION_GZIP, b"\xde\xad", 4)
+
+
+# ------------------------------------------------------- sessions: unhandled exceptions (class 3, issue 21)
+
+@pytest.mark.parametrize("target", [WsTarget], indirect=True)
+@pytest.mark.parametrize("message", [
+    '{"type": "\\ud800"}',                                       # (hypothesis ws) echoed in "Unknown request type"
+    '{"type": "unsubscribe", "stream": {"\\ud800": null}}',      # (hypothesis ws) echoed in "Not subscribed"
+], ids=["type", "echoed-request"])
+def test_ws_lone_surrogate_in_a_request_gets_an_error_frame(target, message):
+    from .t_ws import encode_messages
+
+    harness.check_input(target, b"\x00" + encode_messages([message]))
+
+
+# (soak, bson listener: 40 "internal error" TypeError in 30 s) a PUB whose sessID is an array
+BSON_PUB_SESSID_ARRAY = unhex("""
+    01                                                   # fuzz flags: CONNECT first
+    56000000                                             # a document of 86 bytes
+    02 7479706500 04000000 50554200                      # type: "PUB"
+    03 6672616d6500 3c000000                             # frame: { (60 bytes)
+      02 6368616e6e656c00 03000000 636800                #   channel: "ch"
+      03 6576656e7400 0c000000 10 6100 01000000 00        #   event: {a: 1}
+      04 73657373494400 0c000000 10 3000 01000000 00      #   sessID: [1]
+    00                                                   # }
+    00
+""")
+
+
+@pytest.mark.parametrize("target", [BsonTarget], indirect=True)
+def test_bson_pub_with_array_session_id_gets_a_response(target):
+    harness.check_input(target, BSON_PUB_SESSID_ARRAY)
+
+
+# (soak, stream listener: 23 "internal error" AttributeError in 30 s) Create with a null argument key
+RMQ_CREATE_NULL_KEY = unhex("""
+    01                                                   # fuzz flags: handshake first
+    00000015 000d 0001 00000009 0002 7339                # Create s9
+      00000001 ffff 0001 78                              # 1 argument: key null (-1), value "x"
+""")
+
+
+@pytest.mark.parametrize("target", [RmqTarget], indirect=True)
+def test_rmq_create_with_null_argument_key_gets_a_response(target):
+    harness.check_input(target, RMQ_CREATE_NULL_KEY)
+
+
+def test_annotated_inputs_are_well_formed():
+    """The hex above is what it says: lengths add up (a typo would make a test pass for the wrong reason)."""
+    frames, used = core.split_frames(PUBLISH_HANGING_THE_LOOP[1:], 1 << 20)
+    assert used == len(PUBLISH_HANGING_THE_LOOP) - 1 and len(frames) == 3
+    docs, used = core.split_bson_frames(BSON_PUB_SESSID_ARRAY[1:], 1 << 20)
+    assert used == len(BSON_PUB_SESSID_ARRAY) - 1 and len(docs) == 1
+    import bson
+    assert bson.decode(bytes(docs[0]))["frame"]["sessID"] == [1]
+    frames, used = core.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)
+    assert used == len(RMQ_CREATE_NULL_KEY) - 1 and len(frames) == 1
+    assert struct.unpack_from(">HH", frames[0])[0] == 0x0D

@@ -9,7 +9,7 @@ from . import harness
 from .strategies import STRATEGIES
 from .targets import make_target
 
-EXAMPLES = 120
+EXAMPLES = 80
 
 
 @pytest.fixture(scope="module")

@@ -130,6 +130,15 @@ def ws_text_frame(text):
 
 # ------------------------------------------------------------------------------------------- input
 
+def parse_json(text):
+    """JSON text (str) parsed strictly: NaN and Infinity are not JSON. Raises ValueError (a
+    RecursionError too deep to parse becomes one); check the depth first (``record.json_within_depth``)."""
+    try:
+        return _decode(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
 def parse_request(text):
     """One client frame (str or UTF-8 bytes) as a request dict: the one validation step every request
     goes through before a handler reads it. Raises RequestError for text that is not a JSON object (NaN

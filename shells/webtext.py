@@ -1,0 +1,48 @@
+"""One check every aiohttp listener (the HTTP listener and the WebSocket JSON listener's REST and upgrade
+requests) makes before routing a request: its target and header values must be text UTF-8 can write.
+
+aiohttp reads header bytes that are not UTF-8 with ``surrogateescape``, so a header value of ``\\xff``
+becomes a lone surrogate; aiohttp itself then echoes some of them into error texts (an unknown
+``Expect``, a bad ``Upgrade``) whose encoding fails, and the client got a 500 after an "Error handling
+request" traceback. Such a request is answered 400 here, before aiohttp's own Expect handling and before
+any route, middleware or WebSocket handshake sees it.
+"""
+
+from aiohttp import web
+
+BAD_TEXT = "request target or header is not valid UTF-8"
+
+
+def _encodable(text):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def request_text_ok(request):
+    """True when the request's target (path and query, as received) and every header name and value
+    encode as UTF-8."""
+    if not _encodable(request.raw_path):
+        return False
+    for name, value in request.headers.items():
+        if not _encodable(name) or not _encodable(value):
+            return False
+    return True
+
+
+def guard_server(server, on_reject=None):
+    """Wrap the request handler of ``server`` (an aiohttp ``web.Server``, e.g. ``AppRunner.server``
+    after ``setup()``) so a request failing :func:`request_text_ok` is answered 400 with
+    ``{"error": "bad_request", "reason": ...}``; ``on_reject()`` is called for each (a metric). Call
+    before the server accepts connections."""
+    handler = server.request_handler
+
+    async def guarded(request):
+        if not request_text_ok(request):
+            if on_reject is not None:
+                on_reject()
+            return web.json_response({"error": "bad_request", "reason": BAD_TEXT}, status=400)
+        return await handler(request)
+    server.request_handler = guarded

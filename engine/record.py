@@ -89,6 +89,11 @@ _max_depth = DEFAULT_MAX_DEPTH
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _OPENS = frozenset(b"[{")
+# Every level of BSON nesting takes at least 7 bytes (type, an empty key's NUL, the embedded document's
+# int32 length and terminator); the innermost document 5. So a document shorter than 5 + 7 x limit
+# cannot nest deeper than the limit.
+_LEN_BSON_MIN = 5
+LEN_BSON_LEVEL = 7
 
 
 def set_max_depth(depth):
@@ -448,12 +453,19 @@ def _json_document(rec):
 
 def to_bson_bytes(rec):
     """:func:`to_bson_document` encoded. A BSON payload is returned as stored, byte for byte, when it is
-    framed as one BSON document (a sniffed one has also been decoded): it reaches a BSON reader exactly
-    as it was written, so its nesting is not measured here (a BSON publish measured it). A document that
-    ``bson.encode`` refuses (an integer past int64) renders as bytes. Never raises; pure; thread-safe."""
+    framed as one BSON document (a sniffed one has also been decoded) and nests no deeper than
+    :func:`max_depth` (only a payload long enough to nest that deep is decoded to measure it; a deeper
+    or undecodable one renders as bytes). A document that ``bson.encode`` refuses (an integer past int64)
+    renders as bytes. Never raises; pure; thread-safe."""
     if rec.kind == KIND_BSON and ((rec._document is not None and rec._document is not _NO_DOCUMENT)
                                 or _bson_framed(rec.payload)):
-        return rec.payload
+        if len(rec.payload) < _LEN_BSON_MIN + LEN_BSON_LEVEL * _max_depth:
+            return rec.payload           # too short to nest deeper than the limit: no need to look
+        doc = _bson_document(rec)
+        if doc is not None and value_within_depth(doc):
+            return rec.payload
+        _fallback(KIND_BSON, FALLBACK_DEPTH if doc is not None else FALLBACK_INVALID, rec)
+        return bson.encode(_raw_bson_document(rec))
     doc = to_bson_document(rec)
     try:
         return bson.encode(doc)

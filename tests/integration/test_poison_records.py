@@ -333,3 +333,31 @@ def test_ream_publish_too_deep_is_refused_and_the_connection_goes_on(srv):
         assert c.line() == f"EVENT PUBLISHED {stream} 1"
     finally:
         c.close()
+
+
+def test_max_depth_flag_sets_the_one_limit_for_publish_and_render(tmp_path):
+    s = ServerProcess(tmp_path / "data", "--bson-port", "0", "--ws-port", "0", "--max-depth", "8").start()
+    try:
+        async def go():
+            async with await BsonClient.connect("127.0.0.1", s.ports["bson"]) as c:
+                with pytest.raises(BsonError) as e:
+                    await c.publish("d8", deep_doc(9))          # under the fast path's own bound of 64
+                assert e.value.code == 6 and "deeper than the limit of 8" in str(e.value)
+                await c.publish("d8", deep_doc(8))
+            async with aiohttp.ClientSession() as http:
+                ws = await http.ws_connect(f"http://127.0.0.1:{s.ports['ws']}/api/v1/ws")
+                await ws.send_str(json.dumps({"type": "publish", "stream": "d8", "msg": deep_json(9).decode()}))
+                assert "deeper than the limit of 8" in (await ws_recv(ws))[3]
+            async with Producer("127.0.0.1", s.port, **CREDS) as p:       # stored as sent: rendered raw
+                await p.send_wait("d8", AMQPMessage(body=bson.encode(deep_doc(9)),
+                                                    properties=Properties(content_type=b"application/bson")))
+            async with aiohttp.ClientSession() as http:
+                ws = await http.ws_connect(f"http://127.0.0.1:{s.ports['ws']}/api/v1/ws")
+                await ws.send_str(json.dumps({"type": "resend", "stream": "d8", "sub": "r", "resend_all": True}))
+                frames = [await ws_recv(ws) for _ in range(4)]
+                assert [f[1] for f in frames] == [4, 1, 1, 5]
+                assert json.loads(frames[1][3][8]) == deep_doc(8)
+                assert json.loads(frames[2][3][8]) == {"base64": b64(bson.encode(deep_doc(9)))}
+        run(go())
+    finally:
+        assert s.stop() == 0, s.log()

@@ -38,7 +38,7 @@ from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
 from riverbed.shells.bson_tcp.queries import Matcher, Subscription
 from riverbed.shells.broker import READ, WRITE
-from riverbed.shells.broker.rejected import count_rejection
+from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
 LISTENER = "bson"
@@ -188,9 +188,8 @@ class BsonSession(AdminCommands):
     def _refuse_frame(self, ftype, f, err):
         """Answer a frame that failed :func:`codec.check_frame` in its own reply form (RESPONSE,
         SUBRESPONSE, QUERYRESULT; frames without a reply are dropped), counted as a rejection."""
-        count_rejection(LISTENER, err.reason)
+        _limits.reject(LISTENER, err.reason, f"{ftype}: {err}", self.peer)
         rid = f.get("rID")
-        log.debug("%s: %s frame refused: %s", self.peer, ftype, err)
         if ftype in (c.FT_ACKEV, c.FT_QUERYACK, c.FT_PING):
             return
         if ftype == c.FT_SUBSCRIBE:

@@ -26,7 +26,7 @@ import logging
 from collections import deque
 
 from riverbed.engine.errors import RiverbedError
-from riverbed.shells.broker.rejected import count_rejection
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text import expr as X
 from riverbed.shells.ream_text.codec import (
@@ -444,7 +444,7 @@ class ReamSession(EventRequests, DocumentRequests):
             handler(req, payloads)
         except ReamError as e:
             if e.rejected is not None:
-                count_rejection(LISTENER, e.rejected)
+                _limits.reject(LISTENER, e.rejected, e.reason, self.peer)
             self._refuse(req, e.reason)
         except X.ExprError as e:
             self._refuse(req, f"Invalid expression: {e}")
@@ -452,8 +452,7 @@ class ReamSession(EventRequests, DocumentRequests):
             self._refuse(req, reason_of(e))
         except (ValueError, TypeError, LookupError, OverflowError, RecursionError) as e:
             # a request word or payload the checks let through: still this request's refusal
-            log.info("%s: %s %s refused: %r", self.peer, req.noun, req.verb, e)
-            count_rejection(LISTENER, "field")
+            _limits.reject(LISTENER, "field", f"{req.noun} {req.verb}: {e!r}", self.peer)
             self._refuse(req, f"Invalid request: {type(e).__name__}")
 
     def _need(self, req, nwords):

@@ -30,7 +30,7 @@ import struct
 from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
-from riverbed.shells.broker.rejected import count_rejection
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
     _AUTH_CODES, _KEY_VERSION, _U32, DecodeError, FieldError, Reader, enc_properties, enc_strings, encode_close,
     encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
@@ -391,16 +391,14 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         except (TypeError, ValueError, LookupError, AttributeError, OverflowError, RecursionError) as e:
             # a value that parsed and that the command's checks let through: still this request's
             # error, answered as one (the frame was read whole, so the connection can go on)
-            log.info("%s: %s refused: %r", self.peer, name, e)
-            self._refuse_values(key, f, name, e)
+            self._refuse_values(key, f, name, repr(e))
 
     def _refuse_values(self, key, f, name, err):
         """Answer a whole, well-framed request whose values its command cannot take with
         PRECONDITION_FAILED and an empty body of its response's shape; the connection stays open.
         Commands that have no response (Tune, Credit, StoreOffset, responses) are dropped, except a
         Metadata request, whose response has no code: Close 0x0d."""
-        count_rejection(LISTENER, "field")
-        log.info("%s: %s refused: %s", self.peer, name, err)
+        _limits.reject(LISTENER, "field", f"{name}: {err}", self.peer)
         if key == CMD_METADATA:
             self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {err}")
             return

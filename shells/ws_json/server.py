@@ -33,7 +33,7 @@ from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
-from riverbed.shells.broker.rejected import count_rejection
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
@@ -144,7 +144,7 @@ class WsJsonServer:
         app.router.add_post(base, self._rest_post)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_GRACE)
         await self._runner.setup()
-        guard_server(self._runner.server, lambda: count_rejection(self.name, "encoding"))
+        guard_server(self._runner.server, lambda: _limits.reject(self.name, "encoding"))
         if self.ssl is None:
             self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
             await self._site.start()
@@ -379,7 +379,7 @@ class WsJsonServer:
         except UnicodeDecodeError:
             raise RestError(400, "Request body must be UTF-8 JSON") from None
         if not _record.json_within_depth(text, limit + 1):
-            count_rejection(WsJsonServer.name, "depth")
+            _limits.reject(WsJsonServer.name, "depth")
             raise RestError(400, f"Request body nests deeper than the limit of {limit}")
         try:
             value = codec.parse_json(text)
@@ -389,7 +389,7 @@ class WsJsonServer:
         if not all(isinstance(x, dict) for x in items):
             raise RestError(400, "Request body must be a JSON object or a list of them")
         if not all(_record.value_within_depth(x, limit) for x in items):
-            count_rejection(WsJsonServer.name, "depth")
+            _limits.reject(WsJsonServer.name, "depth")
             raise RestError(400, f"Request body nests deeper than the limit of {limit}")
         out = []
         for x in items:
@@ -397,7 +397,7 @@ class WsJsonServer:
             try:
                 t.encode("utf-8")
             except UnicodeEncodeError:
-                count_rejection(WsJsonServer.name, "encoding")
+                _limits.reject(WsJsonServer.name, "encoding")
                 raise RestError(400, codec.ERR_BAD_TEXT) from None
             out.append(t)
         return out

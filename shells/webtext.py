@@ -5,12 +5,35 @@ aiohttp reads header bytes that are not UTF-8 with ``surrogateescape``, so a hea
 becomes a lone surrogate; aiohttp itself then echoes some of them into error texts (an unknown
 ``Expect``, a bad ``Upgrade``) whose encoding fails, and the client got a 500 after an "Error handling
 request" traceback. Such a request is answered 400 here, before aiohttp's own Expect handling and before
-any route, middleware or WebSocket handshake sees it.
+any route, middleware or WebSocket handshake sees it. Requests aiohttp's parser itself refuses (400)
+no longer log a traceback at ERROR (see :class:`_MalformedRequests`).
 """
 
+import logging
+
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 BAD_TEXT = "request target or header is not valid UTF-8"
+
+log = logging.getLogger("riverbed.http")
+
+
+class _MalformedRequests(logging.Filter):
+    """aiohttp answers a request its parser refuses (a header name that is not a token, a bad request
+    line, ...) with 400 itself, then logs the parser's exception with a traceback at ERROR as "Error
+    handling request". That is the client's fault, answered in HTTP's own terms: one debug line here
+    instead of the traceback."""
+
+    def filter(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and 400 <= (exc.code or 0) < 500:
+            log.debug("malformed HTTP request refused (%s): %s", exc.code, exc.message)
+            return False
+        return True
+
+
+_FILTER = _MalformedRequests()
 
 
 def _encodable(text):
@@ -46,3 +69,6 @@ def guard_server(server, on_reject=None):
             return web.json_response({"error": "bad_request", "reason": BAD_TEXT}, status=400)
         return await handler(request)
     server.request_handler = guarded
+    server_log = logging.getLogger("aiohttp.server")
+    if _FILTER not in server_log.filters:
+        server_log.addFilter(_FILTER)

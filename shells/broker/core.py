@@ -42,6 +42,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import BrokerStats
 
 log = logging.getLogger("riverbed.broker")
@@ -87,6 +88,8 @@ class Broker:
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
         self._create_hooks = []    # fn(stream) run when a stream is created, before sessions hear of it
         self.stats = BrokerStats()     # counters for GET /metrics (stats.py)
+        self.limits = _limits.current()     # the named limits in force (limits.py); see set_limits
+        self.inflight = _limits.InflightBudget(self.limits.max_inflight_bytes)   # broker-wide memory budget
         self._delete_hooks.append(self.stats.forget_stream)
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
@@ -94,6 +97,13 @@ class Broker:
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
             self._import_legacy_super_streams(os.path.join(data_dir, LEGACY_SUPER_STREAMS_FILE))
+
+    def set_limits(self, limits):
+        """Use ``limits`` (a :class:`~riverbed.shells.broker.limits.Limits`) for connections and
+        listeners started from now on, and size the in-flight budget to it. Call before listeners start."""
+        self.limits = limits
+        self.inflight.limit = limits.max_inflight_bytes
+        self.inflight.low = limits.max_inflight_bytes // 2
 
     def close(self):
         """Stop delivering engine completions (the process is stopping)."""

@@ -32,14 +32,17 @@ import logging
 from riverbed.engine import OffsetSpec, core
 from riverbed.engine.errors import FrameError, InvalidArgument, RiverbedError, StreamNotFound
 from riverbed.engine.predicate import from_mongo
-from riverbed.engine.record import CT_BSON, encode_record
+from riverbed.engine.record import CT_BSON, encode_record, max_depth
 from riverbed.shells import auth as _auth
 from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
 from riverbed.shells.bson_tcp.queries import Matcher, Subscription
 from riverbed.shells.broker import READ, WRITE
+from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
+LISTENER = "bson"
+FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
 PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
@@ -140,10 +143,11 @@ class BsonSession(AdminCommands):
         return frames, pos
 
     def _dispatch(self, raw):
-        if self.state == ST_OPEN:
+        if self.state == ST_OPEN and max_depth() >= FAST_PUB_DEPTH:
             pub = core.bson_pub(raw)
             if pub is not None:
-                # a well-formed PUB, checked without decoding: its event is stored as the frame has it
+                # a well-formed PUB, checked without decoding (event nesting included, up to the core's
+                # bound): its event is stored as the frame has it
                 self._pub(pub[0], pub[1], pub[2], bytes(raw[pub[3]:pub[4]]))
                 return
         try:
@@ -152,11 +156,18 @@ class BsonSession(AdminCommands):
             self._send_batch()
             self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, str(e))
             return
+        f = frame
+        if self.state == ST_OPEN:
+            try:
+                c.check_frame(f, max_depth())
+            except c.FieldError as e:
+                self._send_batch()
+                self._refuse_frame(ftype, f, e)
+                return
         if ftype == c.FT_PUB and self.state == ST_OPEN:
             self._on_pub(frame)
             return
         self._send_batch()
-        f = frame
         rid = f.get("rID")
         if self.state == ST_CONNECTING:
             if ftype == c.FT_CONNECT:
@@ -170,8 +181,25 @@ class BsonSession(AdminCommands):
             return
         try:
             handler(self, f)
-        except (InvalidArgument, c.DecodeError, TypeError, ValueError, OverflowError) as e:
+        except (InvalidArgument, c.DecodeError, TypeError, ValueError, OverflowError, LookupError,
+                RecursionError) as e:
             self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(e)))
+
+    def _refuse_frame(self, ftype, f, err):
+        """Answer a frame that failed :func:`codec.check_frame` in its own reply form (RESPONSE,
+        SUBRESPONSE, QUERYRESULT; frames without a reply are dropped), counted as a rejection."""
+        _limits.reject(LISTENER, err.reason, f"{ftype}: {err}", self.peer)
+        rid = f.get("rID")
+        if ftype in (c.FT_ACKEV, c.FT_QUERYACK, c.FT_PING):
+            return
+        if ftype == c.FT_SUBSCRIBE:
+            self._reply(c.sub_response(rid, False, err_code=c.ERR_COMMAND_NOT_PROCESSED, err_msg=str(err)))
+        elif ftype == c.FT_QUERY:
+            qid = f.get("queryID")
+            self._reply(c.encode_query_result(qid if c.is_int(qid) else None, None, True, ok=False,
+                                              errCode=c.ERR_COMMAND_NOT_PROCESSED, errMsg=str(err)))
+        else:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(err)))
 
     # ----------------------------------------------------------------------------------- output
 

@@ -22,6 +22,8 @@ import uuid
 from bson import json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
 
+from riverbed.engine.record import json_within_depth, max_depth
+
 from riverbed.engine.errors import RiverbedError, UniqueViolation
 from riverbed.shells.ream_text.expr import ExprError
 
@@ -104,11 +106,13 @@ USAGE = {
 
 
 class ReamError(Exception):
-    """A request the server refuses; ``reason`` goes to the client in quotes."""
+    """A request the server refuses; ``reason`` goes to the client in quotes; ``rejected``, when set, is
+    the ``riverbed_rejected_total`` reason the refusal counts under (``"depth"``, ...)."""
 
-    def __init__(self, reason):
+    def __init__(self, reason, rejected=None):
         super().__init__(reason)
         self.reason = reason
+        self.rejected = rejected
 
 
 def usage_error(key):
@@ -196,11 +200,17 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)   # made once: json.loa
 
 
 def parse_json_object(payload):
-    """A payload (bytes) parsed as a JSON object (dict). ReamError "Invalid JSON..." otherwise."""
+    """A payload (bytes) parsed as a JSON object (dict). ReamError "Invalid JSON..." otherwise: not UTF-8,
+    nested deeper than the depth limit (``--max-depth``), not JSON, not an object. A payload holding a
+    lone surrogate escape (``"\\ud800"``) is valid JSON text and is kept as sent."""
     try:
-        value = _DECODER.decode(payload.decode("utf-8"))
+        text = payload.decode("utf-8")
     except UnicodeDecodeError:
-        raise ReamError("Invalid JSON: not UTF-8") from None
+        raise ReamError("Invalid JSON: not UTF-8", "encoding") from None
+    if not json_within_depth(text):
+        raise ReamError(f"Invalid JSON: nested deeper than the limit of {max_depth()}", "depth")
+    try:
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
         raise ReamError(f"Invalid JSON: {e}") from None
     if not isinstance(value, dict):

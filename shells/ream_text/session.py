@@ -26,6 +26,7 @@ import logging
 from collections import deque
 
 from riverbed.engine.errors import RiverbedError
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text import expr as X
 from riverbed.shells.ream_text.codec import (
@@ -36,6 +37,7 @@ from riverbed.shells.ream_text.documents import DocumentRequests
 from riverbed.shells.ream_text.events import EventRequests
 
 log = logging.getLogger("riverbed.ream")
+LISTENER = "text"
 
 MAX_QUEUED = 8192        # reply slots a connection may have outstanding before its reading pauses
 RESUME_QUEUED = 2048
@@ -328,7 +330,9 @@ class ReamSession(EventRequests, DocumentRequests):
         except UnicodeDecodeError:
             self._push(C.error_line("Invalid request: not UTF-8"))
             return
-        words = text.split()
+        # words are split at ASCII whitespace only, as the line is framed: str.split() would also split
+        # at \x1c-\x1f and Unicode spaces, and a line of those alone had no words at all
+        words = [w.decode("utf-8") for w in raw.split()]
         head = words[0]
         if head == "PING" and len(words) == 1:
             self._submit_batch()
@@ -439,11 +443,17 @@ class ReamSession(EventRequests, DocumentRequests):
         try:
             handler(req, payloads)
         except ReamError as e:
+            if e.rejected is not None:
+                _limits.reject(LISTENER, e.rejected, e.reason, self.peer)
             self._refuse(req, e.reason)
         except X.ExprError as e:
             self._refuse(req, f"Invalid expression: {e}")
         except RiverbedError as e:
             self._refuse(req, reason_of(e))
+        except (ValueError, TypeError, LookupError, OverflowError, RecursionError) as e:
+            # a request word or payload the checks let through: still this request's refusal
+            _limits.reject(LISTENER, "field", f"{req.noun} {req.verb}: {e!r}", self.peer)
+            self._refuse(req, f"Invalid request: {type(e).__name__}")
 
     def _need(self, req, nwords):
         if len(req.words) != nwords:

@@ -46,6 +46,12 @@ class DecodeError(ValueError):
     """A frame body does not parse as the command its key names (truncated, bad lengths, bad UTF-8)."""
 
 
+class FieldError(DecodeError):
+    """A frame that parses to its end but holds a value its command cannot take (a null property key or
+    value, a null in a list of stream names): answered with the command's response code
+    (PRECONDITION_FAILED) and the connection stays open. Raised by :meth:`Reader.done`."""
+
+
 def frame(key, body=b"", version=1):
     """One complete frame (size prefix included) for ``key`` with ``body`` bytes."""
     return _HEAD.pack(len(body) + LEN_KEY_VERSION, key, version) + body
@@ -81,12 +87,13 @@ class Reader:
     """Cursor over one frame payload (key and version included). Every read raises DecodeError when
     the payload is too short, so a truncated or lying frame can never raise anything else."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "pos", "end", "problem")
 
     def __init__(self, buf, pos=LEN_KEY_VERSION):
         self.buf = buf
         self.pos = pos
         self.end = len(buf)
+        self.problem = None     # the first value read that its command cannot take (see done())
 
     def _take(self, st):
         p = self.pos
@@ -147,19 +154,36 @@ class Reader:
         return n
 
     def strings(self):
-        return [self.string() for _ in range(self.count(2))]
+        """An array of strings; a null among them is a problem (see :meth:`done`) and is left out."""
+        out = []
+        for _ in range(self.count(2)):
+            v = self.string()
+            if v is None:
+                self.problem = self.problem or "null string in an array of strings"
+            else:
+                out.append(v)
+        return out
 
-    def properties(self):
-        """``[(string, string)]`` as a dict (later keys win)."""
+    def properties(self, null_values=False):
+        """``[(string, string)]`` as a dict (later keys win). A null key, or a null value unless
+        ``null_values`` (kept as None), is a problem (see :meth:`done`) and its pair is left out."""
         out = {}
         for _ in range(self.count(4)):
             k = self.string()
-            out[k] = self.string()
+            v = self.string()
+            if k is None or (v is None and not null_values):
+                self.problem = self.problem or f"null {'key' if k is None else 'value'} in a properties map"
+            else:
+                out[k] = v
         return out
 
     def done(self):
+        """The end of the frame: every byte read (DecodeError otherwise), and no value the command
+        cannot take (FieldError, with the first such problem)."""
         if self.pos != self.end:
             raise DecodeError(f"{self.end - self.pos} bytes left over after the last field")
+        if self.problem is not None:
+            raise FieldError(self.problem)
 
 
 def decode_offset_spec(r, allow_none=False):

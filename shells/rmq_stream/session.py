@@ -25,12 +25,14 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
 """
 
 import logging
+import struct
 
 from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
-    _AUTH_CODES, _KEY_VERSION, _U32, DecodeError, Reader, enc_properties, enc_strings, encode_close,
+    _AUTH_CODES, _KEY_VERSION, _U32, DecodeError, FieldError, Reader, enc_properties, enc_strings, encode_close,
     encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
     encode_stream_stats, encode_tune, response, response_code_for,
 )
@@ -40,7 +42,7 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
-    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, PENDING_OPS_HIGH,
+    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, OFFSET_TYPE_OFFSET, PENDING_OPS_HIGH,
     PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_FRAME_TOO_LARGE, RC_OK,
     RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
     RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
@@ -51,6 +53,7 @@ from riverbed.shells.rmq_stream.consume import ConsumeCommands
 from riverbed.shells.rmq_stream.publish import PublishCommands
 
 log = logging.getLogger("riverbed.rmq")
+LISTENER = "rabbitmq-stream"
 
 
 class RmqStreamSession(PublishCommands, ConsumeCommands):
@@ -381,8 +384,28 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             return
         try:
             method(self, f, version)
+        except FieldError as e:
+            self._refuse_values(key, f, name, e)
         except DecodeError as e:
             self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {e}")
+        except (TypeError, ValueError, LookupError, AttributeError, OverflowError, RecursionError) as e:
+            # a value that parsed and that the command's checks let through: still this request's
+            # error, answered as one (the frame was read whole, so the connection can go on)
+            self._refuse_values(key, f, name, repr(e))
+
+    def _refuse_values(self, key, f, name, err):
+        """Answer a whole, well-framed request whose values its command cannot take with
+        PRECONDITION_FAILED and an empty body of its response's shape; the connection stays open.
+        Commands that have no response (Tune, Credit, StoreOffset, responses) are dropped, except a
+        Metadata request, whose response has no code: Close 0x0d."""
+        _limits.reject(LISTENER, "field", f"{name}: {err}", self.peer)
+        if key == CMD_METADATA:
+            self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {err}")
+            return
+        if key & RESPONSE or key in _NO_RESPONSE or len(f) < LEN_KEY_VERSION + 4:
+            return
+        corr = _U32.unpack_from(f, LEN_KEY_VERSION)[0]
+        self._respond(key, corr, RC_PRECONDITION_FAILED, _ERROR_BODIES.get(key, b""))
 
     def _can(self, what, resource):
         return self.user is not None and self.user.can(what, resource)
@@ -392,7 +415,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     def _on_peer_properties(self, f, version):
         r = Reader(f)
         corr = r.u32()
-        self.client_properties = r.properties()
+        self.client_properties = r.properties(null_values=True)   # shown as given (management API)
         r.done()
         self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(self.shell.server_properties()))
 
@@ -668,3 +691,20 @@ COMMANDS = {
     CMD_DELETE_SUPER_STREAM: (RmqStreamSession._on_delete_super_stream, (1,), ST_OPEN, "DeleteSuperStream"),
     CMD_RESOLVE_OFFSET_SPEC: (RmqStreamSession._on_resolve_offset_spec, (1,), ST_OPEN, "ResolveOffsetSpec"),
 }
+
+# Requests whose response is more than a code: the body a refusal carries so that clients parse it (the
+# shapes of the empty answers the handlers give; StreamStats' and ExchangeCommandVersions' empty lists).
+_ERROR_BODIES = {
+    CMD_PEER_PROPERTIES: enc_properties({}),
+    CMD_SASL_HANDSHAKE: enc_strings([]),
+    CMD_OPEN: enc_properties({}),
+    CMD_QUERY_OFFSET: b"\x00" * 8,
+    CMD_QUERY_PUBLISHER_SEQUENCE: b"\x00" * 8,
+    CMD_ROUTE: enc_strings([]),
+    CMD_PARTITIONS: enc_strings([]),
+    CMD_STREAM_STATS: b"\x00" * 4,
+    CMD_EXCHANGE_COMMAND_VERSIONS: b"\x00" * 4,
+    CMD_RESOLVE_OFFSET_SPEC: struct.pack(">HQ", OFFSET_TYPE_OFFSET, 0),
+}
+# Requests without a correlation id, so without a response to refuse them with.
+_NO_RESPONSE = frozenset((CMD_TUNE, CMD_HEARTBEAT, CMD_CREDIT, CMD_STORE_OFFSET, CMD_PUBLISH))

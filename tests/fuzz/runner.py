@@ -131,6 +131,7 @@ def cmd_seed(names, n_hypothesis=0):
 
 
 def cmd_replay(names, memory):
+    harness.quiet_logging()
     bad = 0
     for name in names:
         t = make_target(name)
@@ -168,6 +169,7 @@ def riverbed_modules():
 def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra):
     import atheris
 
+    harness.quiet_logging()
     # coverage feedback from the code the target is about only: instrumenting the engine's writer and
     # the broker too would triple the cost of every input and guide nothing
     wanted = TARGETS[name][1]

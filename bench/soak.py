@@ -330,7 +330,10 @@ async def good_ream(port, stop, res):
 async def good_http(port, stop, res):
     import aiohttp
 
-    async with aiohttp.ClientSession(auth=aiohttp.BasicAuth("guest", "guest")) as http:
+    import base64
+
+    guest = {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()}
+    async with aiohttp.ClientSession(headers=guest) as http:
         while not stop.is_set():
             for stream in ("soak_rmq", "soak_bson", "soak_zmq", "soak_ws", "soak_ream"):
                 try:
@@ -583,6 +586,8 @@ async def slowloris(listener, port, stop, res, rng, conns=8):
             if stop.is_set():
                 break
             for _, w in socks:
+                if w.is_closing() or w.transport.get_extra_info("socket") is None:
+                    continue
                 try:
                     w.write(data[i:i + 1])
                 except (ConnectionError, OSError, RuntimeError):

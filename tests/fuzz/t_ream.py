@@ -6,7 +6,6 @@ FLAG_PRELUDE publishes one event to stream ``sss`` and subscribes to it first.
 
 from riverbed.shells.ream_text import ReamSession, ReamShell
 from riverbed.shells.ream_text import codec as C
-from riverbed.shells.ream_text.expr import ExprError  # noqa: F401 - documented error of the expressions
 
 from .harness import FLAG_PRELUDE, FakeIO, SessionTarget
 

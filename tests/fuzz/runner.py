@@ -4,6 +4,8 @@
 * ``replay TARGET... [--memory]`` - run the corpus through targets once under the invariants.
 * ``fuzz TARGET --seconds N [--stats FILE]`` - coverage-guided fuzzing with atheris (libFuzzer) for N
   seconds; new interesting inputs go into tests/fuzz/corpus/TARGET; findings into .fuzz/findings/TARGET.
+* ``minimize [TARGET...]`` - libFuzzer ``-merge=1`` of each corpus (inputs that add coverage), trimmed
+  to CORPUS_BUDGET bytes; ``campaign`` does it after each target.
 * ``campaign [--seconds N] [--runs N] [--targets a,b]`` - ``fuzz`` each target in its own process, one after the
   other, then minimise each corpus (libFuzzer ``-merge=1``) and print a table: inputs, exec/s, findings
   (uncaught exceptions by signature), hangs, peak RSS. Exits 1 on any finding, hang, or a peak RSS over
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -166,7 +169,21 @@ def riverbed_modules():
     return names
 
 
-def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra):
+def _reexec_script(name):
+    """libFuzzer runs ``argv[0] <its flags...>`` for the inner processes of ``-merge=1``: a script that
+    turns those flags back into this runner's ``fuzz NAME --raw --lf=...`` command line."""
+    path = WORK / f"reexec-{name}.sh"
+    path.write_text(f"""#!/bin/sh
+cd {shlex.quote(str(ROOT))}
+args=""
+for a in "$@"; do args="$args --lf=$a"; done
+exec {shlex.quote(sys.executable)} -m tests.fuzz.runner fuzz {name} --raw $args
+""")
+    path.chmod(0o755)
+    return str(path)
+
+
+def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra, raw=False):
     import atheris
 
     harness.quiet_logging()
@@ -188,10 +205,13 @@ def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra):
         if stats.inputs % 5000 == 0 and harness.rss_bytes() > harness.RSS_MAX:
             stats.write(force=True)
 
-    argv = [sys.argv[0], str(corpus_dir(name)), str(seeds), f"-max_total_time={seconds}", f"-max_len={MAX_LEN}",
-            f"-timeout={TIMEOUT}", f"-rss_limit_mb={harness.RSS_MAX >> 20}", "-print_final_stats=1",
-            f"-artifact_prefix={WORK / 'findings' / name}/", *extra]
     (WORK / "findings" / name).mkdir(parents=True, exist_ok=True)
+    if raw:
+        argv = [_reexec_script(name), *extra]
+    else:
+        argv = [_reexec_script(name), str(corpus_dir(name)), str(seeds), f"-max_total_time={seconds}",
+                f"-max_len={MAX_LEN}", f"-timeout={TIMEOUT}", f"-rss_limit_mb={harness.RSS_MAX >> 20}",
+                "-print_final_stats=1", f"-artifact_prefix={WORK / 'findings' / name}/", *extra]
     import atexit
 
     atexit.register(lambda: stats.write(force=True))
@@ -208,9 +228,9 @@ def _merge(name):
     d = corpus_dir(name)
     tmp = Path(tempfile.mkdtemp(prefix=f"fuzz-merge-{name}-"))
     try:
-        r = subprocess.run([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", "0",
-                            "--lf=-merge=1", f"--lf={tmp}", f"--lf={d}"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=600)
+        r = subprocess.run([sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--raw",
+                            "--lf=-merge=1", f"--lf=-max_len={MAX_LEN}", f"--lf={tmp}", f"--lf={d}"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=900)
         files = sorted(tmp.iterdir(), key=lambda p: p.stat().st_size)
         if r.returncode == 0 and files:
             total = 0
@@ -287,8 +307,11 @@ def main(argv=None):
     f.add_argument("--seconds", type=int, default=60)
     f.add_argument("--stats")
     f.add_argument("--stop-on-crash", action="store_true")
+    f.add_argument("--raw", action="store_true", help="only the --lf flags reach libFuzzer (merge's inner runs)")
     f.add_argument("--lf", action="append", default=[], metavar="-FLAG=VALUE",
                    help="a libFuzzer flag, e.g. --lf=-runs=1000 (repeatable)")
+    m = sub.add_parser("minimize")
+    m.add_argument("targets", nargs="*")
     c = sub.add_parser("campaign")
     c.add_argument("--seconds", type=int, default=int(os.environ.get("FUZZ_SECONDS", "60")))
     c.add_argument("--targets", default=os.environ.get("FUZZ_TARGETS", ",".join(TARGETS)))
@@ -301,8 +324,13 @@ def main(argv=None):
         return 0
     if a.cmd == "replay":
         return cmd_replay(a.targets or list(TARGETS), a.memory)
+    if a.cmd == "minimize":
+        for name in a.targets or list(TARGETS):
+            files, size = _merge(name)
+            print(f"{name}: {files} inputs, {size} bytes")
+        return 0
     if a.cmd == "fuzz":
-        cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.lf)
+        cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.lf, a.raw)
         return 0
     return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge, a.runs)
 

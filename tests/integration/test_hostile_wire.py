@@ -50,7 +50,10 @@ def http_exchange(port, requests):
                 if k.strip().lower() == b"content-length":
                     length = int(v)
             while len(buf) < length:
-                buf += sock.recv(65536)
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed inside a body")
+                buf += data
             buf = buf[length:]
             out.append(head.split(b"\r\n")[0].decode())
     finally:
@@ -103,7 +106,10 @@ def test_bson_pub_with_a_sessid_array_gets_a_response(srv):
     def recv():
         buf = b""
         while len(buf) < 4 or len(buf) < struct.unpack_from("<i", buf)[0]:
-            buf += sock.recv(65536)
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed without an answer")
+            buf += data
         return bson.decode(buf)
     try:
         sock.sendall(bson.encode({"type": "CONNECT", "frame": {"version": "0.1"}}))

@@ -194,3 +194,12 @@ def test_a_too_deep_record_loads_raw_and_the_next_one_loads():
     ids, _, raw = amqp.decode_documents(body, "bson", fields)
     assert ids.to_pylist() == [None, 1, None, 2, None, 3]
     assert [raw.to_pylist()[i] for i in (0, 2, 4)] == [deep_bson, deep_json, deep_amqp]
+
+
+def test_a_deep_descriptor_chain_loads_as_raw_bytes():
+    """A record of 5,000 nested descriptors (``00 00 00 ...``) is not a message: its body is its bytes."""
+    from riverbed.spark import amqp
+    chain = b"\x00\x53\x77" + b"\x00" * 5000 + b"\x40" * 5001
+    bodies, props = amqp.decode_batch(pa.array([chain, b"\x00\x53\x75\xa0\x02hi"], pa.binary()),
+                                      pa.map_(pa.string(), pa.string()))
+    assert bodies.to_pylist() == [chain, b"hi"] and props.to_pylist()[0] is None

@@ -82,7 +82,11 @@ class Stall:
         body = struct.pack(">i", 1) + s("good")
         while not self._stop.is_set():
             t = time.perf_counter()
-            code, _ = self.client.request(0x0F, body)
+            try:
+                self.client.request(0x0F, body, timeout=30)
+            except (OSError, ConnectionError):     # a timeout or a lost connection is a stall too
+                self.times.append(float("inf"))
+                return
             self.times.append(time.perf_counter() - t)
             time.sleep(0.002)
 

@@ -30,7 +30,7 @@ Behaviour where the protocol leaves a choice:
 import logging
 
 from riverbed.engine import OffsetSpec, core
-from riverbed.engine.errors import FrameError, InvalidArgument, RiverbedError, StreamNotFound
+from riverbed.engine.errors import FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StreamNotFound
 from riverbed.engine.predicate import from_mongo
 from riverbed.engine.record import CT_BSON, encode_record, max_depth
 from riverbed.shells import auth as _auth
@@ -41,7 +41,7 @@ from riverbed.shells.broker import READ, WRITE
 from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
-LISTENER = "bson"
+LISTENER = "bson"       # the listener label of riverbed_rejected_total
 FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
@@ -93,6 +93,7 @@ class BsonSession(AdminCommands):
         self._shutting_down = False
         self._writable = {}           # channel -> whether this connection's user may write to it
         self._now_ms = None           # wall clock (ms) read once per data_received, for PUB records
+        self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
         broker.register(self)
 
     # ------------------------------------------------------------------------------------ input
@@ -108,10 +109,12 @@ class BsonSession(AdminCommands):
         else:
             src = data
         bad = None
+        max_frame = self.limits.bson_max_frame
         try:
-            frames, used = core.split_bson_frames(src, c.MAX_FRAME)
+            # a declared length over the limit is refused as soon as its 4 bytes are in, before buffering
+            frames, used = core.split_bson_frames(src, max_frame)
         except FrameError as e:
-            frames, used = self._split_until_bad(src)
+            frames, used = self._split_until_bad(src, max_frame)
             bad = e
         if src is buf:
             del buf[:used]
@@ -124,19 +127,22 @@ class BsonSession(AdminCommands):
         self._now_ms = None
         self._send_batch()
         if bad is not None:
-            log.warning("%s: bad frame length: %s; closing", self.peer, bad)
+            if isinstance(bad, FrameTooLarge):
+                _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(bad), self.peer)
+            else:
+                log.warning("%s: bad frame length: %s; closing", self.peer, bad)
             self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, f"bad frame: {bad}")
             return
         self._flush()
 
     @staticmethod
-    def _split_until_bad(src):
+    def _split_until_bad(src, max_frame):
         # the frames before the one with a bad length are still served, in order
         mv = memoryview(src)
         pos, frames = 0, []
         while len(mv) - pos >= 4:
             n = int.from_bytes(mv[pos:pos + 4], "little", signed=True)
-            if n < c.MIN_FRAME or n > c.MAX_FRAME or len(mv) - pos < n:
+            if n < c.MIN_FRAME or n > max_frame or len(mv) - pos < n:
                 break
             frames.append(bytes(mv[pos:pos + n]))
             pos += n

@@ -37,7 +37,7 @@ from riverbed.shells.ream_text.documents import DocumentRequests
 from riverbed.shells.ream_text.events import EventRequests
 
 log = logging.getLogger("riverbed.ream")
-LISTENER = "text"
+LISTENER = "text"      # the listener label of riverbed_rejected_total
 
 MAX_QUEUED = 8192        # reply slots a connection may have outstanding before its reading pauses
 RESUME_QUEUED = 2048
@@ -291,8 +291,11 @@ class ReamSession(EventRequests, DocumentRequests):
                     pos = nl + 1
                     continue
                 if nl < 0:
-                    if n - pos > C.MAX_LINE:
-                        self._push(C.error_line(f"Request line longer than {C.MAX_LINE} bytes"))
+                    max_line = self.shell.broker.limits.text_max_line
+                    if n - pos > max_line:
+                        _limits.reject(LISTENER, _limits.REASON_STRING_LENGTH, f"request line over {max_line} "
+                                       "bytes", self.peer)
+                        self._push(C.error_line(f"Request line longer than {max_line} bytes"))
                         self._close_when_flushed()
                     break
                 raw = bytes(buf[pos:nl])
@@ -361,6 +364,7 @@ class ReamSession(EventRequests, DocumentRequests):
                 self._refuse(req, usage_error(key).reason)
                 return
             if size > self.shell.max_payload:
+                _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, f"{size} bytes declared", self.peer)
                 self._refuse(req, f"Message too large: {size} bytes declared, the limit is "
                                   f"{self.shell.max_payload}")
                 self._close_when_flushed()   # never wait for (or buffer) such a body

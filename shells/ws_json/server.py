@@ -35,7 +35,6 @@ from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.http.server import body_limit
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
-from riverbed.shells.broker import limits as _limits
 from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key

@@ -124,8 +124,11 @@ def json_depth(text):
 
 def json_within_depth(text, limit=None):
     """True when JSON text (str or bytes) nests no deeper than ``limit`` (default: :func:`max_depth`).
-    A text with fewer brackets than the limit is accepted without scanning it."""
+    A text shorter than 2 x limit + 2, or with no more brackets than the limit, is accepted without
+    scanning it."""
     limit = _max_depth if limit is None else limit
+    if len(text) <= 2 * limit + 1:          # depth d takes at least 2d characters
+        return True
     if isinstance(text, str):
         if text.count("{") + text.count("[") <= limit:
             return True
@@ -391,7 +394,10 @@ def to_json_text(rec):
         except UnicodeDecodeError:
             _fallback(KIND_JSON, FALLBACK_INVALID, rec)
         else:
-            if json_within_depth(text):
+            # depth d takes 2d characters, and the bracket count bounds it: most texts are cleared
+            # without a scan (hot path)
+            if len(text) <= 2 * _max_depth + 1 or text.count("{") + text.count("[") <= _max_depth \
+                    or json_depth(text) <= _max_depth:
                 return text
             _fallback(KIND_JSON, FALLBACK_DEPTH, rec)
     elif rec.kind == KIND_BSON:

@@ -42,6 +42,9 @@ from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
 LISTENER = "bson"       # the listener label of riverbed_rejected_total
+# what a handler raises for a value the frame check let through: answered as the request's error (errCode
+# 6), never left to the listener's guard (which drops the connection as an internal error)
+_VALUE_ERRORS = (TypeError, ValueError, OverflowError, LookupError, AttributeError, RecursionError)
 FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
@@ -171,7 +174,10 @@ class BsonSession(AdminCommands):
                 self._refuse_frame(ftype, f, e)
                 return
         if ftype == c.FT_PUB and self.state == ST_OPEN:
-            self._on_pub(frame)
+            try:
+                self._on_pub(frame)
+            except _VALUE_ERRORS as e:      # a value check_frame let through: this PUB's error only
+                self._pub_error(f.get("rID"), c.ERR_COMMAND_NOT_PROCESSED, str(e))
             return
         self._send_batch()
         rid = f.get("rID")
@@ -187,8 +193,7 @@ class BsonSession(AdminCommands):
             return
         try:
             handler(self, f)
-        except (InvalidArgument, c.DecodeError, TypeError, ValueError, OverflowError, LookupError,
-                RecursionError) as e:
+        except (InvalidArgument, c.DecodeError) + _VALUE_ERRORS as e:
             self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(e)))
 
     def _refuse_frame(self, ftype, f, err):

@@ -209,6 +209,7 @@ def _report(n, partitions, counted, at_1s, t_first_send, loop_end, cpu_window, r
         "counted_at_loop_end_plus_1s": at_1s,
         "send_loop_s": loop_end - t_first_send,
         "first_publish_write_after_loop_end": (min(writes) - loop_end) if writes else None,
+        "first_publish_write_after_first_send": (min(writes) - t_first_send) if writes else None,
         "last_publish_write_after_loop_end": {p: t - loop_end for p, t in last_write_by_part.items()},
         "last_counted_after_last_write": (last_counted - max(writes)) if writes and last_counted else None,
         "client_cpu_s_in_the_1s": cpu_window,

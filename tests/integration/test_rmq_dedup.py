@@ -26,6 +26,7 @@ KEY_SUBSCRIBE = 0x07
 KEY_DELIVER = 0x08
 KEY_CREDIT = 0x09
 KEY_CREATE_SUPER_STREAM = 0x1D
+KEY_DELETE_SUPER_STREAM = 0x1E
 OFFSET_FIRST = 1
 LEN_CHUNK_HEADER = 48
 
@@ -217,6 +218,29 @@ def test_super_stream_partitions_each_keep_id_0(server, conn):
     for p in partitions:
         assert read_stream(server.port, p) == [p.encode() + b"-0", p.encode() + b"-1"]
         assert query_sequence(conn, "ss-producer", p) == (rawwire.OK, 1)
+
+
+def test_deleted_and_recreated_super_stream_partitions_start_with_no_sequence(server, conn):
+    """DeleteSuperStream then CreateSuperStream of the same partitions: each partition's reference has
+    seen nothing again."""
+    partitions = ["dedup-ss-rc-0", "dedup-ss-rc-1"]
+    body = (s("dedup-ss-rc") + struct.pack(">i", 2) + b"".join(s(p) for p in partitions)
+            + struct.pack(">i", 2) + s("0") + s("1") + props({}))
+    for rnd in (b"old", b"new"):
+        code, _ = conn.request(KEY_CREATE_SUPER_STREAM, body)
+        assert code == rawwire.OK
+        for pid, p in enumerate(partitions):
+            assert query_sequence(conn, "ss-rc", p) == (rawwire.OK, 0)
+            assert conn.declare_publisher(10 + pid, p, "ss-rc") == rawwire.OK
+            confirmed, errors = conn.publish_confirmed(10 + pid, [(0, rnd + b"0"), (1, rnd + b"1")])
+            assert sorted(confirmed) == [0, 1] and not errors
+        for p in partitions:
+            assert read_stream(server.port, p) == [rnd + b"0", rnd + b"1"]
+        for pid in range(len(partitions)):
+            code, _ = conn.request(0x06, struct.pack(">B", 10 + pid))       # DeletePublisher
+            assert code == rawwire.OK
+        code, _ = conn.request(KEY_DELETE_SUPER_STREAM, s("dedup-ss-rc"))
+        assert code == rawwire.OK
 
 
 def test_deleted_and_recreated_stream_starts_with_no_sequence(server, conn):

@@ -59,8 +59,9 @@ def check(r, consumers):
     timing = {k: r[k] for k in ("counted_at_loop_end_plus_1s", "send_loop_s", "first_publish_write_after_loop_end",
                                 "last_publish_write_after_loop_end", "client_cpu_s_in_the_1s",
                                 "client_run_queue_wait_s_in_the_1s")}
-    print(f"rstream {r['rstream_version']}: counted {r['counted']}, broker latency p50 {r['latency_p50']:.3f} s "
-          f"max {r['latency_max']:.3f} s; client timing {timing}")
+    print(f"rstream {r['rstream_version']}: counted {r['counted']}, all counted "
+          f"{r['last_counted_after_last_write']:.3f} s after the client's last Publish frame; Publish frame -> "
+          f"callback p50 {r['latency_p50']:.3f} s max {r['latency_max']:.3f} s; client timing {timing}")
     assert r["missing"] == 0 and r["duplicates"] == 0, (
         f"{r['unique']} of {MESSAGES} messages counted ({r['missing']} missing, {r['duplicates']} duplicates); "
         f"per consumer {r['counted']}, partitions {r['partitions_by_consumer']}")

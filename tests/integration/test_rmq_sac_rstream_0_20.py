@@ -21,9 +21,9 @@ depends on the client alone: ``send()`` only buffers, a 0.5 s timer then encodes
 partition after the other on the event loop. The result records when the last Publish frame of each
 partition left the client, relative to that 1 s deadline; on a busy machine it leaves after it, and no
 broker can deliver a message before it has received it. The frames Riverbed sends on this path (the
-ConsumerUpdate order and contents, the activation offset, credit on inactive subscriptions) follow
-RabbitMQ 3.13's stream reader and SAC coordinator; tests/shells/test_rmq_session.py checks them frame
-by frame.
+ConsumerUpdate order and contents, delivery from the offset of the new active consumer's answer, a
+credit error for an inactive subscription) follow RabbitMQ 3.13's stream reader and SAC coordinator;
+tests/shells/test_rmq_session.py checks the ConsumerUpdate sequence frame by frame.
 """
 
 import json

@@ -226,15 +226,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
 
     def _inflight(self, size, done):
         """``done`` wrapped as ``_later`` does, with ``size`` bytes counted against this connection
-        (``max_pending_bytes``) and the broker-wide budget (``max_inflight_bytes``) until the append
-        completes; the budget is given back even when the connection closed meanwhile."""
+        (``max_pending_bytes``) until the append completes (the broker counts every append against the
+        broker-wide budget itself)."""
         self._inflight_bytes += size
-        budget = self.broker.inflight
-        budget.acquire(size)
         run = self._later(done)
 
         def complete(*args):
-            budget.release(size)
             self._inflight_bytes -= size
             run(*args)
         return complete

@@ -102,6 +102,7 @@ class BsonSession(AdminCommands):
         if self.state == ST_CLOSED:
             return
         self.last_recv = self.broker.clock()
+        inflight_before = self.broker.inflight.used
         buf = self._buf
         if buf:
             buf += data
@@ -126,8 +127,10 @@ class BsonSession(AdminCommands):
                 return
         self._now_ms = None
         self._send_batch()
-        if not self._budget_paused and self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
-            pass    # reading stops until the broker's in-flight bytes are back under its low mark
+        if self.broker.inflight.used > inflight_before and not self._budget_paused:
+            # this read published: past the broker's budget, reading stops until it is back at its low mark
+            # (a connection that only reads or pings is never held)
+            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
         if bad is not None:
             if isinstance(bad, FrameTooLarge):
                 _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(bad), self.peer)

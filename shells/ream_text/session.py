@@ -280,6 +280,8 @@ class ReamSession(EventRequests, DocumentRequests):
         buf = self.buf
         pos = 0
         n = len(buf)
+        budget = self.broker.inflight
+        inflight_before = budget.used
         try:
             while pos < n and not self._stop_reading:
                 if len(self.out) > MAX_QUEUED or self._transport_paused or self._budget_paused:
@@ -287,8 +289,9 @@ class ReamSession(EventRequests, DocumentRequests):
                         self._input_paused = True
                         self.io.pause_reading()
                     break
-                if self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
-                    break       # publishes wait until the broker's in-flight bytes are back at the low mark
+                if budget.used > inflight_before and \
+                        self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                    break       # this connection published: it waits until the broker is back at its low mark
                 nl = buf.find(b"\n", pos)
                 req = self.req
                 if req is not None:

@@ -193,6 +193,18 @@ class Broker:
 
     def unregister(self, session):
         self.sessions.discard(session)
+        self.inflight.cancel(session)
+
+    def hold_if_over_budget(self, session, pause, resume):
+        """Back-pressure of the broker-wide in-flight budget, for a session that just handed appends on:
+        when the budget is exceeded, ``pause()`` (stop reading the client) now and ``resume()`` once
+        in-flight bytes are back at the low mark (sessions resume in the order they paused). Returns
+        whether it paused. A session that unregisters meanwhile is never resumed. Loop thread."""
+        if not self.inflight.over():
+            return False
+        pause()
+        self.inflight.wait(session, resume)
+        return True
 
     def connections(self):
         """``connection_info()`` of every live connection that has one."""
@@ -449,7 +461,7 @@ class Broker:
         ``num_records``, when given, must be exact."""
         self._appended(lambda on_done: self.engine.append_entries(
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
-            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb)
+            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
         """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
@@ -457,14 +469,24 @@ class Broker:
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb)
+            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk))
 
     def append_records(self, stream, records, cb):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""
-        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb)
+        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb,
+                       sum(map(len, records)))
 
-    def _appended(self, submit, stream, publisher, cb):
+    def _appended(self, submit, stream, publisher, cb, size):
+        # every append counts against the broker-wide in-flight budget until it completes, whoever asked
+        # for it and whether or not that connection is still there (sessions check inflight.over())
+        budget = self.inflight
+        budget.acquire(size)
+        counted = cb
+
+        def cb(res, exc):
+            budget.release(size)
+            counted(res, exc)
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
         if key is not None:

@@ -97,6 +97,7 @@ class BsonSession(AdminCommands):
         self._writable = {}           # channel -> whether this connection's user may write to it
         self._now_ms = None           # wall clock (ms) read once per data_received, for PUB records
         self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
+        self._budget_paused = False     # reading paused by the broker-wide in-flight budget
         broker.register(self)
 
     # ------------------------------------------------------------------------------------ input
@@ -105,6 +106,7 @@ class BsonSession(AdminCommands):
         if self.state == ST_CLOSED:
             return
         self.last_recv = self.broker.clock()
+        inflight_before = self.broker.inflight.used
         buf = self._buf
         if buf:
             buf += data
@@ -129,6 +131,10 @@ class BsonSession(AdminCommands):
                 return
         self._now_ms = None
         self._send_batch()
+        if self.broker.inflight.used > inflight_before and not self._budget_paused:
+            # this read published: past the broker's budget, reading stops until it is back at its low mark
+            # (a connection that only reads or pings is never held)
+            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
         if bad is not None:
             if isinstance(bad, FrameTooLarge):
                 _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(bad), self.peer)
@@ -270,8 +276,17 @@ class BsonSession(AdminCommands):
             q.pump()
         self._flush()
 
+    def _budget_pause(self):
+        self._budget_paused = True
+        self._update_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self.state != ST_CLOSED:
+            self._update_reading()
+
     def _update_reading(self):
-        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH
+        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH or self._budget_paused
         if want and not self._read_paused:
             self._read_paused = True
             self.io.pause_reading()

@@ -87,6 +87,7 @@ class ReamSession(EventRequests, DocumentRequests):
         self.pending_writes = 0         # writes in flight that later reads must see
         self.queue = deque()            # (kind, fn): requests waiting for the ones before them (ordering)
         self._input_paused = False      # too many replies queued, or the transport is full
+        self._budget_paused = False     # the broker-wide in-flight budget is exceeded
         self._transport_paused = False
         self._stop_reading = False      # shutdown/close: input is ignored from now on
         self._close_after_flush = False
@@ -256,9 +257,19 @@ class ReamSession(EventRequests, DocumentRequests):
             self._end_sub(sub)
         self.io.close()
 
+    def _budget_pause(self):
+        self._budget_paused = True
+        if not self._input_paused:
+            self._input_paused = True
+            self.io.pause_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        self._maybe_resume_input()
+
     def _maybe_resume_input(self):
         if self._input_paused and not self._transport_paused and len(self.out) <= RESUME_QUEUED \
-                and not self._stop_reading:
+                and not self._stop_reading and not self._budget_paused:
             self._input_paused = False
             self.io.resume_reading()
             self.io.defer(self._process)
@@ -269,13 +280,18 @@ class ReamSession(EventRequests, DocumentRequests):
         buf = self.buf
         pos = 0
         n = len(buf)
+        budget = self.broker.inflight
+        inflight_before = budget.used
         try:
             while pos < n and not self._stop_reading:
-                if len(self.out) > MAX_QUEUED or self._transport_paused:
+                if len(self.out) > MAX_QUEUED or self._transport_paused or self._budget_paused:
                     if not self._input_paused:
                         self._input_paused = True
                         self.io.pause_reading()
                     break
+                if budget.used > inflight_before and \
+                        self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                    break       # this connection published: it waits until the broker is back at its low mark
                 nl = buf.find(b"\n", pos)
                 req = self.req
                 if req is not None:

@@ -11,11 +11,13 @@ stream administration and the dispatch table.
 Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
 
 * Limits: 8 KiB frames until Open, then the negotiated frame_max, except Publish, which may be up to
-  ``MAX_PUBLISH_FRAME`` (64 MiB). Over the cap: Close 0x0e. Unknown key or version, or a body that does
+  ``max_frame_size`` (limits.py; 64 MiB) with at most ``max_entries_per_frame`` messages. Over a cap:
+  Close 0x0e, counted in ``riverbed_rejected_total``. Unknown key or version, or a body that does
   not parse: Close 0x0d. A command that needs authentication (or Open) before it: Close 0x10.
 * Authentication failures answer SaslAuthenticate with 0x08 / 0x0b / 0x09 and close the socket; an
   unknown mechanism (0x07) leaves the connection open for another try.
-* Flow control: a connection stops being read while 32 MiB of its appends are uncommitted, while 10,000
+* Flow control: a connection stops being read while ``max_pending_bytes`` (32 MiB) of its appends are
+  uncommitted, while the broker-wide in-flight budget is exceeded, while 10,000
   of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
   consumer that does not read, or a peer that does not read its replies, costs bounded memory).
 * Delete and DeleteSuperStream are answered before the MetadataUpdate of the deleted streams goes out
@@ -228,15 +230,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
 
     def _inflight(self, size, done):
         """``done`` wrapped as ``_later`` does, with ``size`` bytes counted against this connection
-        (``max_pending_bytes``) and the broker-wide budget (``max_inflight_bytes``) until the append
-        completes; the budget is given back even when the connection closed meanwhile."""
+        (``max_pending_bytes``) until the append completes (the broker counts every append against the
+        broker-wide budget itself)."""
         self._inflight_bytes += size
-        budget = self.broker.inflight
-        budget.acquire(size)
         run = self._later(done)
 
         def complete(*args):
-            budget.release(size)
             self._inflight_bytes -= size
             run(*args)
         return complete

@@ -73,6 +73,7 @@ class McServer:
         self.endpoint = None
         self._kicked = False
         self._reading = False
+        self._budget_paused = False     # reading stopped by the broker-wide in-flight budget
         self._ticker = None
 
     # --------------------------------------------------------------------------------- lifecycle
@@ -193,11 +194,15 @@ class McServer:
 
     def _on_readable(self):
         self._kicked = False
-        if not self._reading:
+        if not self._reading or self._budget_paused:
             return
         sock = self.sock
         handle = self.shell.handle
         for _ in range(RECV_BUDGET):
+            if self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                # the ROUTER is not read until the broker's in-flight bytes are back at the low mark:
+                # ZeroMQ queues up to RCVHWM per peer, then TCP pushes back on the publishers
+                return
             if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
             try:
@@ -212,6 +217,14 @@ class McServer:
             except Exception:   # a bug must cost that request only, never the listener
                 log.exception("zmq: internal error handling a request from %s", msg[0].hex())
         if not self._kicked:
+            self._kick()
+
+    def _budget_pause(self):
+        self._budget_paused = True
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self._reading and self.loop is not None:
             self._kick()
 
     def _recv_bounded(self, sock):

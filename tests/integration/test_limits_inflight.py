@@ -3,6 +3,7 @@ RabbitMQ Stream connections publish big frames as fast as they can without readi
 server pauses reading them past the budget (TCP back-pressure), its anonymous memory stays under the
 budget plus a bounded slack, and every message confirmed is there after a restart."""
 
+import socket
 import struct
 import threading
 import time
@@ -125,5 +126,53 @@ def test_publishers_get_back_pressure_and_memory_stays_under_budget(tmp_path):
         assert srv.stop() == 0, srv.log()
         srv.start()
         assert stored_records(metrics(srv), "flood") == len(confirmed)
+    finally:
+        srv.stop()
+
+
+def test_budget_holds_bson_publishers_too(tmp_path):
+    """The budget is broker-wide and protocol-neutral: BSON/TCP publishers flooding big events are paused
+    past it as well, and every acknowledged event is stored."""
+    import bson
+    srv = ServerProcess(tmp_path / "data", "--http-port", "0", "--bson-port", "0",
+                        "--max-inflight-bytes", "2MiB").start()
+    try:
+        socks = []
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", srv.ports["bson"]), timeout=60)
+            s.sendall(bson.encode({"type": "CONNECT", "frame": {"version": "0.1"}}))
+            socks.append(s)
+        event = {"blob": bson.Binary(b"e" * (256 << 10))}
+        n = 24
+
+        def flood(s, k):
+            s.sendall(b"".join(bson.encode({"type": "PUB", "frame": {"channel": "bflood", "event": event,
+                                                                      "rID": k * n + i}}) for i in range(n)))
+
+        threads = [threading.Thread(target=flood, args=(s, k)) for k, s in enumerate(socks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        acked = 0
+        for s in socks:
+            buf, got = b"", 0
+            while got < n + 1:                   # CONNECT's answer, then one per PUB
+                while len(buf) < 4 or len(buf) < struct.unpack_from("<i", buf)[0]:
+                    chunk = s.recv(1 << 16)
+                    assert chunk, "closed"
+                    buf += chunk
+                size = struct.unpack_from("<i", buf)[0]
+                doc, buf = bson.decode(buf[:size]), buf[size:]
+                assert doc["frame"]["ok"] is True, doc
+                got += 1
+            acked += got - 1
+            s.close()
+        m = metrics(srv)
+        print(f"BSON: in flight peak {gauge(m, 'riverbed_inflight_peak_bytes') / 2**20:.1f} MiB (budget 2 MiB), "
+              f"paused {gauge(m, 'riverbed_inflight_paused_total'):.0f} times")
+        assert acked == 6 * n
+        assert gauge(m, "riverbed_inflight_paused_total") > 0
+        assert stored_records(m, "bflood") == acked
     finally:
         srv.stop()

@@ -24,7 +24,9 @@ the streams that user may read (its ``read`` pattern). Errors are JSON ``{"error
     or the topic, stream id or stream name); ``reference`` the consumer's name (RabbitMQ single active
     consumer name, BSON durable subscription) or null; ``offset`` the next offset it will be delivered;
     ``lag`` the records between it and the stream's last committed offset (0 when caught up);
-    ``credits`` the chunks a RabbitMQ Stream consumer may still take (null for other protocols).
+    ``credits`` the chunks a RabbitMQ Stream consumer may still take (null for other protocols). Each
+    also carries RabbitMQ's fields (``queue``, ``connection_details``, ``properties``, ``active``,
+    ``activity_status``, ``offset_lag``; see :mod:`.mgmt_stream`).
 
 ``GET /api/stream/publishers[?stream=NAME]``
     ``[{"stream", "protocol", "connection", "publisher_id", "reference", "published"}]``: the declared
@@ -116,10 +118,12 @@ async def get_stream(request):
 async def _readable_entries(request, collect):
     """``collect(broker, stream or None)``'s dicts (consumers, publishers) of the streams the user may
     read, filtered by ``?stream=``."""
+    from riverbed.shells.http import mgmt_stream   # RabbitMQ's fields (queue, connection_details, ...)
     user = await require_user(request)
     stream = _stream_filter(request, user)
     found = collect(request.app[BROKER], stream)
-    return web.json_response([e for e in found if _may_read(user, e["stream"])])
+    infos = mgmt_stream.connection_infos(request)
+    return web.json_response([mgmt_stream.with_rabbit_fields(e, infos) for e in found if _may_read(user, e["stream"])])
 
 
 @routes.get("/api/stream/consumers")

@@ -75,16 +75,20 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
     CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, PENDING_OPS_HIGH,
-    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE, RC_FRAME_TOO_LARGE, RC_OK,
-    RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
-    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
-    RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
-    SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
+    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE,
+    RC_FRAME_TOO_LARGE, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM,
+    RC_SASL_CANNOT_CHANGE_USERNAME, RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS,
+    RC_STREAM_DOES_NOT_EXIST, RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
+    SAC_ACTIVE, SAC_NONE, SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
 )
 from riverbed.shells.rmq_stream.consume import ConsumeCommands
 from riverbed.shells.rmq_stream.publish import PublishCommands
 
 log = logging.getLogger("riverbed.rmq")
+
+# rabbit_stream_utils:consumer_activity_status/2: a plain consumer is "up", a single active one "single_active"
+# while it delivers and "waiting" otherwise
+_ACTIVITY = {SAC_NONE: "up", SAC_ACTIVE: "single_active"}
 
 
 class RmqStreamSession(PublishCommands, ConsumeCommands):
@@ -375,9 +379,13 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         """This connection's subscriptions for the dashboard and ``/api/stream/consumers``: dicts with
         ``stream``, ``protocol``, ``connection``, ``subscription_id``, ``reference`` (the single active
         consumer name, else None), ``offset`` (next offset to deliver) and ``credits`` (chunks the client
-        may still take). Subscriptions still resolving their start are left out. Loop-thread only."""
+        may still take), ``properties`` (the Subscribe properties), ``active`` and ``activity_status`` (as
+        RabbitMQ: ``up``, or ``single_active`` / ``waiting`` for a single active consumer). Subscriptions
+        still resolving their start are left out. Loop-thread only."""
         return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units}
+                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units,
+                 "properties": dict(sub.properties), "active": sub.sac in (SAC_NONE, SAC_ACTIVE),
+                 "activity_status": _ACTIVITY.get(sub.sac, "waiting")}
                 for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
 
     def publisher_infos(self):

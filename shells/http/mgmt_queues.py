@@ -234,17 +234,9 @@ async def delete_queue(request):
     if not user.can(CONFIGURE, name):
         raise _access_refused("queue", name, user)
     try:
-        await broker_call(broker.delete_stream, name)
+        await broker_call(broker.delete_stream, name)   # its bindings go with it (the broker unbinds it)
     except StreamNotFound:
         raise not_found() from None
-    # as RabbitMQ: a deleted queue's bindings go with it
-    for exchange in broker.list_super_streams():
-        d = broker.super_stream(exchange)
-        if d is not None and name in d["partitions"]:
-            try:
-                await broker_call(broker.unbind_partition, exchange, name, None)
-            except StreamNotFound:
-                pass
     return web.Response(status=204)
 
 

@@ -421,3 +421,21 @@ def test_users_tags_and_permissions(tmp_path):
         assert http(srv, "DELETE", "/api/queues/%2F/bob-1", auth_=root)[0] == 204
     finally:
         assert srv.stop() == 0, srv.log()
+
+
+def test_deleting_a_partition_stream_drops_its_binding(srv):
+    # as RabbitMQ, where a deleted queue's bindings go with it: Partitions and Route stop naming it
+    c = connect(srv)
+    try:
+        parts = struct.pack(">i", 2) + s("drop-0") + s("drop-1")
+        keys = struct.pack(">i", 2) + s("a") + s("b")
+        assert c.request(0x1D, s("drop") + parts + keys + props({}))[0] == OK
+        assert c.delete("drop-1") == OK
+        code, rest = c.request(0x19, s("drop"))
+        assert code == OK and parse_strings(rest) == ["drop-0"]
+        code, rest = c.request(0x18, s("b") + s("drop"))
+        assert code == OK and parse_strings(rest) == []
+        assert [b["destination"] for b in http(srv, "GET", "/api/exchanges/%2F/drop/bindings/source")[1]] == ["drop-0"]
+        assert c.request(0x1E, s("drop"))[0] == OK
+    finally:
+        c.close()

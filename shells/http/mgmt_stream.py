@@ -11,6 +11,11 @@ connections, consumers and publishers, and the node-level objects (overview, who
     GET    /api/consumers[/{vhost}]                          the same subscriptions as RabbitMQ lists
                                                              stream consumers among all consumers
                                                              (``consumer_tag`` ``stream.subid-N``)
+    PUT    /api/stream/super-streams/{vhost}/{name}         create a super stream with its partitions in
+                                                             one step: ``{"partitions": N}`` (streams
+                                                             NAME-0.., keys "0"..) or ``{"binding-keys":
+                                                             "a,b"}`` (streams NAME-a, ...), ``arguments``
+                                                             for the partitions; 204, 400 with the reason
     GET    /api/overview, /api/whoami, /api/nodes[/{node}], /api/vhosts[/{vhost}]
 
 A consumer is RabbitMQ's object (``queue`` {name, vhost}, ``connection_details`` {name, user, node,
@@ -33,11 +38,12 @@ import time
 
 from aiohttp import web
 
-from riverbed.shells.broker import READ, introspect
+from riverbed.engine.errors import RiverbedError, StreamExists
+from riverbed.shells.broker import CONFIGURE, READ, introspect
 from riverbed.shells.http import mgmt
 from riverbed.shells.http.auth import is_admin, require_user
-from riverbed.shells.http.mgmt import NODE, VHOST, check_vhost, connection_json, not_found
-from riverbed.shells.http.server import BROKER
+from riverbed.shells.http.mgmt import NODE, VHOST, broker_call, check_vhost, connection_json, not_found, read_json
+from riverbed.shells.http.server import BROKER, json_error
 from riverbed.shells.rmq_stream.constants import RABBITMQ_VERSION
 from riverbed.shells.version import VERSION
 
@@ -202,6 +208,50 @@ async def consumers(request):
                     "ack_required": False, "exclusive": False, "prefetch_count": 0, "active": e["active"],
                     "activity_status": e["activity_status"], "arguments": e["properties"]})
     return web.json_response(out)
+
+
+MAX_PARTITIONS = 1024      # partitions one super-streams PUT may ask for
+
+
+@routes.put("/api/stream/super-streams/{vhost}/{name}")
+async def put_super_stream(request):
+    user = await require_user(request)
+    check_vhost(request)
+    name = request.match_info["name"]
+    body = await read_json(request)
+
+    def bad(reason):
+        return json_error(web.HTTPBadRequest, "bad_request", reason)
+    count, keys = body.get("partitions"), body.get("binding-keys")
+    if count is None and keys is None:
+        raise bad("Must specify partitions or binding keys")
+    if count is not None and keys is not None:
+        raise bad("Specify partitions or binding keys, not both")
+    if count is not None:
+        try:
+            count = int(count)
+        except (TypeError, ValueError):
+            raise bad("The partitions must be a number") from None
+        if not 1 <= count <= MAX_PARTITIONS:
+            raise bad(f"The partition number must be from 1 to {MAX_PARTITIONS}")
+        keys = [str(i) for i in range(count)]
+    else:
+        keys = [k.strip() for k in str(keys).split(",") if k.strip()][:MAX_PARTITIONS + 1]
+        if not keys or len(keys) > MAX_PARTITIONS:
+            raise bad(f"The number of binding keys must be from 1 to {MAX_PARTITIONS}")
+    partitions = [f"{name}-{k}" for k in keys]
+    if not all(user.can(CONFIGURE, x) for x in [name] + partitions):
+        raise json_error(web.HTTPForbidden, "not_authorized", "Access refused.")
+    args = body.get("arguments") or {}
+    if not isinstance(args, dict):
+        raise bad("arguments must be a JSON object")
+    try:
+        await broker_call(request.app[BROKER].create_super_stream, name, partitions, keys, args)
+    except StreamExists as e:
+        raise bad(f"{{already_exists, \"{e}\"}}") from None
+    except RiverbedError as e:
+        raise bad(str(e)) from None
+    return web.Response(status=204)
 
 
 # --------------------------------------------------------------------------- node-level objects

@@ -439,3 +439,22 @@ def test_deleting_a_partition_stream_drops_its_binding(srv):
         assert c.request(0x1E, s("drop"))[0] == OK
     finally:
         c.close()
+
+
+def test_super_streams_endpoint_of_the_stream_plugin(srv):
+    assert http(srv, "PUT", "/api/stream/super-streams/%2F/plug", {"partitions": 2})[0] == 204
+    assert http(srv, "PUT", "/api/stream/super-streams/%2F/keyed",
+                {"binding-keys": "eu, us", "arguments": {"x-max-age": "1D"}})[0] == 204
+    c = connect(srv)
+    try:
+        code, rest = c.request(0x19, s("plug"))
+        assert code == OK and parse_strings(rest) == ["plug-0", "plug-1"]
+        code, rest = c.request(0x18, s("us") + s("keyed"))
+        assert code == OK and parse_strings(rest) == ["keyed-us"]
+    finally:
+        c.close()
+    assert http(srv, "GET", "/api/queues/%2F/keyed-eu")[1]["arguments"]["x-max-age"] == "1D"
+    for body in ({}, {"partitions": 2, "binding-keys": "a"}, {"partitions": "many"}, {"partitions": 0},
+                 {"partitions": 2}):          # the last one: it exists
+        st, err, _ = http(srv, "PUT", "/api/stream/super-streams/%2F/plug", body)
+        assert st == 400 and err["error"] == "bad_request", (body, err)

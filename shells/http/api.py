@@ -51,6 +51,7 @@ from riverbed.engine import core, record as _record
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import ChunkError, StreamNotFound
 from riverbed.shells.broker import READ, introspect
+from riverbed.shells.http import mgmt_stream      # RabbitMQ's fields of consumers and publishers
 from riverbed.shells.http.auth import require_user
 from riverbed.shells.http.server import BROKER, json_error
 
@@ -118,7 +119,6 @@ async def get_stream(request):
 async def _readable_entries(request, collect):
     """``collect(broker, stream or None)``'s dicts (consumers, publishers) of the streams the user may
     read, filtered by ``?stream=``."""
-    from riverbed.shells.http import mgmt_stream   # RabbitMQ's fields (queue, connection_details, ...)
     user = await require_user(request)
     stream = _stream_filter(request, user)
     found = collect(request.app[BROKER], stream)

@@ -15,7 +15,9 @@ from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREDIT, CMD_DELIVER, CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT,
-    CMD_METADATA, CMD_METADATA_UPDATE, CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_STREAM_STATS, CMD_TUNE,
+    CMD_METADATA, CMD_METADATA_UPDATE, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES, CMD_PUBLISH,
+    CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC,
+    CMD_ROUTE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_TUNE,
     LEN_KEY_VERSION, LEN_PUBLISH_HEAD, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
     OFFSET_TYPE_NEXT, OFFSET_TYPE_NONE, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, RC_AUTHENTICATION_FAILURE,
     RC_INTERNAL_ERROR, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_AUTHENTICATION_FAILURE_LOOPBACK, RC_SASL_ERROR,
@@ -466,3 +468,21 @@ def response_code_for(exc):
     if isinstance(exc, (InvalidArgument, ChunkError, UnsupportedCompression)):
         return RC_PRECONDITION_FAILED
     return RC_INTERNAL_ERROR
+
+
+# Requests whose response is more than a code: the body a refusal carries so that clients parse it (the
+# shapes of the empty answers the handlers give; StreamStats' and ExchangeCommandVersions' empty lists).
+REFUSAL_BODIES = {
+    CMD_PEER_PROPERTIES: enc_properties({}),
+    CMD_SASL_HANDSHAKE: enc_strings([]),
+    CMD_OPEN: enc_properties({}),
+    CMD_QUERY_OFFSET: b"\x00" * 8,
+    CMD_QUERY_PUBLISHER_SEQUENCE: b"\x00" * 8,
+    CMD_ROUTE: enc_strings([]),
+    CMD_PARTITIONS: enc_strings([]),
+    CMD_STREAM_STATS: b"\x00" * 4,
+    CMD_EXCHANGE_COMMAND_VERSIONS: b"\x00" * 4,
+    CMD_RESOLVE_OFFSET_SPEC: struct.pack(">HQ", OFFSET_TYPE_OFFSET, 0),
+}
+# Requests without a correlation id, so without a response to refuse them with.
+NO_RESPONSE_KEYS = frozenset((CMD_TUNE, CMD_HEARTBEAT, CMD_CREDIT, CMD_STORE_OFFSET, CMD_PUBLISH))

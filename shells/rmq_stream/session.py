@@ -61,15 +61,14 @@ rabbit_mgmt_wm_connection.erl``), which this module does the same way:
 """
 
 import logging
-import struct
 
 from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
-    _AUTH_CODES, _I32, _KEY_VERSION, _U32, DecodeError, FieldError, Reader, enc_properties, enc_strings,
-    encode_close,
+    _AUTH_CODES, _I32, _KEY_VERSION, _U32, NO_RESPONSE_KEYS, REFUSAL_BODIES, DecodeError, FieldError, Reader,
+    enc_properties, enc_strings, encode_close,
     encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
     encode_stream_stats, encode_tune, response, response_code_for,
 )
@@ -79,7 +78,7 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
-    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_PUBLISH_HEAD, LEN_SIZE, OFFSET_TYPE_OFFSET,
+    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_PUBLISH_HEAD, LEN_SIZE,
     PENDING_OPS_HIGH, PENDING_OPS_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE, RC_FRAME_TOO_LARGE, RC_OK,
     RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
     RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
@@ -504,10 +503,10 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         if key == CMD_METADATA:
             self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {err}")
             return
-        if key & RESPONSE or key in _NO_RESPONSE or len(f) < LEN_KEY_VERSION + 4:
+        if key & RESPONSE or key in NO_RESPONSE_KEYS or len(f) < LEN_KEY_VERSION + 4:
             return
         corr = _U32.unpack_from(f, LEN_KEY_VERSION)[0]
-        self._respond(key, corr, RC_PRECONDITION_FAILED, _ERROR_BODIES.get(key, b""))
+        self._respond(key, corr, RC_PRECONDITION_FAILED, REFUSAL_BODIES.get(key, b""))
 
     def _can(self, what, resource):
         return self.user is not None and self.user.can(what, resource)
@@ -804,20 +803,3 @@ COMMANDS = {
     CMD_DELETE_SUPER_STREAM: (RmqStreamSession._on_delete_super_stream, (1,), ST_OPEN, "DeleteSuperStream"),
     CMD_RESOLVE_OFFSET_SPEC: (RmqStreamSession._on_resolve_offset_spec, (1,), ST_OPEN, "ResolveOffsetSpec"),
 }
-
-# Requests whose response is more than a code: the body a refusal carries so that clients parse it (the
-# shapes of the empty answers the handlers give; StreamStats' and ExchangeCommandVersions' empty lists).
-_ERROR_BODIES = {
-    CMD_PEER_PROPERTIES: enc_properties({}),
-    CMD_SASL_HANDSHAKE: enc_strings([]),
-    CMD_OPEN: enc_properties({}),
-    CMD_QUERY_OFFSET: b"\x00" * 8,
-    CMD_QUERY_PUBLISHER_SEQUENCE: b"\x00" * 8,
-    CMD_ROUTE: enc_strings([]),
-    CMD_PARTITIONS: enc_strings([]),
-    CMD_STREAM_STATS: b"\x00" * 4,
-    CMD_EXCHANGE_COMMAND_VERSIONS: b"\x00" * 4,
-    CMD_RESOLVE_OFFSET_SPEC: struct.pack(">HQ", OFFSET_TYPE_OFFSET, 0),
-}
-# Requests without a correlation id, so without a response to refuse them with.
-_NO_RESPONSE = frozenset((CMD_TUNE, CMD_HEARTBEAT, CMD_CREDIT, CMD_STORE_OFFSET, CMD_PUBLISH))

@@ -76,10 +76,11 @@ log = logging.getLogger("riverbed.record")
 # own error, through check_* below) and on render (a deeper stored payload, e.g. one written raw through
 # RabbitMQ Stream, is converted to no other format: readers get it in the raw form). Depth counts
 # containers: ``{}`` and ``[]`` are depth 1, ``{"a": {}}`` depth 2; a BSON event is depth 1. MongoDB
-# allows 100 levels, Jackson 1000, pymongo's C codec and Python's json about 900 (the interpreter's
-# recursion limit); 64 is the AMQP decoder's own bound (``_pyrecord.MAX_DEPTH``) and the BSON PUB fast
-# path's (``_pybsonpub.MAX_DEPTH``), and leaves every renderer (json_util's recursive conversion) far
-# from the recursion limit. ``--max-depth`` may set 1..MAX_DEPTH_CAP.
+# allows 100 levels, Jackson 1000; pymongo's C codec and Python's json take about 1000 (the interpreter's
+# recursion limit) and json_util's BSON -> Extended JSON conversion fails near 500 (two frames a level:
+# the 600-deep event of issue 21). 64 is the AMQP decoder's own bound (``_pyrecord.MAX_DEPTH``) and the
+# BSON PUB fast path's (``_pybsonpub.MAX_DEPTH``); ``--max-depth`` may set 1..MAX_DEPTH_CAP, which keeps
+# every renderer clear of the recursion limit.
 DEFAULT_MAX_DEPTH = 64
 MAX_DEPTH_CAP = 256
 _max_depth = DEFAULT_MAX_DEPTH
@@ -124,8 +125,11 @@ def json_depth(text):
 
 def json_within_depth(text, limit=None):
     """True when JSON text (str or bytes) nests no deeper than ``limit`` (default: :func:`max_depth`).
-    A text with fewer brackets than the limit is accepted without scanning it."""
+    A text shorter than 2 x limit + 2, or with no more brackets than the limit, is accepted without
+    scanning it."""
     limit = _max_depth if limit is None else limit
+    if len(text) <= 2 * limit + 1:          # depth d takes at least 2d characters
+        return True
     if isinstance(text, str):
         if text.count("{") + text.count("[") <= limit:
             return True
@@ -391,7 +395,10 @@ def to_json_text(rec):
         except UnicodeDecodeError:
             _fallback(KIND_JSON, FALLBACK_INVALID, rec)
         else:
-            if json_within_depth(text):
+            # depth d takes 2d characters, and the bracket count bounds it: most texts are cleared
+            # without a scan (hot path)
+            if len(text) <= 2 * _max_depth + 1 or text.count("{") + text.count("[") <= _max_depth \
+                    or json_depth(text) <= _max_depth:
                 return text
             _fallback(KIND_JSON, FALLBACK_DEPTH, rec)
     elif rec.kind == KIND_BSON:

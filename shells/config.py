@@ -201,7 +201,7 @@ OPTIONS = [
     Option("zmq_max_message", parse_size, 16 << 20, "ZeroMQ: largest message part, bytes (ZMQ_MAXMSGSIZE; "
            "default 16MiB)", "BYTES"),
     Option("zmq_max_parts", _positive_int, 64, "ZeroMQ: parts of one multipart message (default 64)", "COUNT"),
-    Option("http_max_body", parse_size, 1 << 20, "HTTP and WebSocket REST: largest request body (default 1MiB)",
+    Option("http_max_body", parse_size, 16 << 20, "HTTP and WebSocket REST: largest request body (default 16MiB)",
            "BYTES"),
     Option("text_max_line", parse_size, 64 << 10, "REAM text: longest request line (default 64KiB)", "BYTES"),
 ]

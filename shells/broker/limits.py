@@ -72,7 +72,7 @@ class Limits:
     """ZeroMQ: largest message part (libzmq ``ZMQ_MAXMSGSIZE``: an over-size peer is disconnected)."""
     zmq_max_parts: int = 64
     """ZeroMQ: parts of one multipart message."""
-    http_max_body: int = 1 * _MIB
+    http_max_body: int = 16 * _MIB
     """HTTP and the WebSocket listener's REST API: largest request body (aiohttp ``client_max_size``)."""
     text_max_line: int = 64 * 1024
     """REAM text: longest request line (the declared payload size is ``text_max_payload``)."""

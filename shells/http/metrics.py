@@ -31,6 +31,7 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
                                                        a validation rule (depth, field, encoding)
     riverbed_inflight_bytes                            published bytes not yet committed, all connections
     riverbed_inflight_budget_bytes                     the broker-wide budget (--max-inflight-bytes)
+    riverbed_inflight_peak_bytes                       the most in flight at once since the start
     riverbed_inflight_paused_total                     times a publisher was paused by that budget
     riverbed_render_fallback_total{target,reason}      records delivered raw ({"base64"} / {"data"})
                                                        instead of as JSON or BSON: depth, invalid, error
@@ -183,6 +184,8 @@ class BrokerCollector:
                                     "every connection together.", value=budget.used)
             yield GaugeMetricFamily("riverbed_inflight_budget_bytes", "The broker-wide in-flight budget.",
                                     value=budget.limit)
+            yield GaugeMetricFamily("riverbed_inflight_peak_bytes", "The most published bytes in flight at "
+                                    "once since the server started.", value=budget.peak)
             yield CounterMetricFamily("riverbed_inflight_paused", "Times a publisher was paused by the "
                                       "in-flight budget.", value=budget.paused_total)
 

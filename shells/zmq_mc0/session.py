@@ -40,6 +40,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamExists
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.zmq_mc0 import codec
 from riverbed.shells.zmq_mc0.codec import (
     HDR_OFFSET, HDR_TOPIC, HDR_TTL, RequestError, VERB_CONNECT, VERB_DISCONNECT, VERB_NOOP, VERB_PUT, VERB_SUB,
@@ -47,6 +48,7 @@ from riverbed.shells.zmq_mc0.codec import (
 )
 
 log = logging.getLogger("riverbed.zmq")
+LISTENER = "zmq"         # the listener label of riverbed_rejected_total
 
 SENT, BLOCKED, GONE = "sent", "blocked", "gone"
 
@@ -271,6 +273,17 @@ class McShell:
 
     # --------------------------------------------------------------------------------- requests
 
+    def refuse(self, identity, text):
+        """Answer a message the listener refused by a limit before handing it over (too many parts, too
+        big) with an error reply, as for a request that does not parse."""
+        client = self.clients.get(identity)
+        reply = codec.encode_error(text, None)
+        if client is not None:
+            client.last_recv = self.broker.clock()
+            self._in_order(client, lambda: client.send(reply))
+        else:
+            self.io.send(identity, reply)
+
     def handle(self, identity, frames):
         """One message from ``identity`` (the frames after the routing identity)."""
         self.now = now = self.broker.clock()
@@ -343,6 +356,11 @@ class McShell:
                 return
         except RequestError as e:
             client.send(codec.encode_error(e.text, e.id if e.id is not None else req.id))
+            return
+        except (ValueError, TypeError, LookupError, OverflowError, RiverbedError) as e:
+            # a value the request checks let through: this request's ERROR, not the listener's guard
+            _limits.reject(LISTENER, "field", repr(e), client.identity.hex())
+            client.send(codec.encode_error(f"request failed: {e}", req.id))
             return
         if req.id is not None:
             client.send(codec.encode_ok(req.id))

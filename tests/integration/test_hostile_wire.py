@@ -36,9 +36,16 @@ def http_exchange(port, requests):
     try:
         buf = b""
         for raw in requests:
-            sock.sendall(raw)
+            try:
+                sock.sendall(raw)
+            except (BrokenPipeError, ConnectionResetError):
+                out.append(None)            # the server closed after the previous answer
+                return out
             while b"\r\n\r\n" not in buf:
-                data = sock.recv(65536)
+                try:
+                    data = sock.recv(65536)
+                except ConnectionResetError:
+                    data = b""
                 if not data:
                     out.append(None)
                     return out
@@ -50,7 +57,10 @@ def http_exchange(port, requests):
                 if k.strip().lower() == b"content-length":
                     length = int(v)
             while len(buf) < length:
-                buf += sock.recv(65536)
+                data = sock.recv(65536)
+                if not data:
+                    raise ConnectionError("closed inside a body")
+                buf += data
             buf = buf[length:]
             out.append(head.split(b"\r\n")[0].decode())
     finally:
@@ -103,7 +113,10 @@ def test_bson_pub_with_a_sessid_array_gets_a_response(srv):
     def recv():
         buf = b""
         while len(buf) < 4 or len(buf) < struct.unpack_from("<i", buf)[0]:
-            buf += sock.recv(65536)
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed without an answer")
+            buf += data
         return bson.decode(buf)
     try:
         sock.sendall(bson.encode({"type": "CONNECT", "frame": {"version": "0.1"}}))
@@ -147,3 +160,42 @@ def test_rmq_null_keys_get_precondition_failed(srv):
         assert c.create("s2") == 0x01
     finally:
         c.close()
+
+
+def test_refusals_are_counted_in_metrics(srv):
+    """Runs after the tests above (file order): their refusals are in riverbed_rejected_total."""
+    test_bson_pub_with_a_sessid_array_gets_a_response(srv)
+
+    async def ws_refused():
+        async with aiohttp.ClientSession() as s:
+            ws = await s.ws_connect(f"http://127.0.0.1:{srv.ports['ws']}/api/v1/ws")
+            await ws.send_str('{"type":"\\ud800"}')
+            assert json.loads((await ws.receive(timeout=5)).data)[1] == 7
+    asyncio.run(asyncio.wait_for(ws_refused(), 30))
+    c = RawClient(srv.port)
+    try:
+        c.handshake()
+        corr = c.next_corr()
+        c.send(frame(0x0D, struct.pack(">I", corr) + s("s9") + struct.pack(">ihh", 1, -1, 0)))
+        assert struct.unpack_from(">H", c.wait_for(0x800D, corr), 4)[0] == 0x11
+    finally:
+        c.close()
+    status = http_exchange(srv.ports["http"], [b"GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: \xff\r\n\r\n"])
+    assert status[0].split()[1] == "400"
+    sock = socket.create_connection(("127.0.0.1", srv.ports["http"]), timeout=10)
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Connection: close\r\n\r\n")
+    data = b""
+    while True:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            break
+        data += chunk
+    sock.close()
+    counts = {}
+    for line in data.decode().splitlines():
+        if line.startswith("riverbed_rejected_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels] = float(value)
+    for listener, reason in (("bson", "field"), ("ws", "encoding"), ("rabbitmq-stream", "field"), ("http", "encoding")):
+        key = f'riverbed_rejected_total{{listener="{listener}",reason="{reason}"}}'
+        assert counts.get(key, 0) >= 1, (key, counts)

@@ -9,6 +9,7 @@ well-formed request on the same connection still works.
 """
 
 import json
+import os
 import struct
 
 import bson
@@ -27,7 +28,9 @@ from . import test_ws_session as wsh
 from . import test_zmq_session as zmqh
 from .conftest import Harness as RmqHarness
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+# RIVERBED_HOSTILE_EXAMPLES=5000 for a longer search than the suite's
+FUZZ = settings(max_examples=int(os.environ.get("RIVERBED_HOSTILE_EXAMPLES", "60")), deadline=None,
+                suppress_health_check=list(HealthCheck))
 
 
 def deep(n):

@@ -90,7 +90,7 @@ def decode_envelope(raw):
         raise DecodeError(f"invalid BSON: {e}") from None
     ftype = env.get("type")
     frame = env.get("frame")
-    if not isinstance(ftype, str):
+    if type(ftype) is not str:     # a BSON JavaScript value decodes to bson.Code, a str subclass that is unhashable
         raise DecodeError("not a frame: the document needs a string field 'type'")
     if not isinstance(frame, dict):
         raise DecodeError("not a frame: the document needs a document field 'frame'")

@@ -141,6 +141,23 @@ def test_bson_pub_with_array_session_id_gets_a_response(target):
     harness.check_input(target, BSON_PUB_SESSID_ARRAY)
 
 
+# (atheris bson, 5 times in 378,059 inputs) a frame whose type is BSON JavaScript code (0x0d), which
+# decodes to bson.Code: a str subclass, so it passed the "string type" check, and unhashable, so the
+# handler lookup raised TypeError out of the session
+BSON_TYPE_IS_CODE = unhex("""
+    01                                                   # fuzz flags: CONNECT first
+    28000000                                             # a document of 40 bytes
+    0d 7479706500 0d000000 4c4953544348414e4e454c5300    # type: Code("LISTCHANNELS")
+    03 6672616d6500 05000000 00                          # frame: {}
+    00
+""")
+
+
+@pytest.mark.parametrize("target", [BsonTarget], indirect=True)
+def test_bson_frame_type_given_as_javascript_code_is_refused(target):
+    harness.check_input(target, BSON_TYPE_IS_CODE)
+
+
 # (soak, stream listener: 23 "internal error" AttributeError in 30 s) Create with a null argument key
 RMQ_CREATE_NULL_KEY = unhex("""
     01                                                   # fuzz flags: handshake first
@@ -162,6 +179,8 @@ def test_annotated_inputs_are_well_formed():
     assert used == len(BSON_PUB_SESSID_ARRAY) - 1 and len(docs) == 1
     import bson
     assert bson.decode(bytes(docs[0]))["frame"]["sessID"] == [1]
+    docs, used = core.split_bson_frames(BSON_TYPE_IS_CODE[1:], 1 << 20)
+    assert used == len(BSON_TYPE_IS_CODE) - 1 and type(bson.decode(bytes(docs[0]))["type"]).__name__ == "Code"
     frames, used = core.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)
     assert used == len(RMQ_CREATE_NULL_KEY) - 1 and len(frames) == 1
     assert struct.unpack_from(">HH", frames[0])[0] == 0x0D

@@ -158,6 +158,26 @@ def test_bson_frame_type_given_as_javascript_code_is_refused(target):
     harness.check_input(target, BSON_TYPE_IS_CODE)
 
 
+# (atheris bson, once in 378,059 inputs) a PUB whose channel is JavaScript code: the permission cache
+# lookup raised TypeError (unhashable bson.Code); answered as the request's error since the poison fixes
+BSON_PUB_CHANNEL_IS_CODE = unhex("""
+    01                                                   # fuzz flags: CONNECT first
+    4b000000                                             # a document of 75 bytes
+    02 7479706500 04000000 50554200                      # type: "PUB"
+    03 6672616d6500 31000000                             # frame: { (49 bytes)
+      0d 6368616e6e656c00 03000000 636800                #   channel: Code("ch")
+      03 6576656e7400 0c000000 10 6100 01000000 00        #   event: {a: 1}
+      10 72494400 01000000                               #   rID: 1
+    00                                                   # }
+    00
+""")
+
+
+@pytest.mark.parametrize("target", [BsonTarget], indirect=True)
+def test_bson_pub_channel_given_as_javascript_code_gets_a_response(target):
+    harness.check_input(target, BSON_PUB_CHANNEL_IS_CODE)
+
+
 # (soak, stream listener: 23 "internal error" AttributeError in 30 s) Create with a null argument key
 RMQ_CREATE_NULL_KEY = unhex("""
     01                                                   # fuzz flags: handshake first
@@ -179,6 +199,9 @@ def test_annotated_inputs_are_well_formed():
     assert used == len(BSON_PUB_SESSID_ARRAY) - 1 and len(docs) == 1
     import bson
     assert bson.decode(bytes(docs[0]))["frame"]["sessID"] == [1]
+    docs, used = core.split_bson_frames(BSON_PUB_CHANNEL_IS_CODE[1:], 1 << 20)
+    assert used == len(BSON_PUB_CHANNEL_IS_CODE) - 1
+    assert type(bson.decode(bytes(docs[0]))["frame"]["channel"]).__name__ == "Code"
     docs, used = core.split_bson_frames(BSON_TYPE_IS_CODE[1:], 1 << 20)
     assert used == len(BSON_TYPE_IS_CODE) - 1 and type(bson.decode(bytes(docs[0]))["type"]).__name__ == "Code"
     frames, used = core.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)

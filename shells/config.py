@@ -96,6 +96,42 @@ def _non_negative_int(value):
     return v
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3,
+               "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
+               "tib": 1 << 40}
+
+
+def parse_size(value):
+    """A size in bytes: a number, or a number with a unit (``16MB``, ``1.5GB``, ``512MiB``; kB/MB/GB/TB are
+    powers of 1000 as in RabbitMQ's disk_free_limit, KiB/MiB/GiB/TiB powers of 1024; case-insensitive)."""
+    if isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, (int, float)):
+        number, unit = value, ""
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        i = len(text)
+        while i and text[i - 1].isalpha():
+            i -= 1
+        number, unit = text[:i], text[i:]
+        if unit not in _SIZE_UNITS or not number:
+            raise ValueError(f"{value!r} is not a size (bytes, or a number with kB, MB, GB, TB, KiB, MiB, GiB)")
+        number = float(number)
+    size = int(number * _SIZE_UNITS[unit])
+    if size < 0:
+        raise ValueError("a size cannot be negative")
+    return size
+
+
+def _size_or_off(value):
+    if value is None or str(value).strip().lower() in ("off", "none", ""):
+        return None
+    v = parse_size(value)
+    if v <= 0:
+        raise ValueError("must be > 0 (or off)")
+    return v
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -144,6 +180,11 @@ OPTIONS = [
            "HOST"),
     Option("advertised_port", _opt_port, None, "port clients are told to dial (default: the bound port)", "PORT"),
     Option("fsync", str, "batch", "durability policy: always, batch (default) or never", "POLICY"),
+    Option("disk_free_limit", parse_size, 50_000_000,
+           "refuse publishes (every protocol) while the data directory's disk has less free than this, "
+           "bytes or with a unit: 16MB, 1GB (default 50MB; 0 = never)", "SIZE"),
+    Option("max_disk", _size_or_off, None, "cap on the data file: refuse publishes when the data reaches it, "
+           "bytes or with a unit: 500MB, 20GB (default off)", "SIZE"),
     Option("users", _opt_str, None,
            "users file (see `riverbed users add`); without one guest/guest works from loopback only", "FILE"),
     Option("anonymous", parse_bool, False, "also offer SASL ANONYMOUS (logs in as the anonymous user)",

@@ -19,7 +19,8 @@ What lives here, protocol-neutral:
   a deletion is heard by every session of every protocol (``session.stream_deleted(name)``), after the
   deleting request has been answered (RabbitMQ answers first, and rstream 0.20 closes a consumer
   connection on the notification of its last stream);
-* publishing with completion callbacks, publisher dedup, and read-your-writes barriers (a query of a
+* publishing with completion callbacks, the disk alarm (disk.py: refused with StorageFull while the disk
+  is short of space), publisher dedup, and read-your-writes barriers (a query of a
   publisher sequence or consumer offset waits for that reference's writes in flight; a NEXT position is
   resolved after every append already accepted has committed);
 * reading: offset specs, chunks, watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
@@ -40,7 +41,7 @@ import time
 from riverbed.engine import OffsetSpec
 from riverbed.engine import format as fmt
 from riverbed.engine import core
-from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker.stats import BrokerStats
 
@@ -90,6 +91,7 @@ class Broker:
         self._delete_hooks.append(self.stats.forget_stream)
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
+        self.disk = None           # the DiskMonitor (disk.py) whose alarm refuses publishes; None: no alarm
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -454,7 +456,25 @@ class Broker:
         and in order; ``cb(AppendResult, exc)`` after the commit."""
         self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb)
 
+    def write_refusal(self):
+        """The StorageFull every publish gets now (the disk alarm is on: disk.py), or None. A shell that
+        writes records without :meth:`append` and its siblings (a transaction) asks this first."""
+        disk = self.disk
+        return disk.error() if disk is not None and disk.alarm else None
+
     def _appended(self, submit, stream, publisher, cb):
+        disk = self.disk
+        if disk is not None:
+            if disk.alarm:
+                # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
+                cb(None, disk.error())
+                return
+            inner_cb = cb
+
+            def cb(res, exc):
+                if isinstance(exc, StorageFull):
+                    disk.check()       # the engine ran out of space between two looks: alarm at once
+                inner_cb(res, exc)
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
         if key is not None:

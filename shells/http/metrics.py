@@ -34,6 +34,12 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
     riverbed_engine_commit_seconds                     histogram: one group commit, whole
     riverbed_engine_fsync_seconds                      histogram: LMDB's commit (and fsync) alone
     riverbed_engine_map_size_bytes / riverbed_engine_map_used_bytes
+    riverbed_disk_free_bytes                           free space for the data (the filesystem's, plus the
+                                                       data file's reserved room), as of the disk alarm's
+                                                       last look (once a second)
+    riverbed_disk_free_limit_bytes                     --disk-free-limit
+    riverbed_disk_max_bytes / riverbed_disk_data_bytes --max-disk (only when set) / data in the data file
+    riverbed_disk_alarm                                1 while publishes are refused for want of space
     process_cpu_seconds_total, process_resident_memory_bytes, ...   (prometheus-client's ProcessCollector;
                                                        refreshed at most once a second)
 
@@ -176,6 +182,21 @@ class BrokerCollector:
                                     value=usage[0])
             yield GaugeMetricFamily("riverbed_engine_map_used_bytes", "Bytes of the LMDB map in use.",
                                     value=usage[1])
+        yield from self._disk()
+
+    def _disk(self):
+        disk = getattr(self.broker, "disk", None)
+        if disk is None or disk.free is None:
+            return
+        yield GaugeMetricFamily("riverbed_disk_free_bytes", "Bytes free for the data: the filesystem's free "
+                                "space plus the data file's reserved room.", value=disk.free)
+        yield GaugeMetricFamily("riverbed_disk_free_limit_bytes", "Publishes are refused below this free space "
+                                "(--disk-free-limit).", value=disk.free_limit)
+        if disk.max_disk is not None:
+            yield GaugeMetricFamily("riverbed_disk_max_bytes", "Cap on the data (--max-disk).", value=disk.max_disk)
+        yield GaugeMetricFamily("riverbed_disk_data_bytes", "Bytes of data in the data file.", value=disk.data_bytes)
+        yield GaugeMetricFamily("riverbed_disk_alarm", "1 while publishes are refused for want of disk space.",
+                                value=1 if disk.alarm else 0)
 
 
 class _Scrape:

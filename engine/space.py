@@ -191,11 +191,12 @@ class MapSpace:
 
 def usage(engine):
     """Space figures of a read-write engine's data directory, for the broker's disk alarm and /metrics:
-    ``(fs_free, map_size, live)`` in bytes. ``fs_free`` is the filesystem's free space; ``map_size`` the
-    map (with WRITEMAP: the data file, all of it reserved on disk); ``live`` the bytes of pages that hold
-    data (every database's branch, leaf and overflow pages, plus the two meta pages), so
-    ``map_size - live`` is room inside the data file that a write can use without growing it (LMDB
-    reuses freed pages). One short read transaction; any thread. Returns None once the engine is closed.
+    ``(fs_free, map_size, high_water, live)`` in bytes. ``fs_free`` is the filesystem's free space;
+    ``map_size`` the map (with WRITEMAP: the data file, all of it reserved on disk); ``high_water`` the
+    part of it LMDB has used so far (up to its last page); ``live`` the bytes of pages that hold data
+    (every database's branch, leaf and overflow pages, plus the two meta pages), so ``high_water - live``
+    are pages that deletions and retention freed, which LMDB reuses before it grows the file. One short
+    read transaction; any thread. Returns None once the engine is closed.
     """
     if engine._closed:
         return None
@@ -209,7 +210,8 @@ def usage(engine):
         if engine._closed:
             return None
         env = engine.env
-        size = env.info()["map_size"]
+        info = env.info()
+        size = info["map_size"]
         main = env.stat()
         psize = main["psize"]
         pages = 2 + main["branch_pages"] + main["leaf_pages"] + main["overflow_pages"]
@@ -219,4 +221,4 @@ def usage(engine):
                 pages += st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"]
     finally:
         gate.leave()
-    return free, size, pages * psize
+    return free, size, (info["last_pgno"] + 1) * psize, pages * psize

@@ -5,7 +5,9 @@
 whenever the engine refuses a write for want of space. The alarm is on while
 
 * the free space is under ``free_limit`` (``riverbed serve --disk-free-limit``): the filesystem's free
-  space plus the room inside the data file (reserved on disk, not holding data; see engine/space.py), or
+  space (what ``df`` says) plus the pages inside the data file that deletions and retention freed (LMDB
+  reuses them before the file grows; the data file's reserved tail, at most half of what was free when
+  it grew, is not counted: see engine/space.py), or
 * ``max_disk`` is set (``--max-disk``) and the data is within :func:`cap_margin` of it.
 
 While it is on, :meth:`Broker._appended` refuses every append, of every protocol, with
@@ -69,11 +71,9 @@ class DiskMonitor:
             return self.alarm
         if u is None:                  # the engine is closed (shutting down)
             return self.alarm
-        fs_free, map_size, live = u
-        space = self.engine._space
-        reserved = space is not None and space.reserve
-        # with WRITEMAP the whole data file is reserved on disk: its pages not holding data are free too
-        self.free = fs_free + (max(0, map_size - live) if reserved else 0)
+        fs_free, map_size, high_water, live = u
+        # pages freed inside the file count: deleting a stream gives room back without shrinking the file
+        self.free = fs_free + max(0, high_water - live)
         self.data_bytes = live
         self.file_bytes = map_size
         reason = None

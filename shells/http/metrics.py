@@ -34,8 +34,8 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
     riverbed_engine_commit_seconds                     histogram: one group commit, whole
     riverbed_engine_fsync_seconds                      histogram: LMDB's commit (and fsync) alone
     riverbed_engine_map_size_bytes / riverbed_engine_map_used_bytes
-    riverbed_disk_free_bytes                           free space for the data (the filesystem's, plus the
-                                                       data file's reserved room), as of the disk alarm's
+    riverbed_disk_free_bytes                           free space for the data (the filesystem's, plus pages
+                                                       freed inside the data file), as of the disk alarm's
                                                        last look (once a second)
     riverbed_disk_free_limit_bytes                     --disk-free-limit
     riverbed_disk_max_bytes / riverbed_disk_data_bytes --max-disk (only when set) / data in the data file
@@ -189,7 +189,7 @@ class BrokerCollector:
         if disk is None or disk.free is None:
             return
         yield GaugeMetricFamily("riverbed_disk_free_bytes", "Bytes free for the data: the filesystem's free "
-                                "space plus the data file's reserved room.", value=disk.free)
+                                "space plus pages freed inside the data file.", value=disk.free)
         yield GaugeMetricFamily("riverbed_disk_free_limit_bytes", "Publishes are refused below this free space "
                                 "(--disk-free-limit).", value=disk.free_limit)
         if disk.max_disk is not None:

@@ -183,7 +183,7 @@ class Engine:
         # write through the map can fault (SIGBUS) on a full filesystem; see space.py
         self._space = None
         if not readonly:
-            self._space = MapSpace(self, max_size, reserve=WRITEMAP)
+            self._space = MapSpace(self, max_size)
             try:
                 self._space.open_check()
             except BaseException:

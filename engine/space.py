@@ -14,8 +14,9 @@ for ``lock.mdb``, the reader table LMDB maps too. So:
   with :class:`~riverbed.engine.errors.StorageFull`: the write that needed it fails alone, with that
   error, and the engine goes on (retention, deletions and writes that fit in the map still commit).
 
-Without WRITEMAP LMDB writes with ``pwrite``, which reports a full disk as an error rather than a
-signal, so only ``max_size`` is enforced here.
+Without WRITEMAP (``RIVERBED_WRITEMAP=0``) LMDB writes with ``pwrite``, and a full disk fails the commit
+with EIO, which cannot be told from a failing disk; the map is reserved the same way, so that a
+``pwrite`` inside it never finds the disk full.
 
 The map grows by doubling, in steps of at most :data:`GROW_STEP_MAX`, and never by more than half of the
 filesystem's free space (but always by what the failed transaction needs).
@@ -60,8 +61,8 @@ def _mib(n):
 class MapSpace:
     """The data file's disk reservation and the map's growth, for one read-write Engine.
 
-    ``max_size`` (bytes or None) caps the map, so the data file never grows past it. ``reserve``: the
-    environment uses WRITEMAP, so every byte of the map is reserved on disk before LMDB may use it.
+    ``max_size`` (bytes or None) caps the map, so the data file never grows past it. ``reserve``: every
+    byte of the map is reserved on disk before LMDB may use it (False only for tests of the growth).
     Writer thread only (and the Engine's constructor, before the writer starts).
     """
 
@@ -126,7 +127,7 @@ class MapSpace:
 
     def grow(self, need, bulk=True):
         """Grow the map for a transaction that found it full after writing ``need`` bytes; returns the new
-        size. Reserves the growth on disk first (under WRITEMAP). Raises StorageFull, with the map as it
+        size. Reserves the growth on disk first. Raises StorageFull, with the map as it
         was, when the filesystem cannot give even the least growth or the map is at ``max_size``.
 
         ``bulk``: the transaction holds appends or transact functions, which may not take the last
@@ -168,8 +169,7 @@ class MapSpace:
         raise err
 
     def _allocate(self, fd, start, end, what="data.mdb"):
-        """Give bytes ``start..end`` of the file ``fd`` blocks on disk (no-op without WRITEMAP for the data
-        file). Raises StorageFull when the filesystem has no room; falls back to comparing with the free
+        """Give bytes ``start..end`` of the file ``fd`` blocks on disk (no-op when ``fd`` is None). Raises StorageFull when the filesystem has no room; falls back to comparing with the free
         space on a filesystem without fallocate."""
         if fd is None or end <= start:
             return
@@ -192,7 +192,7 @@ class MapSpace:
 def usage(engine):
     """Space figures of a read-write engine's data directory, for the broker's disk alarm and /metrics:
     ``(fs_free, map_size, high_water, live)`` in bytes. ``fs_free`` is the filesystem's free space;
-    ``map_size`` the map (with WRITEMAP: the data file, all of it reserved on disk); ``high_water`` the
+    ``map_size`` the map (the data file, all of it reserved on disk); ``high_water`` the
     part of it LMDB has used so far (up to its last page); ``live`` the bytes of pages that hold data
     (every database's branch, leaf and overflow pages, plus the two meta pages), so ``high_water - live``
     are pages that deletions and retention freed, which LMDB reuses before it grows the file. One short

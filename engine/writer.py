@@ -236,10 +236,6 @@ class _Writer(threading.Thread):
                 self._grow(0)
             except StorageFull as e:
                 self._storage_full(e)
-        except lmdb.DiskError as e:       # without WRITEMAP: the full disk reported by LMDB's pwrite
-            if "space" not in str(e).lower():
-                raise
-            self._storage_full(StorageFull(f"disk full: {e}"))
 
     def _storage_full(self, exc):
         now = time.monotonic()
@@ -328,11 +324,6 @@ class _Writer(threading.Thread):
             except lmdb.MapResizedError:
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
                 continue
-            except lmdb.DiskError as e:
-                # without WRITEMAP a full disk is an error of LMDB's pwrite; the transaction was aborted whole
-                if "space" not in str(e).lower() and "quota" not in str(e).lower():
-                    raise
-                raise StorageFull(f"disk full: {e}") from None
             # metrics (engine/stats.py): a few integer updates; _commit runs under _claim, one at a time
             eng.stats.commit_done(started, applied, time.perf_counter(), len(batch), staged.bytes_written)
             return staged, results

@@ -57,8 +57,8 @@ log = logging.getLogger("riverbed.engine")
 
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_FSYNC = "batch"
-# bytes: the map (with WRITEMAP: the data file, reserved on disk, space.py) a new environment starts with;
-# it grows by doubling when full, in steps of at most 1 GiB
+# bytes: the map (the data file, reserved on disk: space.py) a new environment starts with; it grows by
+# doubling when full, in steps of at most 1 GiB
 DEFAULT_MAP_SIZE = 64 << 20
 WRITEMAP = os.environ.get("RIVERBED_WRITEMAP", "1") == "1"
 

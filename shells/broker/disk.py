@@ -8,7 +8,8 @@ whenever the engine refuses a write for want of space. The alarm is on while
   space (what ``df`` says) plus the pages inside the data file that deletions and retention freed (LMDB
   reuses them before the file grows; the data file's reserved tail, at most half of what was free when
   it grew, is not counted: see engine/space.py), or
-* ``max_disk`` is set (``--max-disk``) and the data is within :func:`cap_margin` of it.
+* ``max_disk`` is set (``--max-disk``) and the data is within :func:`cap_margin` of it (the engine
+  refuses appends that would take the data file past it anyway).
 
 While it is on, :meth:`Broker._appended` refuses every append, of every protocol, with
 :class:`~riverbed.engine.errors.StorageFull` before it reaches the engine; each shell answers with its
@@ -23,7 +24,7 @@ Loop thread only.
 import logging
 
 from riverbed.engine.errors import StorageFull
-from riverbed.engine.space import usage
+from riverbed.engine.space import SPARE, usage
 
 log = logging.getLogger("riverbed.broker")
 
@@ -32,9 +33,10 @@ CHECK_INTERVAL = 1.0                     # seconds between two looks
 
 
 def cap_margin(max_disk):
-    """Bytes under ``max_disk`` at which publishing stops: 1/16 of it, at most 16 MiB (room left for the
-    small writes that free space: deletions, retention, consumer offsets)."""
-    return min(max_disk // 16, 16 << 20)
+    """Bytes under ``max_disk`` at which publishing stops: 1/16 of it (at most 16 MiB) below the engine's
+    own limit for appends, which keeps the last 2 MiB (at most 1/8) for the small writes that free space
+    (deletions, retention; engine/space.py), so the alarm, not a failed write, is what publishers meet."""
+    return min(SPARE, max_disk // 8) + min(max_disk // 16, 16 << 20)
 
 
 def _mib(n):

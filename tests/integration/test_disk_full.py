@@ -381,3 +381,30 @@ def test_rstream_filling_a_48mb_disk_with_1kb_messages_gets_publish_errors_not_a
             assert all(len(r) == 1024 for r in records)
         finally:
             srv.kill()
+
+
+def test_max_disk_refuses_publishes_at_the_cap_and_a_deletion_gives_the_room_back(tmp_path):
+    srv = ServerProcess(tmp_path / "data", "--http-port", "0", "--max-disk", "12MiB",
+                        "--disk-free-limit", "0").start()
+    try:
+        confirmed, refused = {}, {}
+        run(_publish_until_refused(srv.port, "capped", confirmed, refused), timeout=120)
+        assert set(refused["capped"].values()) == {0x06}
+        assert 8_000 < len(confirmed["capped"]) < 12_000
+        body = wait_health(srv, False)
+        assert any(r.startswith("disk alarm: data at its cap") for r in body["reasons"]), body
+        assert body["disk"]["max_disk_bytes"] == 12 << 20
+        assert metric(srv, "riverbed_disk_max_bytes") == 12 << 20
+        assert os.path.getsize(tmp_path / "data" / "data.mdb") <= 12 << 20
+
+        async def delete():
+            async with Producer("127.0.0.1", srv.port, **CREDS) as p:
+                await p.delete_stream("capped")
+        run(delete())
+        wait_health(srv, True)
+        more, more_refused = {}, {}
+        run(_publish_until_refused(srv.port, "again", more, more_refused, limit=4000), timeout=120)
+        assert not more_refused.get("again") and len(more["again"]) == 4000
+        assert srv.stop() == 0, srv.log()
+    finally:
+        srv.kill()

@@ -163,8 +163,15 @@ class Broker:
         fut.add_done_callback(done)
 
     def _done(self, cb):
-        """An engine ``on_done`` that runs ``cb(result, exc)`` on the loop thread (through the inbox)."""
-        return lambda res, exc: self._post(cb, res, exc)
+        """An engine ``on_done`` that runs ``cb(result, exc)`` on the loop thread (through the inbox). An
+        engine refusal for want of space (StorageFull) makes the disk alarm look at once, before ``cb``."""
+        post = self._post
+
+        def done(res, exc):
+            if exc is not None and self.disk is not None and isinstance(exc, StorageFull):
+                post(self.disk.check)
+            post(cb, res, exc)
+        return done
 
     def _call(self, submit, cb):
         """``submit()`` an engine operation and ``cb(result, exc)`` on the loop; an error raised at once
@@ -464,17 +471,10 @@ class Broker:
 
     def _appended(self, submit, stream, publisher, cb):
         disk = self.disk
-        if disk is not None:
-            if disk.alarm:
-                # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
-                cb(None, disk.error())
-                return
-            inner_cb = cb
-
-            def cb(res, exc):
-                if isinstance(exc, StorageFull):
-                    disk.check()       # the engine ran out of space between two looks: alarm at once
-                inner_cb(res, exc)
+        if disk is not None and disk.alarm:
+            # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
+            cb(None, disk.error())
+            return
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
         if key is not None:

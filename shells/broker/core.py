@@ -473,6 +473,7 @@ class Broker:
         disk = self.disk
         if disk is not None and disk.alarm:
             # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
+            disk.refused += 1
             cb(None, disk.error())
             return
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)

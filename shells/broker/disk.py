@@ -47,7 +47,8 @@ class DiskMonitor:
     """The disk alarm of one broker. ``free_limit`` and ``max_disk`` in bytes (``max_disk`` None: no cap).
 
     ``alarm`` (bool), ``free`` (bytes free as the alarm counts it), ``data_bytes`` (bytes of data in the
-    data file) and ``reason`` (one line, None while no alarm) are the last look's; ``check()`` looks
+    data file) and ``reason`` (one line, None while no alarm) are the last look's; ``refused`` counts the
+    appends the broker refused because of it; ``check()`` looks
     again. ``start(loop)`` looks every ``interval`` seconds until ``stop()``.
     """
 
@@ -61,6 +62,8 @@ class DiskMonitor:
         self.free = None
         self.data_bytes = None
         self.file_bytes = None
+        self.refused = 0              # appends (a publish frame or batch each) refused by the alarm so far
+        self._cap_done = None         # the engine refusal that room has come back since
         self._timer = None
         self._loop = None
 
@@ -82,7 +85,7 @@ class DiskMonitor:
         if self.free < self.free_limit:
             reason = (f"disk space low: {_mib(self.free)} free for {self.engine.path}, under the limit of "
                       f"{_mib(self.free_limit)} (--disk-free-limit)")
-        elif self.max_disk is not None and live > self.max_disk - cap_margin(self.max_disk):
+        elif self.max_disk is not None and (self._cap_refused(live) or live > self.max_disk - cap_margin(self.max_disk)):
             reason = (f"data at its cap: {_mib(live)} of {_mib(self.max_disk)} (--max-disk) used in "
                       f"{self.engine.path}")
         if reason is not None and not self.alarm:
@@ -93,6 +96,19 @@ class DiskMonitor:
         self.alarm = reason is not None
         self.reason = reason
         return self.alarm
+
+    def _cap_refused(self, live):
+        """Whether the engine refused an append at --max-disk and room has not come back since: the data
+        has not shrunk below twice :func:`cap_margin` under the cap. (Near the cap ``live`` alone is an
+        optimistic measure: LMDB holds freed pages it cannot reuse yet.)"""
+        space = self.engine._space
+        refused = getattr(space, "refused", None)
+        if refused is None or refused.limit is None or refused.limit != space.max_size or refused is self._cap_done:
+            return False
+        if live < self.max_disk - 2 * cap_margin(self.max_disk):
+            self._cap_done = refused           # a deletion or retention gave room back
+            return False
+        return True
 
     def error(self):
         """The StorageFull a refused publish gets while the alarm is on."""

@@ -40,6 +40,7 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
     riverbed_disk_free_limit_bytes                     --disk-free-limit
     riverbed_disk_max_bytes / riverbed_disk_data_bytes --max-disk (only when set) / data in the data file
     riverbed_disk_alarm                                1 while publishes are refused for want of space
+    riverbed_disk_refused_appends_total                appends (a publish frame or batch each) the alarm refused
     process_cpu_seconds_total, process_resident_memory_bytes, ...   (prometheus-client's ProcessCollector;
                                                        refreshed at most once a second)
 
@@ -197,6 +198,8 @@ class BrokerCollector:
         yield GaugeMetricFamily("riverbed_disk_data_bytes", "Bytes of data in the data file.", value=disk.data_bytes)
         yield GaugeMetricFamily("riverbed_disk_alarm", "1 while publishes are refused for want of disk space.",
                                 value=1 if disk.alarm else 0)
+        yield CounterMetricFamily("riverbed_disk_refused_appends", "Appends (a publish frame or batch each) "
+                                  "refused by the disk alarm.", value=disk.refused)
 
 
 class _Scrape:

@@ -134,6 +134,7 @@ def test_rabbitmq_stream_publish_below_the_disk_free_limit_gets_stream_not_avail
                     break
                 await asyncio.sleep(0.1)
             assert [(s.is_confirmed, s.response_code) for s in statuses] == [(False, 0x06)] * 5
+            assert metric(srv, "riverbed_disk_refused_appends_total") >= 1
             # consumers keep reading
             got = []
             async with Consumer("127.0.0.1", srv.port, **CREDS) as c:

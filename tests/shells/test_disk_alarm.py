@@ -62,6 +62,7 @@ def test_below_the_free_limit_publishes_are_refused_reads_go_on_and_it_clears_by
     assert res is None and isinstance(exc, StorageFull) and "--disk-free-limit" in str(exc)
     assert exc.limit == 1 << 60 and exc.free == monitor.free
     assert isinstance(lp.broker.write_refusal(), StorageFull)
+    assert monitor.refused == 1
     assert lp.eng.stream_info("s").records == 1             # nothing of the refused publish was stored
     assert [bytes(r) for _, r in lp.eng.scan("s")] == [b"r"]
     done = []

@@ -48,6 +48,7 @@ from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's p
 )
 from riverbed.engine.space import MapSpace
 from riverbed.engine.stats import EngineStats
+from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
     _OP_SYNC, _OP_TXN, Done, WriteContext, _Append, _Writer,
@@ -142,7 +143,7 @@ class _Gate:
 INLINE_MAX_BYTES = 64 << 10
 
 
-class Engine:
+class Engine(SuperStreamBindings):
     """A data directory: its LMDB environment, its streams and its single writer thread.
 
     Every method is thread-safe. Writer operations (create, delete, append, store_offset) return
@@ -519,7 +520,8 @@ class Engine:
         return self._tracking(name, TRACKING_OFFSET, reference)
 
     def query_publisher_sequence(self, name, publisher):
-        """The last publishing id stored for ``publisher`` on ``name`` (0 when none)."""
+        """The last publishing id stored for ``publisher`` on ``name``; 0 when none, as RabbitMQ answers
+        (deduplication still treats such a reference as having stored nothing, so its id 0 is kept)."""
         v = self._tracking(name, TRACKING_SEQUENCE, publisher)
         return 0 if v is None else v
 
@@ -664,8 +666,9 @@ class Engine:
         """Append an Osiris data section (simple and/or sub-batch entries, format.py) to ``stream``.
 
         ``publishing_ids`` and ``filter_values`` are per entry. With a ``publisher`` reference, an
-        entry whose id is at or below the publisher's stored sequence is dropped and listed in
-        ``AppendResult.duplicates``; the sequence is stored in the same transaction as the records.
+        entry whose id is at or below the highest id stored for that reference is dropped and listed in
+        ``AppendResult.duplicates`` (a reference that stored nothing keeps every id, 0 included); the
+        sequence is stored in the same transaction as the records.
         ``num_entries`` and ``num_records``, when the caller knows them (it built the entries), spare the
         writer a walk over the section; they must then be right. Without them the section is walked and
         checked. Returns a Future of AppendResult; errors through it: StreamNotFound, ChunkError
@@ -727,7 +730,8 @@ class Engine:
         return self._submit(_OP_SUPER_DELETE, name)
 
     def super_stream(self, name):
-        """``{"partitions": [...], "binding_keys": [...], "arguments": {...}}`` or None."""
+        """``{"partitions": [...], "binding_keys": [...], "arguments": {...}}`` (and ``"orders"``, the
+        partition order of each binding, when it was built binding by binding) or None."""
         if self._db_supers is None:
             return None
         with self.read_txn() as txn:

@@ -60,6 +60,7 @@ async def run_server(cfg, stop=None, started=None):
     from riverbed.engine import Engine
     from riverbed.shells.auth import Authenticator
     from riverbed.shells.broker import Broker
+    from riverbed.shells.broker import limits as _limits
     from riverbed.shells.broker.disk import DiskMonitor
     from riverbed.shells import tls as _tls
 
@@ -72,8 +73,10 @@ async def run_server(cfg, stop=None, started=None):
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync, max_size=cfg.max_disk)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
+    limits = _limits.configure(_limits.Limits.from_config(cfg))   # before the broker: it reads them
     broker = Broker(engine, post=loop.call_soon_threadsafe, post_local=loop.call_soon, auth=auth,
                     data_dir=cfg.data_dir)
+    broker.set_limits(limits)
     # the disk alarm (broker/disk.py): publishes refused below --disk-free-limit or at --max-disk
     broker.disk = DiskMonitor(engine, free_limit=cfg.disk_free_limit, max_disk=cfg.max_disk)
     broker.disk.start(loop)
@@ -222,8 +225,15 @@ def cmd_dump(argv):
     return dump.main(argv)
 
 
+def _version_text():
+    from riverbed.shells.rmq_stream.constants import RABBITMQ_VERSION
+    from riverbed.shells.version import VERSION
+    return f"riverbed {VERSION} (RabbitMQ Stream protocol of RabbitMQ {RABBITMQ_VERSION})"
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="riverbed", description="One durable event log, many wire protocols.")
+    p.add_argument("--version", action="version", version=_version_text())
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the broker",
                        description="Run the broker. Every flag can also be set as RIVERBED_<FLAG> in the "

@@ -89,6 +89,25 @@ def _positive_float_or_off(value):
     return _positive_float(value)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(value):
+    """A positive byte count: an int, or a string such as ``65536``, ``64KiB``, ``16MiB``, ``1GiB``
+    (k/m/g and kb/mb/gb are binary units too)."""
+    if isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, str):
+        v = value.strip().lower().replace("_", "")
+        num = v.rstrip("abcdefghijklmnopqrstuvwxyz ")
+        unit = v[len(num):].strip()
+        if unit not in _SIZE_UNITS or not num:
+            raise ValueError(f"{value!r} is not a size (bytes, or with KiB/MiB/GiB)")
+        value = int(float(num) * _SIZE_UNITS[unit])
+    return _positive_int(value)
+
+
 def _non_negative_int(value):
     v = int(value)
     if v < 0:
@@ -96,40 +115,16 @@ def _non_negative_int(value):
     return v
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3,
-               "gb": 1000 ** 3, "t": 1000 ** 4, "tb": 1000 ** 4, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
-               "tib": 1 << 40}
-
-
-def parse_size(value):
-    """A size in bytes: a number, or a number with a unit (``16MB``, ``1.5GB``, ``512MiB``; kB/MB/GB/TB are
-    powers of 1000 as in RabbitMQ's disk_free_limit, KiB/MiB/GiB/TiB powers of 1024; case-insensitive)."""
-    if isinstance(value, bool):
-        raise ValueError("not a size")
-    if isinstance(value, (int, float)):
-        number, unit = value, ""
-    else:
-        text = str(value).strip().lower().replace(" ", "")
-        i = len(text)
-        while i and text[i - 1].isalpha():
-            i -= 1
-        number, unit = text[:i], text[i:]
-        if unit not in _SIZE_UNITS or not number:
-            raise ValueError(f"{value!r} is not a size (bytes, or a number with kB, MB, GB, TB, KiB, MiB, GiB)")
-        number = float(number)
-    size = int(number * _SIZE_UNITS[unit])
-    if size < 0:
-        raise ValueError("a size cannot be negative")
-    return size
+def _size_or_zero(value):
+    if str(value).strip() == "0":
+        return 0
+    return parse_size(value)
 
 
 def _size_or_off(value):
     if value is None or str(value).strip().lower() in ("off", "none", ""):
         return None
-    v = parse_size(value)
-    if v <= 0:
-        raise ValueError("must be > 0 (or off)")
-    return v
+    return parse_size(value)
 
 
 @dataclass(frozen=True)
@@ -158,7 +153,7 @@ OPTIONS = [
     Option("zmq_hwm", _non_negative_int, 1000, "ZeroMQ: high-water mark, messages queued per peer and direction",
            "MESSAGES"),
     Option("ws_port", parse_port, 8890, "WebSocket JSON (Streamr v28) port (default 8890; 0 = any free; off)", "PORT"),
-    Option("ws_max_frame", _positive_int, 1 << 20,
+    Option("ws_max_frame", parse_size, 1 << 20,
            "WebSocket JSON: largest client frame, bytes; bigger ones close the connection (1009)", "BYTES"),
     Option("ws_send_buffer", _positive_int, 16 << 20,
            "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
@@ -166,7 +161,7 @@ OPTIONS = [
     Option("text_user", _opt_str, None, "user the REAM text listener acts as (required with --users)", "NAME"),
     Option("text_keepalive", _positive_float_or_off, None,
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
-    Option("text_max_payload", _positive_int, 4 << 20, "REAM: largest payload a request may declare, bytes "
+    Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
@@ -180,7 +175,7 @@ OPTIONS = [
            "HOST"),
     Option("advertised_port", _opt_port, None, "port clients are told to dial (default: the bound port)", "PORT"),
     Option("fsync", str, "batch", "durability policy: always, batch (default) or never", "POLICY"),
-    Option("disk_free_limit", parse_size, 50_000_000,
+    Option("disk_free_limit", _size_or_zero, 50 << 20,
            "refuse publishes (every protocol) while the data directory's disk has less free than this, "
            "bytes or with a unit: 16MB, 1GB (default 50MB; 0 = never)", "SIZE"),
     Option("max_disk", _size_or_off, None, "cap on the data file: refuse publishes when the data reaches it, "
@@ -195,6 +190,26 @@ OPTIONS = [
     Option("handshake_timeout", _positive_float, 10.0, "seconds a new connection has to complete Open",
            "SECONDS"),
     Option("log_level", str, "info", "debug, info, warning or error", "LEVEL"),
+    # the named limits (riverbed.shells.broker.limits.Limits; README "Limits"): sizes take 64KiB, 16MiB, ...
+    Option("max_frame_size", parse_size, 64 << 20, "RabbitMQ Stream: largest Publish frame, bytes (default "
+           "64MiB; other commands are held to the negotiated frame_max)", "BYTES"),
+    Option("max_decompressed_size", parse_size, 64 << 20, "RabbitMQ Stream: largest uncompressed size of a "
+           "sub-batch; decompression stops there (default 64MiB)", "BYTES"),
+    Option("max_decompression_ratio", _positive_int, 200, "RabbitMQ Stream: a sub-batch may declare at most "
+           "this many times its compressed size, above 1MiB (default 200)", "RATIO"),
+    Option("max_entries_per_frame", _positive_int, 65536, "RabbitMQ Stream: messages in one Publish frame "
+           "(default 65536)", "COUNT"),
+    Option("max_pending_bytes", parse_size, 32 << 20, "per connection: uncommitted published bytes before "
+           "the server stops reading it (default 32MiB)", "BYTES"),
+    Option("max_inflight_bytes", parse_size, 256 << 20, "broker-wide: uncommitted published bytes of every "
+           "connection together before publishers are paused (default 256MiB)", "BYTES"),
+    Option("bson_max_frame", parse_size, 16 << 20, "BSON/TCP: largest frame, bytes (default 16MiB)", "BYTES"),
+    Option("zmq_max_message", parse_size, 16 << 20, "ZeroMQ: largest message part, bytes (ZMQ_MAXMSGSIZE; "
+           "default 16MiB)", "BYTES"),
+    Option("zmq_max_parts", _positive_int, 64, "ZeroMQ: parts of one multipart message (default 64)", "COUNT"),
+    Option("http_max_body", parse_size, 16 << 20, "HTTP and WebSocket REST: largest request body (default 16MiB)",
+           "BYTES"),
+    Option("text_max_line", parse_size, 64 << 10, "REAM text: longest request line (default 64KiB)", "BYTES"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 ENV_PREFIX = "RIVERBED_"

@@ -43,6 +43,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import BrokerStats
 
 log = logging.getLogger("riverbed.broker")
@@ -88,6 +89,8 @@ class Broker:
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
         self._create_hooks = []    # fn(stream) run when a stream is created, before sessions hear of it
         self.stats = BrokerStats()     # counters for GET /metrics (stats.py)
+        self.limits = _limits.current()     # the named limits in force (limits.py); see set_limits
+        self.inflight = _limits.InflightBudget(self.limits.max_inflight_bytes)   # broker-wide memory budget
         self._delete_hooks.append(self.stats.forget_stream)
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
@@ -96,6 +99,13 @@ class Broker:
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
             self._import_legacy_super_streams(os.path.join(data_dir, LEGACY_SUPER_STREAMS_FILE))
+
+    def set_limits(self, limits):
+        """Use ``limits`` (a :class:`~riverbed.shells.broker.limits.Limits`) for connections and
+        listeners started from now on, and size the in-flight budget to it. Call before listeners start."""
+        self.limits = limits
+        self.inflight.limit = limits.max_inflight_bytes
+        self.inflight.low = limits.max_inflight_bytes // 2
 
     def close(self):
         """Stop delivering engine completions (the process is stopping)."""
@@ -192,6 +202,18 @@ class Broker:
 
     def unregister(self, session):
         self.sessions.discard(session)
+        self.inflight.cancel(session)
+
+    def hold_if_over_budget(self, session, pause, resume):
+        """Back-pressure of the broker-wide in-flight budget, for a session that just handed appends on:
+        when the budget is exceeded, ``pause()`` (stop reading the client) now and ``resume()`` once
+        in-flight bytes are back at the low mark (sessions resume in the order they paused). Returns
+        whether it paused. A session that unregisters meanwhile is never resumed. Loop thread."""
+        if not self.inflight.over():
+            return False
+        pause()
+        self.inflight.wait(session, resume)
+        return True
 
     def connections(self):
         """``connection_info()`` of every live connection that has one."""
@@ -248,9 +270,25 @@ class Broker:
 
     def delete_stream(self, name, cb):
         """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is
-        answered before any notification goes out."""
+        answered before any notification goes out. A partition of super streams leaves them first (as a
+        deleted queue's bindings go with it on RabbitMQ), so Partitions and Route never name it after."""
         self._deleting_enter([name])
-        self._call(lambda: self.engine.delete_stream(name), lambda res, exc: self._deleted_then([name], cb, exc))
+
+        def delete(res=None, exc=None):
+            self._call(lambda: self.engine.delete_stream(name),
+                       lambda res, exc: self._deleted_then([name], cb, exc))
+        bound_in = [s for s in self.list_super_streams() if name in (self.partitions(s) or ())]
+        if not bound_in:
+            delete()
+            return
+        left = [len(bound_in)]
+
+        def unbound(res, exc):
+            left[0] -= 1
+            if left[0] == 0:
+                delete()
+        for s in bound_in:
+            self._call(lambda s=s: self.engine.unbind_super_stream(s, name), unbound)
 
     def _deleting_enter(self, names):
         for n in names:
@@ -328,6 +366,43 @@ class Broker:
         if d is None:
             return None
         return [p for p, k in zip(d["partitions"], d["binding_keys"]) if k == routing_key]
+
+    def super_stream(self, name):
+        """Super stream ``name`` as ``{"partitions", "binding_keys", "orders"}`` (lists in partition
+        order; ``orders`` the partition order of each binding, None where it has none), or None."""
+        d = self.engine.super_stream(name) if name else None
+        if d is None:
+            return None
+        parts = list(d["partitions"])
+        orders = d.get("orders")
+        return {"partitions": parts, "binding_keys": list(d["binding_keys"]),
+                "orders": list(orders) if orders is not None else list(range(len(parts)))}
+
+    def list_super_streams(self):
+        """Names of every super stream, sorted."""
+        return self.engine.list_super_streams()
+
+    def declare_super_stream(self, name, cb):
+        """Record super stream ``name`` without partitions (RabbitMQ's management API declares its
+        exchange, then binds partitions one by one); ``cb(created, exc)``: created is False when it
+        existed already."""
+        self._call(lambda: self.engine.declare_super_stream(name), cb)
+
+    def bind_partition(self, name, partition, binding_key, order, cb):
+        """Add existing stream ``partition`` to super stream ``name`` under ``binding_key``, placed by
+        ``order`` (int or None: after the ordered ones); ``cb(added, exc)``: added is False when that
+        binding existed. StreamNotFound when either is missing."""
+        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order), cb)
+
+    def unbind_partition(self, name, partition, binding_key, cb):
+        """Remove the binding(s) of ``partition`` (with ``binding_key``, or all when None) from super
+        stream ``name``; the stream stays. ``cb(removed count, exc)``."""
+        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), cb)
+
+    def forget_super_stream(self, name, cb):
+        """Remove super stream ``name``'s definition, keeping its partition streams (RabbitMQ deleting
+        the exchange); ``cb(exc)``."""
+        self._call(lambda: self.engine.forget_super_stream(name), lambda res, exc: cb(exc))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
@@ -448,7 +523,7 @@ class Broker:
         ``num_records``, when given, must be exact."""
         self._appended(lambda on_done: self.engine.append_entries(
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
-            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb)
+            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
         """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
@@ -456,12 +531,13 @@ class Broker:
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb)
+            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk))
 
     def append_records(self, stream, records, cb):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""
-        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb)
+        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb,
+                       sum(map(len, records)))
 
     def write_refusal(self):
         """The StorageFull every publish gets now (the disk alarm is on: disk.py), or None. A shell that
@@ -469,13 +545,22 @@ class Broker:
         disk = self.disk
         return disk.error() if disk is not None and disk.alarm else None
 
-    def _appended(self, submit, stream, publisher, cb):
+    def _appended(self, submit, stream, publisher, cb, size):
         disk = self.disk
         if disk is not None and disk.alarm:
             # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
             disk.refused += 1
             cb(None, disk.error())
             return
+        # every append counts against the broker-wide in-flight budget until it completes, whoever asked
+        # for it and whether or not that connection is still there (sessions check inflight.over())
+        budget = self.inflight
+        budget.acquire(size)
+        counted = cb
+
+        def cb(res, exc):
+            budget.release(size)
+            counted(res, exc)
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
         if key is not None:

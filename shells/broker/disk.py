@@ -28,7 +28,7 @@ from riverbed.engine.space import SPARE, usage
 
 log = logging.getLogger("riverbed.broker")
 
-DEFAULT_FREE_LIMIT = 50 * 1000 * 1000   # bytes: RabbitMQ's default disk_free_limit (50MB)
+DEFAULT_FREE_LIMIT = 50 << 20           # bytes: RabbitMQ's default disk_free_limit (50MB), as --disk-free-limit 50MB
 CHECK_INTERVAL = 1.0                     # seconds between two looks
 
 

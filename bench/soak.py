@@ -552,7 +552,8 @@ def main(argv=None):
     ap.add_argument("--minutes", type=float)
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=21)
-    ap.add_argument("--work", help="directory for the data and server.log (default: a new temp dir)")
+    ap.add_argument("--work", help="directory for the data and server.log (default: a new temp dir, removed if "
+                                   "every check passed)")
     a = ap.parse_args(argv)
     if a.minutes:
         a.seconds = a.minutes * 60
@@ -560,6 +561,10 @@ def main(argv=None):
     print(json.dumps(summary, indent=1, default=str))
     failed = [k for k, ok in summary["checks"].items() if not ok]
     print("FAILED: " + ", ".join(failed) if failed else "all checks passed")
+    if not failed and not a.work:
+        import shutil
+
+        shutil.rmtree(summary["work"], ignore_errors=True)     # kept (data and server.log) only on failure
     return 1 if failed else 0
 
 

@@ -73,7 +73,7 @@ class EngineRig:
         self.generation += 1
         data = self.root / f"data{self.generation}"
         self.q = self._queue_mod.Queue()
-        self.eng = Engine(data, fsync="never", retention_interval=0, map_size=1 << 30)
+        self.eng = Engine(data, fsync="never", retention_interval=0, map_size=256 << 20)
         self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
                              data_dir=str(data), auth=self.auth)
 

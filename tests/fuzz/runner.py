@@ -157,6 +157,24 @@ def cmd_replay(names, memory):
     return 1 if bad else 0
 
 
+def sweep_tmp():
+    """Remove the engine directories of fuzz processes that are gone: libFuzzer ends a process with exit(),
+    so a target never gets to close its engine and remove its directory itself."""
+    tmp = WORK / "tmp"
+    if not tmp.is_dir():
+        return
+    for d in tmp.iterdir():
+        pid = d.name.rpartition("-")[2]
+        try:
+            os.kill(int(pid), 0)
+            continue                        # still running
+        except (ValueError, ProcessLookupError):
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def riverbed_modules():
     """Every Python module name of the riverbed package, from the source tree (nothing imported)."""
     names = []
@@ -192,7 +210,8 @@ def cmd_fuzz(name, seconds, stats_path, stop_on_crash, extra, raw=False):
     wanted = TARGETS[name][1]
     exclude = [m for m in riverbed_modules() if not any(m == w or m.startswith(w + ".") for w in wanted)]
     with atheris.instrument_imports(include=["riverbed"], exclude=exclude):
-        target = make_target(name)
+        sweep_tmp()
+        target = make_target(name, WORK / "tmp" / f"{name}-{os.getpid()}")
     stats = Stats(name, stats_path)
     seeds = WORK / "seeds" / name
     shutil.rmtree(seeds, ignore_errors=True)
@@ -262,6 +281,7 @@ def cmd_campaign(names, seconds, merge, runs=0):
                 cmd += [f"--lf=-runs={runs}"]
             p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
             _, status, usage = os.wait4(p.pid, 0)
+        sweep_tmp()
         rc = os.waitstatus_to_exitcode(status)
         text = log_path.read_text(errors="replace")
         st = json.loads(stats_path.read_text()) if stats_path.exists() else {"inputs": 0, "findings": {}, "hangs": 0}
@@ -277,6 +297,7 @@ def cmd_campaign(names, seconds, merge, runs=0):
                "findings": {k: v["count"] for k, v in st.get("findings", {}).items()}}
         if merge:
             row["corpus_files"], row["corpus_bytes"] = _merge(name)
+            sweep_tmp()
         rows.append(row)
         failed |= bool(row["uncaught"] or row["hangs"] or oom or rc not in (0,) or row["peak_rss_mb"] > 300)
         print(json.dumps(row), flush=True)

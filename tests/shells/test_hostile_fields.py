@@ -10,7 +10,9 @@ well-formed request on the same connection still works.
 
 import json
 import os
+import shutil
 import struct
+from contextlib import contextmanager
 
 import bson
 import pytest
@@ -27,6 +29,17 @@ from . import test_ream_session as reamh
 from . import test_ws_session as wsh
 from . import test_zmq_session as zmqh
 from .conftest import Harness as RmqHarness
+
+@contextmanager
+def scratch(tmp_path_factory, name):
+    """A directory for one hypothesis example's engine, removed after it: an engine reserves its whole
+    map on disk (64 MiB), and hundreds of examples would otherwise keep gigabytes until pytest prunes."""
+    d = tmp_path_factory.mktemp(name)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
 
 # RIVERBED_HOSTILE_EXAMPLES=5000 for a longer search than the suite's
 FUZZ = settings(max_examples=int(os.environ.get("RIVERBED_HOSTILE_EXAMPLES", "60")), deadline=None,
@@ -72,6 +85,7 @@ def rmq(tmp_path):
     c.handshake()
     yield h, c
     h.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)       # the engine's reserved map: 64 MiB each
 
 
 def test_rmq_create_with_a_null_argument_key_gets_precondition_failed(rmq):
@@ -167,18 +181,19 @@ def rmq_hostile_frame(draw):
 @FUZZ
 @given(frames=st.lists(rmq_hostile_frame(), min_size=1, max_size=4))
 def test_rmq_hostile_field_values_never_escape(tmp_path_factory, frames):
-    h = RmqHarness(tmp_path_factory.mktemp("rmqf"))
-    try:
-        c = h.connect()
-        c.handshake()
-        for data in frames:
-            c.send_raw(data)
-            h.settle()
-        if c.s.state < rs.ST_CLOSING:       # only a frame cut short closes (0x0d); else it goes on
-            c.raw_frames()
-            assert c.create("well-formed") in (rs.RC_OK, rs.RC_STREAM_ALREADY_EXISTS)
-    finally:
-        h.close()
+    with scratch(tmp_path_factory, "rmqf") as d:
+        h = RmqHarness(d)
+        try:
+            c = h.connect()
+            c.handshake()
+            for data in frames:
+                c.send_raw(data)
+                h.settle()
+            if c.s.state < rs.ST_CLOSING:       # only a frame cut short closes (0x0d); else it goes on
+                c.raw_frames()
+                assert c.create("well-formed") in (rs.RC_OK, rs.RC_STREAM_ALREADY_EXISTS)
+        finally:
+            h.close()
 
 
 # ------------------------------------------------------------------------------------------- BSON/TCP
@@ -188,6 +203,7 @@ def bh(tmp_path):
     h = bsonh.Harness(tmp_path)
     yield h
     h.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_bson_pub_with_a_sessid_array_gets_errcode_6(bh):
@@ -259,19 +275,20 @@ BSON_TYPES = ["PUB", "SUBSCRIBE", "SUBCLOSE", "UNSUBSCRIBE", "ACKEV", "STARTTX",
                                  st.dictionaries(st.sampled_from(BSON_FIELDS), BSON_VALUES, max_size=5)),
                        min_size=1, max_size=4))
 def test_bson_hostile_field_values_never_escape(tmp_path_factory, frames):
-    h = bsonh.Harness(tmp_path_factory.mktemp("bsonf"))
-    try:
-        c = bsonh.Conn(h)
-        for ftype, frame in frames:
-            c.send(ftype, frame)
-            h.settle()
-        for f in c.frames():
-            assert f["frame"].get("errCode") != 100 or "internal" not in str(f["frame"].get("errMsg")).lower()
-        assert not c.io.closed
-        c.send("PUB", {"channel": "well-formed", "event": {"a": 1}, "rID": -7})
-        assert {"ok": True, "rID": -7} in [f["frame"] for f in c.frames()]
-    finally:
-        h.close()
+    with scratch(tmp_path_factory, "bsonf") as d:
+        h = bsonh.Harness(d)
+        try:
+            c = bsonh.Conn(h)
+            for ftype, frame in frames:
+                c.send(ftype, frame)
+                h.settle()
+            for f in c.frames():
+                assert f["frame"].get("errCode") != 100 or "internal" not in str(f["frame"].get("errMsg")).lower()
+            assert not c.io.closed
+            c.send("PUB", {"channel": "well-formed", "event": {"a": 1}, "rID": -7})
+            assert {"ok": True, "rID": -7} in [f["frame"] for f in c.frames()]
+        finally:
+            h.close()
 
 
 # ---------------------------------------------------------------------------------------- REAM text
@@ -281,6 +298,7 @@ def rh(tmp_path):
     h = reamh.Harness(tmp_path)
     yield h
     h.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 @pytest.mark.parametrize("line", [b"\x1c\n", b"\x1c\x1d\x1e\x1f\n", "\u2028\n".encode(), "EVENT\u00a0LIST\n".encode()])
@@ -339,19 +357,20 @@ def ream_request(draw):
 @FUZZ
 @given(requests=st.lists(ream_request(), min_size=1, max_size=4))
 def test_ream_hostile_requests_never_escape(tmp_path_factory, requests):
-    h = reamh.Harness(tmp_path_factory.mktemp("reamf"))
-    try:
-        c = h.connect()
-        for r in requests:
-            c.send(r)
-            h.settle()
-        out = c.take()
-        assert b"Internal error" not in out, out
-        if not c.io.closed:
-            c.send(b"PING\n")
-            assert c.lines()[-1] == "PONG"
-    finally:
-        h.close()
+    with scratch(tmp_path_factory, "reamf") as d:
+        h = reamh.Harness(d)
+        try:
+            c = h.connect()
+            for r in requests:
+                c.send(r)
+                h.settle()
+            out = c.take()
+            assert b"Internal error" not in out, out
+            if not c.io.closed:
+                c.send(b"PING\n")
+                assert c.lines()[-1] == "PONG"
+        finally:
+            h.close()
 
 
 # ------------------------------------------------------------------------------------ WebSocket JSON
@@ -361,6 +380,7 @@ def wh(tmp_path):
     h = wsh.Harness(tmp_path)
     yield h
     h.close()
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def ws_errors(frames):
@@ -413,17 +433,18 @@ WS_FIELDS = ["stream", "partition", "msg", "ts", "pkey", "authKey", "sub", "rese
                                st.dictionaries(st.sampled_from(WS_FIELDS), JSON_VALUES, max_size=5)),
                      min_size=1, max_size=4))
 def test_ws_hostile_field_values_never_escape(tmp_path_factory, reqs):
-    h = wsh.Harness(tmp_path_factory.mktemp("wsf"))
-    try:
-        c = wsh.Client(h)
-        for t, fields in reqs:
-            req = dict(fields, type=t)
-            c.send(json.dumps(req))              # ensure_ascii: lone surrogates travel as \\ud800 escapes
-        fs = c.frames()
-        assert "Internal error" not in json.dumps(fs)
-        ws_well_formed_round_trip(c, "wellformed-x")
-    finally:
-        h.close()
+    with scratch(tmp_path_factory, "wsf") as d:
+        h = wsh.Harness(d)
+        try:
+            c = wsh.Client(h)
+            for t, fields in reqs:
+                req = dict(fields, type=t)
+                c.send(json.dumps(req))              # ensure_ascii: lone surrogates travel as \\ud800 escapes
+            fs = c.frames()
+            assert "Internal error" not in json.dumps(fs)
+            ws_well_formed_round_trip(c, "wellformed-x")
+        finally:
+            h.close()
 
 
 # ------------------------------------------------------------------------------------------- ZeroMQ
@@ -437,15 +458,16 @@ ZMQ_WORD = st.one_of(st.sampled_from([b"CONNECT", b"DISCONNECT", b"SUB", b"UNSUB
 @FUZZ
 @given(messages=st.lists(st.lists(ZMQ_WORD, min_size=1, max_size=8), min_size=1, max_size=4))
 def test_zmq_hostile_frames_never_escape(tmp_path_factory, messages):
-    h = zmqh.Harness(tmp_path_factory.mktemp("zmqf"))
-    try:
-        for frames in messages:
-            h.req(b"C", *frames)
+    with scratch(tmp_path_factory, "zmqf") as d:
+        h = zmqh.Harness(d)
+        try:
+            for frames in messages:
+                h.req(b"C", *frames)
+                h.settle()
+            h.io.take()
+            h.req(b"C", "NOOP", "ID", "after")
             h.settle()
-        h.io.take()
-        h.req(b"C", "NOOP", "ID", "after")
-        h.settle()
-        replies = h.io.take(b"C")
-        assert [b"", b"OK", b"ID", b"after"] in replies, replies
-    finally:
-        h.close()
+            replies = h.io.take(b"C")
+            assert [b"", b"OK", b"ID", b"after"] in replies, replies
+        finally:
+            h.close()

@@ -97,14 +97,14 @@ def tokenize(text):
         if c == '"':
             s, i = _read_string(text, i)
             out.append(Token(T_STR, s, pos))
-        elif c.isdigit():
+        elif "0" <= c <= "9":          # not isdigit(): "²" or "٣" are digits to it, not to _NUM_RE
             m = _NUM_RE.match(text, i)
             word = m.group(0)
             i = m.end()
             if i < n and (text[i].isalnum() or text[i] == "_"):
                 raise ExprError(f"bad number {word + text[i]!r}", pos)
             out.append(Token(T_NUM, float(word) if (m.group(1) or m.group(2)) else int(word), pos))
-        elif c.isalpha() or c == "_":
+        elif (c.isascii() and c.isalpha()) or c == "_":   # "ߑ" is alpha too, but no identifier starts with it
             m = _IDENT_RE.match(text, i)
             word = m.group(0)
             i = m.end()

@@ -26,7 +26,7 @@ SPLIT_MASK = 0x03
 HANG_SECONDS = 3.0           # an input that takes longer than this is a hang (same bound as the soak)
 INPUT_MEMORY_MAX = 32 << 20  # bytes one input may allocate at its peak (checked under tracemalloc)
 RSS_MAX = 300 << 20          # a fuzz process's peak RSS bound, bytes
-RESET_EVERY = 20000          # inputs between engine resets (bounds disk, streams and map pages)
+RESET_EVERY = 5000           # inputs between engine resets (bounds disk, streams and map pages)
 
 
 class InvariantBroken(AssertionError):
@@ -73,7 +73,7 @@ class EngineRig:
         self.generation += 1
         data = self.root / f"data{self.generation}"
         self.q = self._queue_mod.Queue()
-        self.eng = Engine(data, fsync="never", retention_interval=0, map_size=256 << 20)
+        self.eng = Engine(data, fsync="never", retention_interval=0, map_size=64 << 20)
         self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
                              data_dir=str(data), auth=self.auth)
 

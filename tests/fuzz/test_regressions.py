@@ -17,6 +17,7 @@ from riverbed.engine.errors import ChunkError
 
 from . import harness
 from .t_bson import BsonTarget
+from .t_ream import ReamTarget
 from .t_rmq import RmqTarget
 from .t_ws import WsTarget
 
@@ -189,6 +190,25 @@ RMQ_CREATE_NULL_KEY = unhex("""
 @pytest.mark.parametrize("target", [RmqTarget], indirect=True)
 def test_rmq_create_with_null_argument_key_gets_a_response(target):
     harness.check_input(target, RMQ_CREATE_NULL_KEY)
+
+
+# (atheris ream, 5 times in 1,762 inputs on the final code) a REAM expression with a non-ASCII letter or
+# digit: str.isalpha()/isdigit() said yes, the ASCII-only token regex did not match, and m.group raised
+# AttributeError out of the session instead of an ERROR line
+REAM_EXPR_NON_ASCII = (
+    b"\x00"                                          # fuzz flags: none
+    b"PROJECTION CREATE prj 1 n\n"
+    b"PROJECTION UPDATE prj 9 7\n"                    # a selector of 9 bytes, then an update of 7
+    + "{\u0791\u077b\"a\"}\n".encode()               # selector: two Arabic-supplement letters, 2 bytes each
+    + b'{"n":2}\n'
+)
+
+
+@pytest.mark.parametrize("target", [ReamTarget], indirect=True)
+def test_ream_expression_with_non_ascii_letter_or_digit_is_an_error_line(target):
+    harness.check_input(target, REAM_EXPR_NON_ASCII)
+    lines = REAM_EXPR_NON_ASCII.split(b"\n")
+    assert [len(lines[2]), len(lines[3])] == [9, 7]
 
 
 def test_annotated_inputs_are_well_formed():

@@ -44,14 +44,46 @@ def _fmt_addr(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _start_listener(name, module, broker, cfg, port):
+def _import_shell(name, module):
     try:
-        mod = importlib.import_module(module)
+        return importlib.import_module(module)
     except ImportError as e:
         if e.name is not None and module.startswith(e.name):
             raise RuntimeError(f"the {name} protocol is not available in this build ({module})") from None
         raise
-    return await mod.serve(broker, host=cfg.host, port=port, config=cfg)
+
+
+def _flag(key):
+    return "--" + key.replace("_", "-")
+
+
+def check_listeners(cfg, auth):
+    """The ``[(key, name, module)]`` of the listeners to start, after every setting of every one is
+    checked: nothing is bound (or opened) until all of them pass, so a bad setting of the fifth listener
+    never leaves four bound. A shell module may provide ``check_config(config, auth)``: it raises for a
+    bad setting and returns False to leave its listener off (it logs why). Raises RuntimeError or
+    ValueError (exit status 2)."""
+    enabled, by_port = [], {}
+    for key, name, module in SHELLS:
+        port = cfg[key]
+        if port is None:
+            continue
+        mod = _import_shell(name, module)
+        check = getattr(mod, "check_config", None)
+        if check is not None and not check(cfg, auth):
+            continue
+        if port and port in by_port:
+            raise ValueError(f"{_flag(by_port[port])} and {_flag(key)} both name port {port}")
+        by_port[port] = key
+        enabled.append((key, name, module))
+    tls_port = cfg.stream_tls_port
+    if cfg.tls_cert and tls_port and tls_port in by_port:
+        raise ValueError(f"{_flag(by_port[tls_port])} and --stream-tls-port both name port {tls_port}")
+    return enabled
+
+
+async def _start_listener(name, module, broker, cfg, port):
+    return await _import_shell(name, module).serve(broker, host=cfg.host, port=port, config=cfg)
 
 
 async def run_server(cfg, stop=None, started=None):
@@ -69,17 +101,15 @@ async def run_server(cfg, stop=None, started=None):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
+    enabled = check_listeners(cfg, auth)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
     broker = Broker(engine, post=loop.call_soon_threadsafe, post_local=loop.call_soon, auth=auth,
                     data_dir=cfg.data_dir)
     listeners = []
     try:
-        for key, name, module in SHELLS:
-            port = cfg[key]
-            if port is None:
-                continue
-            server = await _start_listener(name, module, broker, cfg, port)
+        for key, name, module in enabled:
+            server = await _start_listener(name, module, broker, cfg, cfg[key])
             listeners.append(server)
             log.info("listening %s %s", name, _fmt_addr(cfg.host, server.port))
         if tls_context is not None and cfg.stream_tls_port is not None:

@@ -70,7 +70,7 @@ def test_listener_off_and_bad_config(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     r = riverbed("serve", "--stream-port", "99999")
-    assert r.returncode == 2 and "stream_port" in r.stderr
+    assert r.returncode == 2 and "--stream-port" in r.stderr
     r = riverbed("serve", "--data-dir", str(tmp_path / "d2"), "--fsync", "nope")
     assert r.returncode == 2
 

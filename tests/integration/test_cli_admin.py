@@ -343,3 +343,17 @@ def test_a_server_that_never_answers_times_out_with_exit_3():
             r = failed(3, *cmd, *a, input=b"x\n")
             assert time.monotonic() - t0 < 15, cmd
             assert "within 1 s" in r.err or "cannot reach" in r.err, (cmd, r.err)
+
+
+def test_one_uri_is_enough_the_server_names_its_http_port(srv):
+    """``--uri`` alone: the HTTP listener is on a free port (not 15692), and the server names it in
+    PeerProperties (``http-port``), so listing, stats and consumers work without ``--http-uri``."""
+    assert srv.ports["http"] != 15692
+    uri = ["--uri", f"rabbitmq-stream://guest:guest@127.0.0.1:{srv.port}"]
+    ok("streams", "create", "adm-one-uri", *uri)
+    assert "adm-one-uri" in ok("streams", "ls", *uri).out
+    assert json.loads(ok("streams", "stats", "adm-one-uri", "--json", *uri).out)["name"] == "adm-one-uri"
+    ok("consumers", "adm-one-uri", *uri)
+    # a wrong password fails at the stream port, before any HTTP request, with the usual one line
+    r = failed(1, "streams", "ls", "--uri", f"rabbitmq-stream://guest:nope@127.0.0.1:{srv.port}")
+    assert "authentication failed" in r.err

@@ -565,3 +565,27 @@ def test_bad_tls_files_exit_2(tmp_path, pki):
         assert code == 2, (flags, err)
         assert "Traceback" not in err and "listening" not in err, (flags, err)
         assert "cannot start" in err and words in err, (flags, err)
+
+
+def test_admin_cli_over_tls_with_tls_ca(server, pki):
+    """``riverbed streams ... --uri rabbitmq-stream+tls://... --tls-ca ca.pem``: the TLS stream port, and
+    the HTTPS JSON API the server names in PeerProperties, both checked against the given CA (no
+    SSL_CERT_FILE); without the CA the certificate is refused with one line, exit 3."""
+    port = server.ports["rabbitmq-stream-tls"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "RIVERBED_TLS_CA")}
+
+    def cli(*args, input=None):
+        return subprocess.run([sys.executable, "-m", "riverbed.shells.cli", *args], input=input, capture_output=True,
+                              text=True, timeout=60, env=env)
+    uri = ["--uri", f"rabbitmq-stream+tls://guest:guest@localhost:{port}", "--tls-ca", pki.ca]
+    r = cli("streams", "create", "tls-cli", *uri)
+    assert r.returncode == 0, r.stderr
+    r = cli("publish", "tls-cli", *uri, input="a\nb\n")
+    assert r.returncode == 0, r.stderr
+    r = cli("streams", "ls", "--json", *uri)
+    assert r.returncode == 0, r.stderr
+    assert [s["records"] for s in json.loads(r.stdout) if s["name"] == "tls-cli"] == [2]
+    r = cli("tail", "tls-cli", "--from", "first", "--format", "raw", *uri)
+    assert (r.returncode, r.stdout) == (0, "a\nb\n"), r.stderr
+    r = cli("streams", "ls", "--uri", f"rabbitmq-stream+tls://guest:guest@localhost:{port}")
+    assert r.returncode == 3 and "certificate" in r.stderr.lower() and len(r.stderr.splitlines()) == 1, r.stderr

@@ -589,3 +589,25 @@ def test_admin_cli_over_tls_with_tls_ca(server, pki):
     assert (r.returncode, r.stdout) == (0, "a\nb\n"), r.stderr
     r = cli("streams", "ls", "--uri", f"rabbitmq-stream+tls://guest:guest@localhost:{port}")
     assert r.returncode == 3 and "certificate" in r.stderr.lower() and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_bson_client_connects_over_tls(server, mtls_server, pki):
+    """``BsonClient.connect(..., tls_ca=...)`` (or ``ssl=`` a context) reaches a TLS-only BSON port; the
+    plain client there is refused, and so is one that does not trust the server's CA."""
+    from riverbed.shells.bson_tcp.client import BsonClient
+
+    async def go():
+        port = server.ports["bson"]
+        async with await BsonClient.connect("127.0.0.1", port, tls_ca=pki.ca) as cl:
+            await cl.publish("tls-bson-client", {"k": 1})
+            sub = await cl.subscribe("tls-bson-client", start_pos=0)
+            assert (await sub.get(timeout=5)).event == {"k": 1}
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await BsonClient.connect("127.0.0.1", port, ssl=True, timeout=5)      # the system CAs: not ours
+        with pytest.raises((OSError, asyncio.TimeoutError, ConnectionError)):
+            await BsonClient.connect("127.0.0.1", port, timeout=3)                # plaintext on a TLS port
+        # a server that wants client certificates: the caller's own context carries one
+        async with await BsonClient.connect("127.0.0.1", mtls_server.ports["bson"],
+                                            ssl=pki.client_context(cert=True)) as cl:
+            await cl.publish("tls-bson-client", {"k": 2})
+    run(go())

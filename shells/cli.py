@@ -187,8 +187,11 @@ def cmd_users(args):
     if args.action == "add":
         if args.password is not None:
             password = args.password
+        elif args.api_key and not args.password_stdin and sys.stdin.isatty():
+            password = None     # an API-key-only user: no password login (it is said below)
         elif args.api_key and not args.password_stdin:
-            password = None     # an API-key-only user: no password login
+            # a password piped in is taken along with the new key; nothing piped (EOF): key only
+            password = sys.stdin.readline().rstrip("\r\n") or None
         elif args.password_stdin or not sys.stdin.isatty():
             password = sys.stdin.readline().rstrip("\r\n")
         else:
@@ -206,7 +209,10 @@ def cmd_users(args):
         except (ValueError, OSError) as e:
             print(f"riverbed users: {e}", file=sys.stderr)
             return 1
-        print(f"user {args.name!r} written to {path}")
+        print(f"user {args.name!r} written to {path}"
+              + (" with a password and an API key" if api_key is not None and password is not None else
+                 " with an API key only (no password login; --password-stdin sets one too)"
+                 if api_key is not None else ""))
         if api_key is not None:
             print(api_key)      # alone on the last line, for scripts; only its hash is stored
         return 0
@@ -267,7 +273,9 @@ def build_parser():
     a.add_argument("--read", default=".*", metavar="REGEX", help="streams it may consume (.*)")
     a.add_argument("--loopback-only", action="store_true", help="allow connections from loopback only")
     a.add_argument("--api-key", action="store_true",
-                   help="also make a new API key (WebSocket authKey); printed alone on the last line")
+                   help="also make a new API key (WebSocket authKey); printed alone on the last line. A "
+                        "password given too (--password, or piped on stdin) is kept as well; without one "
+                        "the user logs in by key only")
     d = us.add_parser("delete", help="remove a user")
     d.add_argument("name")
     us.add_parser("list", help="list users and permissions")

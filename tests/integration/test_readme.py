@@ -244,3 +244,22 @@ def test_the_markers_find_the_blocks_they_should():
     assert substitute("localhost:5552 and 155520 and 15692", {n: 1000 + i for i, n in
                                                               enumerate(DEFAULT_PORTS.values())}) == \
         "localhost:1000 and 155520 and 1006"
+
+
+def test_prose_facts_that_once_drifted():
+    """Statements the code decides, checked against it: where super streams live (the engine's LMDB
+    environment since the JSON file was retired), the REAM sizes in the protocol section (each declared
+    size is its payload's byte count), and the ZeroMQ frame grammar's delimiter frame."""
+    text = open(README, encoding="utf-8").read()
+    spark = text[text.index("## Spark"):]
+    assert "rmq-super-streams.json" not in spark
+    ream = [b for b in BLOCKS if b[0] == "ream"][0][2].splitlines()
+    for i, line in enumerate(ream):
+        words = line[3:].split()
+        if line.startswith("C: ") and words[0] in ("EVENT", "AGGREGATE", "PROJECTION") and words[-1].isdigit() \
+                and words[1] in ("PUBLISH", "SET", "SELECT", "DELETE", "UPDATE"):
+            sizes = [int(w) for w in words[-2:] if w.isdigit()] if words[1] == "UPDATE" else [int(words[-1])]
+            payloads = [ream[i + 1 + k][3:] for k in range(len(sizes))]
+            assert [len(p.encode()) for p in payloads] == sizes, line
+    zmq_section = text[text.index("### ZeroMQ"):text.index("### REAM")]
+    assert '["", "PUT"' in zmq_section and '["", "MESSAGE"' in zmq_section and "X-OFFSET" in zmq_section

@@ -145,7 +145,8 @@ OPTIONS = [
     Option("ws_send_buffer", _positive_int, 16 << 20,
            "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
     Option("text_port", parse_port, 7461, "REAM text port (default 7461; 0 = any free; off)", "PORT"),
-    Option("text_user", _opt_str, None, "user the REAM text listener acts as (required with --users)", "NAME"),
+    Option("text_user", _opt_str, None, "user the REAM text listener acts as with --users (REAM has no "
+           "credentials; without it the text listener stays off when a users file is given)", "NAME"),
     Option("text_keepalive", _positive_float_or_off, None,
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
     Option("text_max_payload", _positive_int, 4 << 20, "REAM: largest payload a request may declare, bytes "

@@ -467,6 +467,21 @@ def test_survives_restart(tmp_path, how):
         s.stop()
 
 
+def test_publish_without_trailing_newline_and_dashed_names_over_tcp(srv, c):
+    """Over a real socket: an EVENT PUBLISH whose payload has no newline after it is answered, and a
+    stream made by ``riverbed streams create --partitions`` (``inv-0``) is addressable."""
+    c.send(b'EVENT PUBLISH nonl 16\n{"name":"peter"}')
+    assert c.line() == "EVENT PUBLISHED nonl 1"
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "riverbed.shells.cli", "streams", "create", "inv", "--partitions", "2",
+                        "--uri", f"rabbitmq-stream://127.0.0.1:{srv.port}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    c.send(b'\nEVENT PUBLISH inv-0 7\n{"a":1}\nEVENT SUBSCRIBE inv-0 1\n')
+    assert c.line() == "EVENT PUBLISHED inv-0 1"
+    assert c.line() == "EVENT SUBSCRIBED inv-0 1 1"
+    assert c.line() == "EVENT inv-0 1 7"
+
+
 def test_users_file_needs_text_user(tmp_path):
     from riverbed.shells.auth import add_user
     users = tmp_path / "users.toml"

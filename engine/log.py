@@ -496,7 +496,8 @@ class Engine:
         return self._tracking(name, TRACKING_OFFSET, reference)
 
     def query_publisher_sequence(self, name, publisher):
-        """The last publishing id stored for ``publisher`` on ``name`` (0 when none)."""
+        """The last publishing id stored for ``publisher`` on ``name``; 0 when none, as RabbitMQ answers
+        (deduplication still treats such a reference as having stored nothing, so its id 0 is kept)."""
         v = self._tracking(name, TRACKING_SEQUENCE, publisher)
         return 0 if v is None else v
 
@@ -641,8 +642,9 @@ class Engine:
         """Append an Osiris data section (simple and/or sub-batch entries, format.py) to ``stream``.
 
         ``publishing_ids`` and ``filter_values`` are per entry. With a ``publisher`` reference, an
-        entry whose id is at or below the publisher's stored sequence is dropped and listed in
-        ``AppendResult.duplicates``; the sequence is stored in the same transaction as the records.
+        entry whose id is at or below the highest id stored for that reference is dropped and listed in
+        ``AppendResult.duplicates`` (a reference that stored nothing keeps every id, 0 included); the
+        sequence is stored in the same transaction as the records.
         ``num_entries`` and ``num_records``, when the caller knows them (it built the entries), spare the
         writer a walk over the section; they must then be right. Without them the section is walked and
         checked. Returns a Future of AppendResult; errors through it: StreamNotFound, ChunkError

@@ -34,6 +34,9 @@ _STAMP_TS = struct.Struct(">q")
 _STAMP_ID = struct.Struct(">Q")
 _CRC = struct.Struct(">I")
 H_CRC_OFFSET = 32            # the data CRC's place in the chunk header (format.py)
+# What a publisher reference with no stored sequence counts as having stored: below every u64 id, so
+# its first id (0 included) is new. Never written to LMDB; absence of the key is what says it.
+NO_SEQUENCE = -1
 OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stored as it is, not merged
 
 # --------------------------------------------------------------------------------------------------------
@@ -669,13 +672,16 @@ class _Staged:
     # ----------------------------------------------------------------------------------------- append
 
     def seq(self, sid, publisher):
+        """The highest publishing id stored for ``publisher``, or NO_SEQUENCE (-1) when it stored none:
+        a reference that stored nothing has seen nothing, so every id, 0 included, is above it (Osiris
+        keeps a first id 0; only QueryPublisherSequence reports 0 for such a reference)."""
         key = (sid, publisher)
         v = self.seqs.get(key)
         if v is None:
             v = self.writer._seq_cache.get(key)
             if v is None:
                 raw = self.txn.get(_tracking_key(sid, TRACKING_SEQUENCE, publisher), db=self.engine._db_tracking)
-                v = _U64.unpack(raw)[0] if raw is not None else 0
+                v = _U64.unpack(raw)[0] if raw is not None else NO_SEQUENCE
         return v
 
     def append(self, req):
@@ -753,7 +759,8 @@ class _Staged:
 
     @staticmethod
     def _drop_duplicates(data, ids, filters, last):
-        """Keep the entries whose publishing id is above ``last`` (and above every id kept before it)."""
+        """Keep the entries whose publishing id is above ``last`` (and above every id kept before it);
+        ``last`` is NO_SEQUENCE when the reference stored nothing, so then an id 0 is kept too."""
         ends, counts = core.scan_entries(data)
         if len(ends) != len(ids):
             raise ChunkError(f"{len(ids)} publishing ids for {len(ends)} entries")

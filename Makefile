@@ -43,6 +43,7 @@ test-compiled: install
 	@ci/ensure-java.sh
 	@ci/rstream-old.sh >/dev/null
 	@ci/npm-test-deps.sh >/dev/null
+	@ci/npm-rmq-js-deps.sh >/dev/null
 	@ci/ensure-chromium.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 

@@ -47,6 +47,7 @@ from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's p
     _tracking_key, normalize_arguments, parse_max_age,
 )
 from riverbed.engine.stats import EngineStats
+from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
     _OP_SYNC, _OP_TXN, Done, WriteContext, _Append, _Writer,
@@ -139,7 +140,7 @@ class _Gate:
 INLINE_MAX_BYTES = 64 << 10
 
 
-class Engine:
+class Engine(SuperStreamBindings):
     """A data directory: its LMDB environment, its streams and its single writer thread.
 
     Every method is thread-safe. Writer operations (create, delete, append, store_offset) return
@@ -706,7 +707,8 @@ class Engine:
         return self._submit(_OP_SUPER_DELETE, name)
 
     def super_stream(self, name):
-        """``{"partitions": [...], "binding_keys": [...], "arguments": {...}}`` or None."""
+        """``{"partitions": [...], "binding_keys": [...], "arguments": {...}}`` (and ``"orders"``, the
+        partition order of each binding, when it was built binding by binding) or None."""
         if self._db_supers is None:
             return None
         with self.read_txn() as txn:

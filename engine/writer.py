@@ -564,6 +564,23 @@ class WriteContext:
         """Call ``cb()`` on the writer thread once this transaction has committed (not on a redo)."""
         self._staged.on_commit.append(cb)
 
+    def super_stream(self, name):
+        """The definition of super stream ``name`` as staged in this transaction (a dict, see
+        :meth:`Engine.super_stream`), or None."""
+        raw = self.txn.get(name.encode("utf-8"), db=self.engine._db_supers)
+        return None if raw is None else json.loads(bytes(raw))
+
+    def put_super_stream(self, name, definition):
+        """Stage ``definition`` (``partitions``, ``binding_keys``, ``arguments``, optional ``orders``) as
+        super stream ``name``."""
+        self.txn.put(name.encode("utf-8"), json.dumps(definition).encode(), db=self.engine._db_supers)
+        self._staged.dirty = True
+
+    def drop_super_stream(self, name):
+        """Stage the removal of super stream ``name``'s definition (its partitions stay)."""
+        self.txn.delete(name.encode("utf-8"), db=self.engine._db_supers)
+        self._staged.dirty = True
+
 
 class _Deferred:
     """An append result whose offsets are known only once its chunk is flushed."""

@@ -253,8 +253,15 @@ def cmd_dump(argv):
     return dump.main(argv)
 
 
+def _version_text():
+    from riverbed.shells.rmq_stream.constants import RABBITMQ_VERSION
+    from riverbed.shells.version import VERSION
+    return f"riverbed {VERSION} (RabbitMQ Stream protocol of RabbitMQ {RABBITMQ_VERSION})"
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="riverbed", description="One durable event log, many wire protocols.")
+    p.add_argument("--version", action="version", version=_version_text())
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the broker",
                        description="Run the broker. Every flag can also be set as RIVERBED_<FLAG> in the "

@@ -239,9 +239,25 @@ class Broker:
 
     def delete_stream(self, name, cb):
         """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is
-        answered before any notification goes out."""
+        answered before any notification goes out. A partition of super streams leaves them first (as a
+        deleted queue's bindings go with it on RabbitMQ), so Partitions and Route never name it after."""
         self._deleting_enter([name])
-        self._call(lambda: self.engine.delete_stream(name), lambda res, exc: self._deleted_then([name], cb, exc))
+
+        def delete(res=None, exc=None):
+            self._call(lambda: self.engine.delete_stream(name),
+                       lambda res, exc: self._deleted_then([name], cb, exc))
+        bound_in = [s for s in self.list_super_streams() if name in (self.partitions(s) or ())]
+        if not bound_in:
+            delete()
+            return
+        left = [len(bound_in)]
+
+        def unbound(res, exc):
+            left[0] -= 1
+            if left[0] == 0:
+                delete()
+        for s in bound_in:
+            self._call(lambda s=s: self.engine.unbind_super_stream(s, name), unbound)
 
     def _deleting_enter(self, names):
         for n in names:
@@ -319,6 +335,43 @@ class Broker:
         if d is None:
             return None
         return [p for p, k in zip(d["partitions"], d["binding_keys"]) if k == routing_key]
+
+    def super_stream(self, name):
+        """Super stream ``name`` as ``{"partitions", "binding_keys", "orders"}`` (lists in partition
+        order; ``orders`` the partition order of each binding, None where it has none), or None."""
+        d = self.engine.super_stream(name) if name else None
+        if d is None:
+            return None
+        parts = list(d["partitions"])
+        orders = d.get("orders")
+        return {"partitions": parts, "binding_keys": list(d["binding_keys"]),
+                "orders": list(orders) if orders is not None else list(range(len(parts)))}
+
+    def list_super_streams(self):
+        """Names of every super stream, sorted."""
+        return self.engine.list_super_streams()
+
+    def declare_super_stream(self, name, cb):
+        """Record super stream ``name`` without partitions (RabbitMQ's management API declares its
+        exchange, then binds partitions one by one); ``cb(created, exc)``: created is False when it
+        existed already."""
+        self._call(lambda: self.engine.declare_super_stream(name), cb)
+
+    def bind_partition(self, name, partition, binding_key, order, cb):
+        """Add existing stream ``partition`` to super stream ``name`` under ``binding_key``, placed by
+        ``order`` (int or None: after the ordered ones); ``cb(added, exc)``: added is False when that
+        binding existed. StreamNotFound when either is missing."""
+        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order), cb)
+
+    def unbind_partition(self, name, partition, binding_key, cb):
+        """Remove the binding(s) of ``partition`` (with ``binding_key``, or all when None) from super
+        stream ``name``; the stream stays. ``cb(removed count, exc)``."""
+        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), cb)
+
+    def forget_super_stream(self, name, cb):
+        """Remove super stream ``name``'s definition, keeping its partition streams (RabbitMQ deleting
+        the exchange); ``cb(exc)``."""
+        self._call(lambda: self.engine.forget_super_stream(name), lambda res, exc: cb(exc))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""

@@ -24,7 +24,9 @@ the streams that user may read (its ``read`` pattern). Errors are JSON ``{"error
     or the topic, stream id or stream name); ``reference`` the consumer's name (RabbitMQ single active
     consumer name, BSON durable subscription) or null; ``offset`` the next offset it will be delivered;
     ``lag`` the records between it and the stream's last committed offset (0 when caught up);
-    ``credits`` the chunks a RabbitMQ Stream consumer may still take (null for other protocols).
+    ``credits`` the chunks a RabbitMQ Stream consumer may still take (null for other protocols). Each
+    also carries RabbitMQ's fields (``queue``, ``connection_details``, ``properties``, ``active``,
+    ``activity_status``, ``offset_lag``; see :mod:`.mgmt_stream`).
 
 ``GET /api/stream/publishers[?stream=NAME]``
     ``[{"stream", "protocol", "connection", "publisher_id", "reference", "published"}]``: the declared
@@ -49,6 +51,7 @@ from riverbed.engine import core, record as _record
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import ChunkError, StreamNotFound
 from riverbed.shells.broker import READ, introspect
+from riverbed.shells.http import mgmt_stream      # RabbitMQ's fields of consumers and publishers
 from riverbed.shells.http.auth import require_user
 from riverbed.shells.http.server import BROKER, json_error
 
@@ -119,7 +122,8 @@ async def _readable_entries(request, collect):
     user = await require_user(request)
     stream = _stream_filter(request, user)
     found = collect(request.app[BROKER], stream)
-    return web.json_response([e for e in found if _may_read(user, e["stream"])])
+    infos = mgmt_stream.connection_infos(request)
+    return web.json_response([mgmt_stream.with_rabbit_fields(e, infos) for e in found if _may_read(user, e["stream"])])
 
 
 @routes.get("/api/stream/consumers")

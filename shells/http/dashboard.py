@@ -10,7 +10,8 @@ It is read-only: nothing on it creates, deletes or closes anything.
 
 A snapshot (JSON)::
 
-    {"t": ms since the epoch, "interval": seconds between snapshots,
+    {"t": ms since the epoch, "interval": seconds between snapshots, "version": Riverbed's version,
+     "rabbitmq_version": the RabbitMQ release whose stream protocol is served,
      "streams": [{"name", "records", "bytes", "next_offset", "last_offset", "consumers", "publishers",
                   "rate" (records/s published over the last interval), "byte_rate" (stored bytes/s)}],
      "connections": {protocol: count},
@@ -37,6 +38,8 @@ from aiohttp import web
 from riverbed.shells.broker import READ, introspect
 from riverbed.shells.http.auth import require_user
 from riverbed.shells.http.server import BROKER
+from riverbed.shells.rmq_stream.constants import RABBITMQ_VERSION
+from riverbed.shells.version import VERSION
 
 log = logging.getLogger("riverbed.http")
 
@@ -79,7 +82,8 @@ class Snapshot:
             d = self.data
             streams = [s for s in d["streams"] if user.can(READ, s["name"])]
             names = {s["name"] for s in streams}
-            text = json.dumps({"t": d["t"], "interval": d["interval"], "streams": streams,
+            text = json.dumps({"t": d["t"], "interval": d["interval"], "version": VERSION,
+                               "rabbitmq_version": RABBITMQ_VERSION, "streams": streams,
                                "connections": d["connections"],
                                "consumers": [c for c in d["consumers"] if c["stream"] in names]},
                               separators=(",", ":"))

@@ -20,7 +20,10 @@ Permissions (see :mod:`.auth`): any authenticated user may list; an administrato
 connection, another user only its own (403 for someone else's).
 """
 
+import asyncio
+import json
 import logging
+import socket
 
 from aiohttp import web
 
@@ -30,12 +33,59 @@ from riverbed.shells.http.server import BROKER, json_error
 log = logging.getLogger("riverbed.http")
 
 DEFAULT_CLOSE_REASON = "Closed via management plugin"
+VHOST = "/"                       # the one virtual host served
+NODE = f"riverbed@{socket.gethostname().split('.')[0] or 'localhost'}"   # RabbitMQ's "rabbit@host" form
 
 routes = web.RouteTableDef()
 
 
 def setup(app):
     app.add_routes(routes)
+
+
+def not_found():
+    """RabbitMQ's 404 body."""
+    return json_error(web.HTTPNotFound, "Object Not Found", "Not Found")
+
+
+def check_vhost(request):
+    """The ``{vhost}`` of the path (URL-decoded by aiohttp: ``%2F`` is ``/``); 404 unless it is ``/``."""
+    vhost = request.match_info.get("vhost", VHOST)
+    if vhost != VHOST:
+        raise not_found()
+    return vhost
+
+
+async def read_json(request):
+    """The request's JSON object body ({} when empty); 400 ``bad_request`` when it is not one."""
+    raw = await request.read()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise json_error(web.HTTPBadRequest, "bad_request", f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise json_error(web.HTTPBadRequest, "bad_request", "the body must be a JSON object")
+    return body
+
+
+async def broker_call(method, *args):
+    """Await a broker method that reports through a callback (its last argument): ``cb(result, exc)``
+    or, for the methods whose callback takes only ``exc``, ``cb(exc)``. Returns the result; raises
+    the exception."""
+    fut = asyncio.get_running_loop().create_future()
+
+    def cb(*outcome):
+        if fut.done():
+            return
+        res, exc = outcome if len(outcome) == 2 else (None, outcome[0])
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(res)
+    method(*args, cb)
+    return await fut
 
 
 def _hostport(host, port):

@@ -28,6 +28,8 @@ CONFIG = web.AppKey("config", object)    # the resolved settings of `riverbed se
 
 FEATURES = (
     "riverbed.shells.http.mgmt",          # /api/connections: RabbitMQ's management API, connection part
+    "riverbed.shells.http.mgmt_queues",   # /api/queues, /api/exchanges, /api/bindings: streams, super streams
+    "riverbed.shells.http.mgmt_stream",   # /api/stream/*, /api/consumers, /api/overview|whoami|nodes|vhosts
     "riverbed.shells.http.metrics",       # /metrics: Prometheus text (prometheus-client)
     "riverbed.shells.http.health",        # /healthz, /readyz: probes, no auth
     "riverbed.shells.http.api",           # /api/streams, /api/stream/consumers|publishers: dashboard JSON

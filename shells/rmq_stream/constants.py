@@ -81,7 +81,8 @@ MAX_UNCOMPRESSED_SUB_BATCH = 64 << 20   # RabbitMQ's max_uncompressed_sub_entry_
 MAX_REFERENCE = 255                # bytes of UTF-8 in a publisher/consumer reference (the engine's limit;
                                    # the protocol says 256 characters)
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0   # seconds from accept to a successful Open
-CLOSE_TIMEOUT = 1.0                # seconds to wait for a CloseResponse to a server-initiated Close
+AUTH_FAILURE_DELAY = 3.0           # seconds a refused SaslAuthenticate (0x08) or Open (0x0c) is held before
+                                   # it is sent and the socket closed (RabbitMQ >= 4.1: SILENT_CLOSE_DELAY)
 SAC_STEP_DOWN_TIMEOUT = 5.0        # seconds a consumer told to step down may take to answer; then the group
                                    # moves on without it (rstream 0.20 leaves some step-downs unanswered)
 
@@ -107,11 +108,11 @@ SERVER_COMMAND_VERSIONS = (
 )
 
 PRODUCT = "Riverbed"
-try:
-    from importlib.metadata import version as _pkg_version
-    VERSION = _pkg_version("riverbed")
-except Exception:  # pragma: no cover - running from a source tree without metadata
-    VERSION = "0.0.0"
+# The RabbitMQ release whose stream protocol this shell implements, reported as the server property
+# ``version``: clients gate features on it (rabbitmq-stream-js-client turns off filtering and refuses
+# super stream commands below 3.13.0). 4.3 is the first release with every command of the table above
+# (ResolveOffsetSpec, key 0x1f); its command list and response codes are exactly these.
+RABBITMQ_VERSION = "4.3.0"
 
 # session states
 ST_HANDSHAKE = 0    # connected: PeerProperties, SASL

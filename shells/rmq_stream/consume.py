@@ -33,7 +33,8 @@ class Subscription:
     """One subscription of one connection: its Tail and its single-active-consumer state."""
 
     __slots__ = ("sub_id", "stream", "spec", "filters", "match_unfiltered", "sac", "sac_name", "tail", "gone",
-                 "ready", "step_down_deadline")
+                 "ready", "step_down_deadline",
+                 "properties")   # the Subscribe properties, as the management API shows them
 
     def __init__(self, sub_id, stream, spec, filters, match_unfiltered):
         self.sub_id = sub_id
@@ -47,6 +48,7 @@ class Subscription:
         self.gone = False
         self.ready = False         # answered: delivery may start
         self.step_down_deadline = None   # broker clock (s) by which a step-down must be answered
+        self.properties = {}
 
     @property
     def credit(self):
@@ -106,6 +108,7 @@ class ConsumeCommands:
             self._respond(CMD_SUBSCRIBE, corr, response_code_for(e))
             return
         sub = Subscription(sub_id, stream, spec, filter_values(props), _truthy(props.get("match-unfiltered")))
+        sub.properties = dict(props)
         sub.tail = Tail(self.broker, stream, 0, lambda tail, chunk_id, raw, start: self._deliver_chunk(sub, raw),
                         defer=self.io.defer, credit=credit, on_gone=lambda exc: self._tail_gone(sub, exc))
         self.subscriptions[sub_id] = sub   # taken from now on, though answered only once resolved

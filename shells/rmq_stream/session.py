@@ -13,8 +13,12 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
 * Limits: 8 KiB frames until Open, then the negotiated frame_max, except Publish, which may be up to
   ``MAX_PUBLISH_FRAME`` (64 MiB). Over the cap: Close 0x0e. Unknown key or version, or a body that does
   not parse: Close 0x0d. A command that needs authentication (or Open) before it: Close 0x10.
-* Authentication failures answer SaslAuthenticate with 0x08 / 0x0b / 0x09 and close the socket; an
-  unknown mechanism (0x07) leaves the connection open for another try.
+* Authentication failures: wrong credentials (0x08) and an unknown virtual host (Open 0x0c) are answered
+  after ``auth_failure_delay`` (3 s) and the socket closes; 0x0b (loopback only) and 0x09 (SASL error)
+  at once, then the socket closes; an unknown mechanism (0x07) leaves the connection open for another
+  try. A re-authentication after Open that fails, changes the user (0x15) or the mechanism (0x14) ends
+  the connection the same delayed way.
+* How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error.
 * Flow control: a connection stops being read while 32 MiB of its appends are uncommitted, while 10,000
   of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
   consumer that does not read, or a peer that does not read its replies, costs bounded memory).
@@ -22,6 +26,36 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
   (rstream 0.20 closes a consumer's connection on the MetadataUpdate of its last stream).
 * QueryOffset and QueryPublisherSequence wait for the broker's in-flight StoreOffset / appends of the
   same reference, so a client reads back what it just wrote.
+
+What RabbitMQ sends when the broker ends a connection (read from ``deps/rabbitmq_stream/src/
+rabbit_stream_reader.erl`` of rabbitmq-server, 4.3 line, and ``deps/rabbitmq_management/src/
+rabbit_mgmt_wm_connection.erl``), which this module does the same way:
+
+* Closed through the management API (``DELETE /api/connections/{name}``): ``force_close_connection/3``
+  sends the reader ``{shutdown, Reason}``; ``open(info, {shutdown, _})`` returns ``stop``, and
+  ``terminate/3`` -> ``close/3`` shuts the socket down for writing and closes it. **No Close frame**: the
+  client sees the TCP connection end (the X-Reason is only logged). rabbitmq-stream-js-client cannot
+  decode a server-initiated Close request at all; rstream and the JS client treat the socket closing as
+  a lost connection and recover. Here: :meth:`close_by_admin` flushes what is queued and closes.
+* Broker shutdown: the connection supervisor stops the reader (it traps exits), ``terminate/3`` ->
+  ``close/3`` again: no Close frame. Here: :meth:`close_gracefully` (called by the listener once
+  in-flight appends have confirmed) flushes and closes the socket.
+* Heartbeat timeout: ``open(info, heartbeat_timeout)`` -> ``stop``: no frame (likewise the handshake
+  ``state_timeout/3`` and an expired token). Here: :meth:`tick` closes the socket.
+* Authentication failure: ``handle_frame_pre_auth/4`` answers SaslAuthenticate 0x08 and moves to
+  ``silent_close``; ``maybe_send_or_delay_frame/4`` holds the answer ``SILENT_CLOSE_DELAY`` (3,000 ms,
+  since 4.1, "to protect from potential DoS attacks"), then sends it and stops. The same for Open with
+  an unknown virtual host (0x0c) and for a refused re-authentication or a change of user or mechanism
+  after Open. 0x0b (loopback only) and 0x09 (SASL error) go to the ``failure`` step: answered at once,
+  then ``invalid_transition/4`` closes the socket. No Close frame on any of these.
+* A stream deleted under a consumer or publisher: ``open(info, {'DOWN', ...})`` (the stream's member
+  went away) and the Delete command (after its own response) send ``MetadataUpdate`` (0x10) with code
+  0x06 (stream not available) for the stream, once per connection that used it; the connection stays
+  open. Here: :meth:`stream_deleted`.
+* Protocol errors are the only server-initiated ``Close``: an unknown command or a frame that does not
+  parse (0x0d "unknown frame", ``send_close_and_increment/2``), a frame over the limit (0x0e); the
+  reader then waits in ``close_sent`` for the CloseResponse (its negotiation-step timeout) and stops.
+  Here: :meth:`_fatal` sends the Close and closes once the bytes are out.
 """
 
 import logging
@@ -35,22 +69,26 @@ from riverbed.shells.rmq_stream.codec import (
     encode_stream_stats, encode_tune, response, response_code_for,
 )
 from riverbed.shells.rmq_stream.constants import (
-    CLOSE_TIMEOUT, CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT,
+    CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT,
     CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELETE_PUBLISHER, CMD_DELETE_SUPER_STREAM, CMD_DELIVER,
     CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
     CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, PENDING_OPS_HIGH,
-    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_FRAME_TOO_LARGE, RC_OK,
-    RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
-    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
-    RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
-    SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
+    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE,
+    RC_FRAME_TOO_LARGE, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM,
+    RC_SASL_CANNOT_CHANGE_USERNAME, RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS,
+    RC_STREAM_DOES_NOT_EXIST, RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
+    SAC_ACTIVE, SAC_NONE, SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
 )
 from riverbed.shells.rmq_stream.consume import ConsumeCommands
 from riverbed.shells.rmq_stream.publish import PublishCommands
 
 log = logging.getLogger("riverbed.rmq")
+
+# rabbit_stream_utils:consumer_activity_status/2: a plain consumer is "up", a single active one "single_active"
+# while it delivers and "waiting" otherwise
+_ACTIVITY = {SAC_NONE: "up", SAC_ACTIVE: "single_active"}
 
 
 class RmqStreamSession(PublishCommands, ConsumeCommands):
@@ -105,14 +143,15 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self._inflight_bytes = 0        # Publish data handed to the engine and not committed yet
         self.pending_ops = 0            # engine operations of this connection not completed yet
         self._close_deadline = None
+        self._held = None               # the refusal sent when a delayed close (_refuse_and_close) is due
         broker.register(self)
 
     # ------------------------------------------------------------------------------- input and output
 
     def data_received(self, data):
         """Bytes from the peer. Processes every complete frame and writes the replies."""
-        if self.state >= ST_CLOSED:
-            return
+        if self.state >= ST_CLOSING:
+            return              # closed, or holding a refusal before closing: the peer's frames are moot
         self.last_recv = self.broker.clock()
         buf = self._buf
         if buf:
@@ -236,6 +275,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             return
         if self.state == ST_CLOSING:
             if now >= self._close_deadline:
+                self._send(self._held)
                 self._hard_close()
             return
         if self.state < ST_OPEN:
@@ -261,14 +301,26 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self._shutting_down = True
         self._update_reading()
 
-    def close_gracefully(self, reason="server shutdown", code=RC_OK):
-        """Send Close and wait (``CLOSE_TIMEOUT``) for the CloseResponse before closing the socket."""
-        if self.state >= ST_CLOSING:
+    def close_gracefully(self, reason="server shutdown"):
+        """End the connection as RabbitMQ does when it stops (see the module docstring): what is queued
+        (the confirms of the drained appends) goes out, then the socket closes; no Close frame."""
+        if self.state >= ST_CLOSED:
             return
-        self._send(encode_close(self._next_corr(), code, reason))
+        log.debug("%s: closing connection: %s", self.peer, reason)
+        self._hard_close()
+
+    def _refuse_and_close(self, frame):
+        """RabbitMQ's ``silent_close``: hold the refusing ``frame`` for the shell's ``auth_failure_delay``
+        seconds (reading nothing meanwhile), then send it and close the socket."""
+        delay = self.shell.auth_failure_delay
+        if not delay:
+            self._send(frame)
+            self._hard_close()
+            return
         self._flush()
+        self._held = frame
         self.state = ST_CLOSING
-        self._close_deadline = self.broker.clock() + CLOSE_TIMEOUT
+        self._close_deadline = self.broker.clock() + delay
 
     def _fatal(self, code, reason):
         """Protocol error: Close with ``code`` and drop the connection (the bytes already queued,
@@ -327,9 +379,13 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         """This connection's subscriptions for the dashboard and ``/api/stream/consumers``: dicts with
         ``stream``, ``protocol``, ``connection``, ``subscription_id``, ``reference`` (the single active
         consumer name, else None), ``offset`` (next offset to deliver) and ``credits`` (chunks the client
-        may still take). Subscriptions still resolving their start are left out. Loop-thread only."""
+        may still take), ``properties`` (the Subscribe properties), ``active`` and ``activity_status`` (as
+        RabbitMQ: ``up``, or ``single_active`` / ``waiting`` for a single active consumer). Subscriptions
+        still resolving their start are left out. Loop-thread only."""
         return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units}
+                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units,
+                 "properties": dict(sub.properties), "active": sub.sac in (SAC_NONE, SAC_ACTIVE),
+                 "activity_status": _ACTIVITY.get(sub.sac, "waiting")}
                 for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
 
     def publisher_infos(self):
@@ -341,9 +397,10 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
                 for pub in list(self.publishers.values()) if not pub.stream_gone]
 
     def close_by_admin(self, reason="closed via management API"):
-        """Close the connection as RabbitMQ does for a management DELETE: a Close frame, then the socket."""
+        """Close the connection as RabbitMQ does for a management DELETE: no Close frame, what is
+        queued goes out and the socket closes (see the module docstring)."""
         log.info("%s: closing connection %r: %s", self.peer, self.name, reason)
-        self.close_gracefully(reason)
+        self._hard_close()
 
     # -------------------------------------------------------------------------------------- dispatch
 
@@ -413,18 +470,20 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         result = self.broker.auth.authenticate(mechanism, data, self.peer_loopback)
         code = _AUTH_CODES[result.outcome]
         if self.state >= ST_TUNING:
-            # re-authentication after the handshake (a refreshed secret; RabbitMQ 3.13)
+            # re-authentication after the handshake (a refreshed secret; RabbitMQ 3.13); as RabbitMQ
+            # 4.x, a change of mechanism or user ends the connection like a failure
             if mechanism != self.mechanism:
-                self._respond(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_MECHANISM)
+                log.warning("%s: %r may not change mechanism to %r", self.peer, self.username, mechanism)
+                self._refuse_and_close(response(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_MECHANISM))
             elif code == RC_OK and result.username != self.username:
-                self._respond(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_USERNAME)
+                log.warning("%s: %r may not change user to %r", self.peer, self.username, result.username)
+                self._refuse_and_close(response(CMD_SASL_AUTHENTICATE, corr, RC_SASL_CANNOT_CHANGE_USERNAME))
             elif code == RC_OK:
                 self.user = result.user
                 self._respond(CMD_SASL_AUTHENTICATE, corr, RC_OK)
             else:
-                self._respond(CMD_SASL_AUTHENTICATE, corr, code)
                 log.warning("%s: re-authentication of %r failed: %s", self.peer, self.username, result.reason)
-                self._hard_close()
+                self._close_after_auth_failure(corr, code)
             return
         if code == RC_OK:
             self.user = result.user
@@ -434,11 +493,21 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             self._respond(CMD_SASL_AUTHENTICATE, corr, RC_OK)
             self._send(encode_tune(self.shell.frame_max, self.shell.heartbeat))
             return
-        self._respond(CMD_SASL_AUTHENTICATE, corr, code)
         if code == RC_SASL_MECHANISM_NOT_SUPPORTED:
+            self._respond(CMD_SASL_AUTHENTICATE, corr, code)
             return  # the client may try another mechanism
         log.warning("%s: authentication failed: %s", self.peer, result.reason)
-        self._hard_close()
+        self._close_after_auth_failure(corr, code)
+
+    def _close_after_auth_failure(self, corr, code):
+        # RabbitMQ: refused credentials are answered after the tarpit delay, a loopback-only user or a
+        # SASL error at once; the socket closes after the answer either way
+        frame = response(CMD_SASL_AUTHENTICATE, corr, code)
+        if code == RC_AUTHENTICATION_FAILURE:
+            self._refuse_and_close(frame)
+        else:
+            self._send(frame)
+            self._hard_close()
 
     def _on_tune(self, f, version):
         r = Reader(f)
@@ -457,9 +526,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         vhost = r.string()
         r.done()
         if vhost not in ("/", None, ""):
-            self._respond(CMD_OPEN, corr, RC_VIRTUAL_HOST_ACCESS_FAILURE, enc_properties({}))
             log.warning("%s: virtual host %r does not exist", self.peer, vhost)
-            self._hard_close()
+            self._refuse_and_close(response(CMD_OPEN, corr, RC_VIRTUAL_HOST_ACCESS_FAILURE, enc_properties({})))
             return
         self.state = ST_OPEN
         self._max_frame = MAX_PUBLISH_FRAME

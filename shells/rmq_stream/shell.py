@@ -17,9 +17,10 @@ import platform
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import InvalidArgument
 from riverbed.shells.rmq_stream.constants import (
-    DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
-    OFFSET_TYPE_NEXT, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, PRODUCT, VERSION,
+    AUTH_FAILURE_DELAY, DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, OFFSET_TYPE_FIRST,
+    OFFSET_TYPE_LAST, OFFSET_TYPE_NEXT, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, PRODUCT, RABBITMQ_VERSION,
 )
+from riverbed.shells.version import VERSION
 
 log = logging.getLogger("riverbed.rmq")
 
@@ -37,11 +38,13 @@ class RmqShell:
 
     ``advertised_host``/``advertised_port`` override the address given in OpenResponse and Metadata;
     ``frame_max`` (bytes) and ``heartbeat`` (seconds) are offered in Tune; ``handshake_timeout``
-    (seconds) bounds the time from accept to Open.
+    (seconds) bounds the time from accept to Open; ``auth_failure_delay`` (seconds) is how long a refused
+    authentication is held before it is answered and the connection closed (RabbitMQ's tarpit).
     """
 
     def __init__(self, broker, *, advertised_host=None, advertised_port=None, frame_max=DEFAULT_FRAME_MAX,
-                 heartbeat=DEFAULT_HEARTBEAT, handshake_timeout=DEFAULT_HANDSHAKE_TIMEOUT):
+                 heartbeat=DEFAULT_HEARTBEAT, handshake_timeout=DEFAULT_HANDSHAKE_TIMEOUT,
+                 auth_failure_delay=AUTH_FAILURE_DELAY):
         self.broker = broker
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
@@ -50,10 +53,15 @@ class RmqShell:
         self.frame_max = frame_max
         self.heartbeat = heartbeat
         self.handshake_timeout = handshake_timeout
+        self.auth_failure_delay = auth_failure_delay
         self.sac = SacGroups(broker)
 
     def server_properties(self):
-        return {"product": PRODUCT, "version": VERSION, "cluster_name": "riverbed",
+        """PeerProperties of the server: ``version`` is the RabbitMQ release whose stream protocol is
+        implemented (clients compare it to decide what the server supports), ``riverbed-version``
+        Riverbed's own."""
+        return {"product": PRODUCT, "version": RABBITMQ_VERSION, "riverbed-version": VERSION,
+                "cluster_name": "riverbed",
                 "platform": f"Python {platform.python_version()}",
                 "copyright": "Copyright (c) the Riverbed authors",
                 "information": "Licensed under the Apache 2.0 license, see https://www.apache.org/licenses/"}

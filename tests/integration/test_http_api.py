@@ -28,6 +28,9 @@ STREAM_KEYS = {"name", "records", "bytes", "chunks", "first_offset", "last_offse
                "arguments", "consumers", "publishers"}
 CONSUMER_KEYS = {"stream", "protocol", "connection", "subscription_id", "reference", "offset", "lag", "credits"}
 PUBLISHER_KEYS = {"stream", "protocol", "connection", "publisher_id", "reference", "published"}
+# RabbitMQ's stream management fields, carried by the same objects (shells/http/mgmt_stream.py)
+RABBIT_CONSUMER_KEYS = {"queue", "connection_details", "properties", "active", "activity_status", "offset_lag"}
+RABBIT_PUBLISHER_KEYS = {"queue", "connection_details"}
 
 
 def run(coro, timeout=60):
@@ -221,7 +224,7 @@ def test_consumers_publishers_and_lag(srv):
             return found if len(found) == 3 and all(c["lag"] is not None for c in found) else None
         found = wait_for(settled)
         for c in found:
-            assert set(c) == CONSUMER_KEYS and c["stream"] == name
+            assert set(c) == CONSUMER_KEYS | RABBIT_CONSUMER_KEYS and c["stream"] == name
         by_conn = {c["connection"]: c for c in found if c["protocol"] == "stream"}
         assert set(by_conn) == {"api-fast", "api-slow"}
         fast = wait_for(lambda: next((c for c in get(http, f"/api/stream/consumers?stream={name}")[1]
@@ -236,7 +239,7 @@ def test_consumers_publishers_and_lag(srv):
         assert status == 200 and {c["connection"] for c in every if c["stream"] == name} >= {"api-fast", "api-slow"}
         status, pubs = get(http, f"/api/stream/publishers?stream={name}")
         assert status == 200 and len(pubs) == 1
-        assert set(pubs[0]) == PUBLISHER_KEYS
+        assert set(pubs[0]) == PUBLISHER_KEYS | RABBIT_PUBLISHER_KEYS
         p = pubs[0]
         assert (p["protocol"], p["connection"], p["reference"]) == ("stream", "api-producer", "pub-ref")
         status, one = get(http, f"/api/streams/{name}")
@@ -355,7 +358,7 @@ def test_consumers_of_every_protocol(srv):
         ctx.term()
     by_proto = {c["protocol"]: c for c in found}
     for c in found:
-        assert set(c) == CONSUMER_KEYS and c["credits"] is None and c["reference"] is None
+        assert set(c) == CONSUMER_KEYS | RABBIT_CONSUMER_KEYS and c["credits"] is None and c["reference"] is None
         assert (c["offset"], c["lag"]) == (10, 0), c
     assert by_proto["ws"]["subscription_id"] == name and by_proto["ream"]["subscription_id"] == name
     assert by_proto["zmq"]["subscription_id"] == name and by_proto["zmq"]["connection"].startswith("zmq ")

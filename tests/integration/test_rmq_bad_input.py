@@ -185,8 +185,9 @@ def test_rss_stays_flat_under_repeated_abuse(server):
                 pass
             finally:
                 c.close()
-        c = connect(server)
-        c.handshake(password="nope")
+        c = connect(server)              # a refused login, left without waiting out the 3 s tarpit
+        c.request(0x11, rawwire.props({}))
+        c.send(frame(0x13, struct.pack(">I", 99) + s("PLAIN") + struct.pack(">i", 10) + b"\0guest\0nope"))
         c.close()
         c = connect(server)
         assert c.handshake() == rawwire.OK

@@ -27,6 +27,21 @@ def deliveries(frames):
     return [f for f in frames if isinstance(f, schema.Deliver)]
 
 
+def after_the_tarpit(h, c):
+    """The frames of a refusal RabbitMQ holds for its tarpit delay (SILENT_CLOSE_DELAY, 3 s): nothing
+    comes and the socket stays open until the delay has passed; then the answer, and the socket closes."""
+    assert c.frames() == [] and not c.io.closed
+    h.now += rs.AUTH_FAILURE_DELAY - 0.1
+    c.s.tick(h.now)
+    assert c.frames() == [] and not c.io.closed
+    c.send(schema.Heartbeat())                  # the peer's frames meanwhile are ignored
+    h.now += 0.2
+    c.s.tick(h.now)
+    fs = c.frames()
+    assert c.io.closed, fs
+    return fs
+
+
 def messages(frames):
     out = []
     for d in deliveries(frames):
@@ -55,11 +70,22 @@ def test_heartbeat_right_after_open_like_rstream(h):
     assert r.response_code == rs.RC_OK and c.s.heartbeat == 5 and not c.io.closed
 
 
-def test_wrong_password_is_refused_and_closed(h):
+def test_wrong_password_is_refused_after_the_tarpit_and_closed(h):
     c = h.connect()
     c.send(schema.SaslAuthenticate(1, "PLAIN", b"\0guest\0nope"))
-    r = c.one(schema.SaslAuthenticateResponse)
-    assert r.response_code == rs.RC_AUTHENTICATION_FAILURE and c.io.closed
+    [r] = after_the_tarpit(h, c)
+    assert isinstance(r, schema.SaslAuthenticateResponse) and r.response_code == rs.RC_AUTHENTICATION_FAILURE
+
+
+def test_wrong_password_without_a_tarpit(tmp_path):
+    h = Harness(tmp_path, auth_failure_delay=0)
+    try:
+        c = h.connect()
+        c.send(schema.SaslAuthenticate(1, "PLAIN", b"\0guest\0nope"))
+        r = c.one(schema.SaslAuthenticateResponse)
+        assert r.response_code == rs.RC_AUTHENTICATION_FAILURE and c.io.closed
+    finally:
+        h.close()
 
 
 def test_guest_only_from_loopback(h):
@@ -146,11 +172,22 @@ def test_client_close(conn):
     assert r.response_code == rs.RC_OK and conn.io.closed
 
 
-def test_server_close_waits_for_the_response(conn, h):
+def test_shutdown_closes_the_socket_without_a_close_frame(conn, h):
+    # RabbitMQ's terminate/3 -> close/3: the socket is shut down, no Close frame (session.py's docstring)
+    assert conn.create("s") == rs.RC_OK and conn.declare(1, "s") == rs.RC_OK
+    conn.publish(1, [(1, b"a"), (2, b"b")])
+    h.settle()
     conn.s.close_gracefully("shutdown")
-    assert isinstance(conn.one(), schema.Close) and not conn.io.closed
-    conn.send(schema.CloseResponse(1, 1))
+    fs = conn.frames()
     assert conn.io.closed
+    assert [type(f) for f in fs] == [schema.PublishConfirm], fs     # the confirms went out, then nothing
+
+
+def test_closed_by_the_management_api_without_a_close_frame(conn, h):
+    assert conn.subscribe(1, "nope")                # anything in flight
+    conn.s.close_by_admin("Closed via management plugin")
+    assert conn.io.closed
+    assert not [f for f in conn.frames() if isinstance(f, schema.Close)]
 
 
 # ---------------------------------------------------------------------------------------- heartbeats
@@ -547,7 +584,8 @@ def test_permissions_from_a_users_file(tmp_path):
         assert c.subscribe(2, "bob-2")[0].response_code == rs.RC_ACCESS_REFUSED
         guest = h.connect()
         guest.send(schema.SaslAuthenticate(1, "PLAIN", b"\0guest\0guest"))
-        assert guest.one().response_code == rs.RC_AUTHENTICATION_FAILURE      # no built-in guest with a file
+        [r] = after_the_tarpit(h, guest)
+        assert r.response_code == rs.RC_AUTHENTICATION_FAILURE      # no built-in guest with a file
     finally:
         h.close()
 
@@ -557,13 +595,38 @@ def test_open_unknown_vhost(h):
     c.send(schema.SaslAuthenticate(1, "PLAIN", b"\0guest\0guest"))
     c.frames()
     c.send(schema.Open(2, "/other"))
-    r = c.one(schema.OpenResponse)
-    assert r.response_code == rs.RC_VIRTUAL_HOST_ACCESS_FAILURE and c.io.closed
+    [r] = after_the_tarpit(h, c)
+    assert isinstance(r, schema.OpenResponse) and r.response_code == rs.RC_VIRTUAL_HOST_ACCESS_FAILURE
 
 
 def test_reauthentication_after_open(conn):
     conn.send(schema.SaslAuthenticate(10, "PLAIN", b"\0guest\0guest"))
     assert conn.one().response_code == rs.RC_OK and not conn.io.closed
+
+
+@pytest.mark.parametrize("mechanism, creds, code", [
+    ("PLAIN", b"\0guest\0nope", rs.RC_AUTHENTICATION_FAILURE),
+    ("AMQPLAIN", b"", rs.RC_SASL_CANNOT_CHANGE_MECHANISM),
+])
+def test_failed_reauthentication_ends_the_connection_after_the_tarpit(conn, h, mechanism, creds, code):
+    conn.send(schema.SaslAuthenticate(10, mechanism, creds))
+    [r] = after_the_tarpit(h, conn)
+    assert r.response_code == code
+
+
+def test_reauthentication_as_another_user_ends_the_connection(tmp_path):
+    users = tmp_path / "users.toml"
+    auth.add_user(str(users), "alice", "secret")
+    auth.add_user(str(users), "bob", "other")
+    h = Harness(tmp_path, auth=auth.Authenticator(str(users)))
+    try:
+        c = h.connect()
+        c.handshake("alice", "secret")
+        c.send(schema.SaslAuthenticate(10, "PLAIN", b"\0bob\0other"))
+        [r] = after_the_tarpit(h, c)
+        assert r.response_code == rs.RC_SASL_CANNOT_CHANGE_USERNAME
+    finally:
+        h.close()
 
 
 def test_single_active_consumer_spreads_super_stream_partitions(h):

@@ -161,6 +161,7 @@ function update(snap) {
     colorOf(s.name);
   }
   document.getElementById("clock").textContent = fmtTime(snap.t);
+  document.getElementById("version").textContent = `${snap.version} · RabbitMQ Stream ${snap.rabbitmq_version}`;
   renderCards(snap, lagOf);
   renderStreams(snap.streams);
   renderConsumers(snap.consumers);

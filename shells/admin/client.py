@@ -129,7 +129,8 @@ def parse_uri(uri, http_uri=None, tls_ca=None):
 async def http_base(target, timeout):
     """The JSON API's base URL: ``--http-uri`` when given, else what the server says in PeerProperties
     (``http-port``, ``http-scheme``) on the ``--uri`` host, so one URI reaches any port layout; a server
-    that does not say gets port 15692. Remembered in ``target.http``. Raises AdminError."""
+    that does not say gets port 15692, a Riverbed without an HTTP listener an AdminError (EXIT_CONNECT).
+    Remembered in ``target.http``. Raises AdminError."""
     if target.http is not None:
         return target.http
     from rstream.client import Client
@@ -148,7 +149,11 @@ async def http_base(target, timeout):
     finally:
         await close_quietly(client)
     port = props.get("http-port")
-    if port is None:
+    if port is None and "riverbed-version" in props:
+        # a Riverbed that names no HTTP port has none: never guess a port another server may hold
+        raise AdminError("the server's HTTP listener is off (riverbed serve --http-port); listing, stats and "
+                         "consumers need it, or --data-dir DIR", EXIT_CONNECT)
+    if port is None:        # a server that does not say (another broker, an older Riverbed): the default
         target.http = f"http://{_url_host(target.host)}:{DEFAULT_HTTP_PORT}"
     else:
         scheme = "https" if props.get("http-scheme") == "https" else "http"

@@ -408,3 +408,19 @@ def test_tail_raw_on_a_terminal_shows_binary_as_hex(srv):
     assert b"binary: shown as hex" in r.stderr
     # into a pipe: the bytes themselves
     assert ok("tail", "adm-tty", "--from", "first", "--format", "raw", *a).stdout == b"plain text\n\x00\x01\xffbinary\n"
+
+
+def test_a_server_without_http_listener_says_so_and_tail_still_works(tmp_path):
+    """A Riverbed with ``--http-port off`` names no HTTP port: listing says the listener is off (never
+    guesses 15692, where another server may be), and tail falls back to stopping when idle."""
+    s = ServerProcess(tmp_path / "data").start()          # every listener but RabbitMQ Stream off
+    try:
+        uri = ["--uri", f"rabbitmq-stream://127.0.0.1:{s.port}"]
+        r = failed(3, "streams", "ls", *uri)
+        assert "HTTP listener is off" in r.err, r.err
+        ok("streams", "create", "adm-nohttp", *uri)
+        ok("publish", "adm-nohttp", *uri, input=b"a\n")
+        r = rb("tail", "adm-nohttp", "--from", "first", "--format", "raw", *uri)
+        assert (r.returncode, r.stdout) == (0, b"a\n") and "HTTP listener is off" in r.err, r.err
+    finally:
+        assert s.stop() == 0

@@ -383,6 +383,11 @@ class WsSession:
             self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         log_stream = logs[p]
+        if log_stream in self._blocked or self.broker.creating(log_stream):
+            # a publish (this connection's or another's) is making it: once made, the subscription starts
+            # at the next record, so it never gets back what was published before it subscribed
+            self.shell.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
+            return
         if not self.broker.has_stream(log_stream):
             if len(logs) > 1:
                 raise RequestError(f"Stream {stream} not found.")

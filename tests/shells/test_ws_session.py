@@ -353,3 +353,17 @@ def test_publisher_paused_while_appends_pile_up(h):
     h.settle()
     assert c.io.resumed == 1 and c.s.pending_ops == 0
     assert h.eng.stream_info("s").committed_chunk_id >= 0
+
+
+def test_subscribe_behind_own_publishes_that_create_the_stream_gets_none_of_them(h):
+    """Publishes that create a stream, then a subscribe while the creation is in flight: the subscription
+    starts after them (as on an existing stream), never replays what this client sent before it."""
+    c = Client(h)
+    for i in range(5):
+        c.send({"type": "publish", "stream": "own", "msg": json.dumps({"i": i})})
+    c.send({"type": "subscribe", "stream": "own"})
+    h.settle()
+    assert [f[1] for f in c.frames()] == [2]
+    c.send({"type": "publish", "stream": "own", "msg": '{"i":5}'})
+    h.settle()
+    assert [f[3][8] for f in c.frames()] == ['{"i":5}']

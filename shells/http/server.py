@@ -100,6 +100,7 @@ class HttpServer:
         self.app = build_app(broker, config, features)
         self._runner = None
         self._server = None
+        self.scheme = "http"
 
     async def start(self):
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
@@ -118,6 +119,7 @@ class HttpServer:
             raise
         self._runner = runner
         self.port = self._server.sockets[0].getsockname()[1]
+        self.scheme = "http" if ctx is None else "https"     # told to RabbitMQ Stream clients (http-url)
         return self
 
     def stop_accepting(self):

@@ -174,6 +174,62 @@ def check_name(name, what="name"):
         raise ReamError(f"Invalid {what} {name!r}: 3-20 characters, a letter then letters, digits or _")
 
 
+BARE_STREAM_RE = re.compile(r'[^\s"]+\Z')
+
+
+_ASCII_SPACE = " \t\n\r\x0b\x0c"
+
+
+def split_words(text):
+    """The words of a request line, split on ASCII whitespace; a word that starts with ``"`` runs to its closing
+    quote (JSON string escapes inside), so a quoted stream name may hold spaces. Quoted words are kept
+    as written (with their quotes): :func:`stream_name` decodes them. ReamError for an unclosed quote."""
+    words = []
+    i, n = 0, len(text)
+    while i < n:
+        # ASCII whitespace only, as the line is framed: str.isspace() would also split at \x1c-\x1f and
+        # Unicode spaces, and a line of those alone would have no words at all (issue 21, class 3)
+        if text[i] in _ASCII_SPACE:
+            i += 1
+            continue
+        if text[i] == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if j >= n:
+                raise ReamError("Invalid request: a quoted name has no closing quote")
+            words.append(text[i:j + 1])
+            i = j + 1
+            continue
+        j = i
+        while j < n and text[j] not in _ASCII_SPACE:
+            j += 1
+        words.append(text[i:j])
+        i = j
+    return words
+
+
+def stream_name(word):
+    """A stream name token -> the name. Every name the log allows can be written: bare (any characters
+    but whitespace, not starting with ``"``: ``orders``, ``invoices-0``, ``auto-ws``) or as a
+    double-quoted JSON string (``"my stream"``). ReamError for an empty or malformed one."""
+    if word.startswith('"'):
+        try:
+            name = json.loads(word)
+        except ValueError:
+            raise ReamError(f"Invalid stream name {word}: a bad quoted string") from None
+        if not isinstance(name, str) or not name:
+            raise ReamError("Invalid stream name: empty")
+        return name
+    return word
+
+
+def name_token(name):
+    """A stream name as it goes out in a reply or an EVENT line: bare when it can be read back bare,
+    else double-quoted (JSON escaping), so the line keeps its word count."""
+    return name if BARE_STREAM_RE.match(name) else quote(name)
+
+
 def parse_size(word):
     """A declared payload size (int >= 0), or None when ``word`` is not one."""
     return int(word) if word is not None and SIZE_RE.match(word) else None

@@ -518,7 +518,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         corr = r.u32()
         self.client_properties = r.properties(null_values=True)   # shown as given (management API)
         r.done()
-        self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(self.shell.server_properties()))
+        properties = self.shell.server_properties()
+        properties.update(self.shell.http_properties())     # where the HTTP listener is, for admin clients
+        self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(properties))
 
     def _on_sasl_handshake(self, f, version):
         r = Reader(f)

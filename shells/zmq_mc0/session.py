@@ -464,7 +464,7 @@ class McShell:
         n = len(records)
         while i < n:
             try:
-                frames = codec.record_message(topic, records[i])
+                frames = codec.record_message(topic, records[i], chunk_id + i)
             except Exception as e:   # a record this shell cannot render: skip it, say so in the log
                 log.warning("zmq: record %d of %r cannot be rendered: %s", chunk_id + i, sub.name, e)
                 i += 1

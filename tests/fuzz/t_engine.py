@@ -63,7 +63,7 @@ class RecordTarget:
         rec.to_bson_document(r)
         rec.to_bson_bytes(r)
         http_api.render_record(0, 0, body)
-        zmq_codec.record_message(b"topic", body)
+        zmq_codec.record_message(b"topic", body, 0)
 
     def seeds(self):
         import bson

@@ -165,7 +165,8 @@ async def hostile_ws(port, stop, res, examples, rng):
         while not stop.is_set():
             data = rng.choice(examples)
             try:
-                async with http.ws_connect(f"http://127.0.0.1:{port}/api/v1/ws", timeout=ANSWER_S) as ws:
+                async with http.ws_connect(f"http://127.0.0.1:{port}/api/v1/ws",
+                                           timeout=aiohttp.ClientWSTimeout(ws_close=ANSWER_S)) as ws:
                     for m in decode_messages(data[1:]):
                         if isinstance(m, bytes):
                             await ws.send_bytes(m)

@@ -407,12 +407,16 @@ async def run(args):
     stop = asyncio.Event()
     sys.path.insert(0, str(ROOT))
     from tests.fuzz import t_bson, t_ream, t_rmq
-    from tests.fuzz.targets import corpus_inputs
+    from tests.fuzz.targets import corpus_inputs, make_target
 
     n_ex = 60 if args.seconds < 120 else 200
-    ex = {name: examples(name, n_ex, args.seed) + [s for s in __import__(f"tests.fuzz.t_{name}", fromlist=["x"])
-                                                   .__dict__[cls]().seeds()]
-          for name, cls in (("rmq", "RmqTarget"), ("bson", "BsonTarget"), ("ream", "ReamTarget"))}
+    ex = {}
+    for name in ("rmq", "bson", "ream"):
+        target = make_target(name, work / f"seeds-{name}")
+        try:
+            ex[name] = examples(name, n_ex, args.seed) + list(target.seeds())
+        finally:
+            target.close()
     ex["ws"] = examples("ws", n_ex, args.seed)
     ex["zmq"] = examples("zmq", n_ex, args.seed)
     corpus = {name: [d for _, d in corpus_inputs(name)] for name in ("rmq", "bson", "ream", "ws", "zmq")}

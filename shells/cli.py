@@ -96,7 +96,10 @@ async def run_server(cfg, stop=None, started=None):
     from riverbed.shells.broker.disk import DiskMonitor
     from riverbed.shells import tls as _tls
 
+    from riverbed.engine.record import set_max_depth
+
     tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
+    set_max_depth(cfg.max_depth)          # one nesting limit for every publish and every render
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()

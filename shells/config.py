@@ -101,6 +101,14 @@ def _positive_int(value):
     return v
 
 
+def _depth(value):
+    from riverbed.engine.record import MAX_DEPTH_CAP
+    v = int(value)
+    if not 1 <= v <= MAX_DEPTH_CAP:
+        raise ValueError(f"must be 1..{MAX_DEPTH_CAP}")
+    return v
+
+
 def _positive_float_or_off(value):
     if value is None or str(value).strip().lower() in ("off", "none", "0", ""):
         return None
@@ -208,6 +216,9 @@ OPTIONS = [
     Option("frame_max", _non_negative_int, 1048576, "frame_max offered to clients, bytes", "BYTES"),
     Option("handshake_timeout", _positive_float, 10.0, "seconds a new connection has to complete Open",
            "SECONDS"),
+    Option("max_depth", _depth, 64, "deepest nesting of BSON documents / JSON values a publish may carry "
+           "(refused with each protocol's error) and a reader is given converted (deeper stored records "
+           "arrive raw), 1..256 (default 64)", "LEVELS"),
     Option("log_level", str, "info", "debug, info, warning or error", "LEVEL"),
     # the named limits (riverbed.shells.broker.limits.Limits; README "Limits"): sizes take 64KiB, 16MiB, ...
     Option("max_frame_size", parse_size, 64 << 20, "RabbitMQ Stream: largest Publish frame, bytes (default "

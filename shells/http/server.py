@@ -20,6 +20,7 @@ from aiohttp import hdrs, web
 
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.webtext import guard_server
 
 DEFAULT_PORT = 15692            # RabbitMQ's Prometheus port; the management API shares the listener here
 SHUTDOWN_TIMEOUT = 2.0          # seconds running requests get to finish at shutdown
@@ -104,6 +105,7 @@ class HttpServer:
     async def start(self):
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
+        guard_server(runner.server, lambda: _limits.reject(self.name, "encoding"))
         try:
             ctx = _tls.context_for(self.config)
             if ctx is None:

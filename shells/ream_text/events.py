@@ -79,7 +79,7 @@ class EventRequests:
         stream = req.words[2]
         self._allow("read", stream)
         word = req.words[3]
-        if not word.isdigit() or len(word) > 19:
+        if not (word.isascii() and word.isdigit()) or len(word) > 19:
             raise ReamError(f"Invalid event id {word!r}")
         first_id = max(1, int(word))
         if stream in self.subs:

@@ -476,11 +476,17 @@ class ReamSession(EventRequests, DocumentRequests):
         try:
             handler(req, payloads)
         except ReamError as e:
+            if e.rejected is not None:
+                _limits.reject(LISTENER, e.rejected, e.reason, self.peer)
             self._refuse(req, e.reason)
         except X.ExprError as e:
             self._refuse(req, f"Invalid expression: {e}")
         except RiverbedError as e:
             self._refuse(req, reason_of(e))
+        except (ValueError, TypeError, LookupError, OverflowError, RecursionError) as e:
+            # a request word or payload the checks let through: still this request's refusal
+            _limits.reject(LISTENER, "field", f"{req.noun} {req.verb}: {e!r}", self.peer)
+            self._refuse(req, f"Invalid request: {type(e).__name__}")
 
     def _need(self, req, nwords):
         if len(req.words) != nwords:

@@ -32,11 +32,13 @@ from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
 
 log = logging.getLogger("riverbed.ws")
+LISTENER = "ws"
 
 DEFAULT_SEND_BUFFER_MAX = 16 << 20   # bytes a connection may have unsent before it is dropped
 RESEND_HIGH_WATER = 1 << 20          # a resend waits while more than this is unsent
@@ -330,11 +332,17 @@ class WsSession:
                 raise RequestError(f"Unknown request type: {req['type']}")
             handler(self, req)
         except RequestError as e:
+            if e.reason is not None:
+                _limits.reject(LISTENER, e.reason, str(e)[:200], self.peer)
             self.send_error(e.payload)
         except RiverbedError as e:
             self.send_error(f"Request failed: {e}")
+        except (TypeError, ValueError, LookupError, RecursionError) as e:
+            # a value parse_request let through that a handler cannot take: still the request's error
+            _limits.reject(LISTENER, "field", f"{e!r}: {text!r:.200}", self.peer)
+            self.send_error(f"Invalid request: {type(e).__name__}")
         except Exception:      # a bug must cost this request only, not the connection or the process
-            log.exception("%s: request failed: %.200s", self.peer, text)
+            log.exception("%s: request failed: %.200r", self.peer, text)
             self.send_error("Internal error")
 
     def binary_received(self, data):

@@ -177,18 +177,18 @@ def check_name(name, what="name"):
 BARE_STREAM_RE = re.compile(r'[^\s"]+\Z')
 
 
-_ASCII_SPACE = " \t\n\r\x0b\x0c"
+_ASCII_SPACE = frozenset(" \t\n\r\x0b\x0c")
 
 
 def split_words(text):
-    """The words of a request line, split on ASCII whitespace; a word that starts with ``"`` runs to its closing
+    """The words of a request line, split on whitespace; a word that starts with ``"`` runs to its closing
     quote (JSON string escapes inside), so a quoted stream name may hold spaces. Quoted words are kept
     as written (with their quotes): :func:`stream_name` decodes them. ReamError for an unclosed quote."""
     words = []
     i, n = 0, len(text)
+    # ASCII whitespace only, as the line is framed: str.isspace() is also true of \x1c-\x1f and Unicode
+    # spaces, and a line of those alone would have had no words at all
     while i < n:
-        # ASCII whitespace only, as the line is framed: str.isspace() would also split at \x1c-\x1f and
-        # Unicode spaces, and a line of those alone would have no words at all (issue 21, class 3)
         if text[i] in _ASCII_SPACE:
             i += 1
             continue

@@ -438,18 +438,7 @@ class BsonSession(AdminCommands):
                 log.warning("%s: append to %r failed: %s", self.peer, channel, exc)
                 for rid in rids:
                     self._reply(c.response(rid, False, code, f"append failed: {exc}"))
-        done = self._later(done)
-        shell = self.shell
-        if not shell.channel_pending(channel) and self.broker.has_stream(channel):
-            self.broker.append_records(channel, records, done)
-            return
-
-        def created(exc):
-            if exc is not None:
-                done(None, exc)
-            else:
-                self.broker.append_records(channel, records, done)
-        shell.ensure_channel(channel, created)
+        self.broker.append_or_create(channel, records, self._later(done))
 
     # ------------------------------------------------------------------------------- transactions
 
@@ -509,12 +498,7 @@ class BsonSession(AdminCommands):
             def stage(ctx):
                 for channel, records in by_channel.items():
                     ctx.append(channel, records)
-            try:
-                fut = self.broker.engine.transact(stage)
-            except RiverbedError as e:
-                done(None, e)
-                return
-            self.broker.then(fut, done)
+            self.broker.transact(stage, done)
 
         if not missing:
             commit()

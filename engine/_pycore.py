@@ -133,6 +133,30 @@ def scan_entries(data):
     return ends, counts
 
 
+def walk_simple_entries(data, pos, max_count):
+    """Count the simple entries of ``data`` from ``pos`` without copying or allocating per entry, for a
+    sub-batch body validated piece by piece as it is decompressed. Stops after ``max_count`` entries.
+
+    Returns ``(count, pos)``: ``pos`` is where the walk stopped, past the end of ``data`` when the last
+    entry's body runs on (the caller skips that much of the next piece), or within the last 3 bytes when
+    an entry header is cut by the end of ``data``. Raises ChunkError on a sub-batch entry (a sub-batch
+    holds simple entries only). ``max_count`` < 0 raises ValueError."""
+    if max_count < 0 or pos < 0:
+        raise ValueError("max_count and pos must be >= 0")
+    mv = memoryview(data)
+    end = len(mv)
+    count = 0
+    unpack = _U32.unpack_from
+    while count < max_count and pos + LEN_SIMPLE_HEADER <= end:
+        if mv[pos] & 0x80:
+            raise ChunkError("a sub-batch entry inside a sub-batch")
+        pos += LEN_SIMPLE_HEADER + unpack(mv, pos)[0]
+        count += 1
+    if count < max_count and pos < end and mv[pos] & 0x80:
+        raise ChunkError("a sub-batch entry inside a sub-batch")
+    return count, pos
+
+
 def cut_entries(data, max_bytes, max_entries, max_records):
     """Where to cut a data section into chunks: a list of ``(end, entries, records)``, one per piece, each
     piece ending at ``end`` (an offset in ``data``) and holding at most ``max_bytes`` bytes, ``max_entries``

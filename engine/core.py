@@ -31,6 +31,7 @@ read_header = impl.read_header
 check_chunk = impl.check_chunk
 data_records = impl.data_records
 scan_entries = impl.scan_entries
+walk_simple_entries = impl.walk_simple_entries
 cut_entries = impl.cut_entries
 chunk_records = impl.chunk_records
 split_frames = impl.split_frames

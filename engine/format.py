@@ -93,33 +93,146 @@ H_MAGIC, H_TYPE, H_ENTRIES, H_RECORDS, H_TIMESTAMP, H_EPOCH, H_CHUNK_ID, H_CRC, 
     H_BLOOM_SIZE = range(11)
 
 
-def _gzip_decompress(body, uncompressed_size):
-    # wbits 47 accepts both gzip and zlib wrappers: Java clients use GZIPOutputStream.
-    return zlib.decompress(body, 47)
+DECOMPRESS_PIECE = 256 << 10      # bytes a streamed decompression hands out at a time
 
 
-SUB_BATCH_CODECS = {COMPRESSION_GZIP: _gzip_decompress}
-"""compression code -> ``decompress(body: bytes, uncompressed_size: int) -> bytes``."""
+class DecompressionLimit(ValueError):
+    """A compressed body inflates past the limit it was given (``limit``): decompression stopped there,
+    so a bomb costs the limit, never what it would have inflated to."""
+
+    def __init__(self, limit):
+        super().__init__(f"decompresses to more than {limit} bytes")
+        self.limit = limit
 
 
-def register_codec(code, decompress):
-    """Make sub-batch entries with compression ``code`` (2..7) readable. Not thread-safe; call at start-up."""
+def _gzip_pieces(body, limit, piece):
+    # wbits 47 accepts both gzip and zlib wrappers: Java clients use GZIPOutputStream. max_length bounds
+    # each step's output, so inflation proceeds piece by piece and stops at the limit.
+    d = zlib.decompressobj(47)
+    data = body
+    while True:
+        out = d.decompress(data, piece)
+        data = d.unconsumed_tail
+        if out:
+            yield out
+        elif d.eof:
+            return
+        elif not data:
+            raise zlib.error("incomplete or truncated stream")
+
+
+def _zstd_pieces(body, limit, piece):
+    reader = _ZSTD.stream_reader(body, read_across_frames=True)
+    while True:
+        out = reader.read(piece)
+        if not out:
+            return
+        yield out
+
+
+def _lz4_pieces(body, limit, piece):
+    d = _LZ4F.LZ4FrameDecompressor()
+    out = d.decompress(body, max_length=piece)
+    while True:
+        if out:
+            yield out
+        if d.eof:
+            return
+        if d.needs_input:
+            raise ValueError("truncated lz4 frame")
+        out = d.decompress(b"", max_length=piece)
+
+
+SNAPPY_STREAM_ID = b"\xff\x06\x00\x00sNaPpY"   # the framing format's stream identifier chunk
+SNAPPY_MAX_CHUNK = 65536                         # uncompressed bytes of one framed chunk, at most
+
+
+def _snappy_pieces(body, limit, piece):
+    # Framed snappy (Java, rbfly; xerial framing too) is a run of chunks of at most 64 KiB uncompressed.
+    # cramjam has no streamed decompression with an output bound, so each data chunk goes through it on its
+    # own (as a one-chunk stream: cramjam checks its CRC) into a 64 KiB buffer: one chunk at a time.
+    cramjam = _CRAMJAM
+    mv = memoryview(body)
+    if bytes(mv[:len(SNAPPY_STREAM_ID)]) != SNAPPY_STREAM_ID:
+        # raw (unframed) snappy states its length up front: check it before decompressing
+        try:
+            raw_len = cramjam.snappy.decompress_raw_len(body)
+        except Exception:
+            raise ValueError("not snappy data") from None
+        if raw_len > limit:
+            raise DecompressionLimit(limit)
+        yield bytes(cramjam.snappy.decompress_raw(body))
+        return
+    pos = len(SNAPPY_STREAM_ID)
+    buf = bytearray(SNAPPY_MAX_CHUNK)
+    while pos < len(mv):
+        if pos + 4 > len(mv):
+            raise ValueError("truncated snappy chunk header")
+        kind = mv[pos]
+        n = int.from_bytes(mv[pos + 1:pos + 4], "little")
+        if pos + 4 + n > len(mv):
+            raise ValueError("truncated snappy chunk")
+        chunk = mv[pos:pos + 4 + n]
+        pos += 4 + n
+        if kind == 0xFF:                  # another stream identifier (concatenated streams)
+            if bytes(chunk) != SNAPPY_STREAM_ID:
+                raise ValueError("bad snappy stream identifier")
+        elif kind in (0x00, 0x01):        # compressed / uncompressed data
+            got = cramjam.snappy.decompress_into(SNAPPY_STREAM_ID + bytes(chunk), buf)
+            yield bytes(buf[:got])
+        elif kind < 0x80:                 # 0x02-0x7f: reserved, unskippable
+            raise ValueError(f"reserved snappy chunk type 0x{kind:02x}")
+        # 0x80-0xfe: skippable (padding)
+
+
+SUB_BATCH_CODECS = {COMPRESSION_GZIP: _gzip_pieces}
+"""compression code -> ``pieces(body: bytes, limit: int, piece: int)``, a generator of the decompressed
+body in pieces of at most ``piece`` bytes; it may stop early or overshoot ``limit`` by one piece (the
+caller counts), and raises on a corrupt or truncated body."""
+
+
+def register_codec(code, pieces):
+    """Make sub-batch entries with compression ``code`` (2..7) readable: ``pieces`` as in
+    :data:`SUB_BATCH_CODECS`. Not thread-safe; call at start-up."""
     if not 1 <= code <= 7:
         raise ValueError(f"compression code {code} out of range 1..7")
-    SUB_BATCH_CODECS[code] = decompress
+    SUB_BATCH_CODECS[code] = pieces
 
 
-def decompress(code, body, uncompressed_size):
-    """Decompress a sub-batch body. Raises UnsupportedCompression for a code with no codec."""
+def iter_decompress(code, body, limit, piece=DECOMPRESS_PIECE):
+    """The decompressed sub-batch ``body`` as a generator of pieces (bytes-like, at most ``piece`` bytes
+    each), streamed: at most one piece is held at a time, and DecompressionLimit is raised as soon as
+    more than ``limit`` bytes came out, so a bomb costs ``limit`` of work, not what it inflates to.
+    Raises UnsupportedCompression for a code with no codec, and the codec's own error (a ValueError,
+    zlib.error, zstandard.ZstdError, ...) for a corrupt body."""
     if code == COMPRESSION_NONE:
-        return bytes(body)
+        if len(body) > limit:
+            raise DecompressionLimit(limit)
+        mv = memoryview(body)
+        for i in range(0, len(mv), piece):
+            yield mv[i:i + piece]
+        return
     fn = SUB_BATCH_CODECS.get(code)
     if fn is None:
         raise UnsupportedCompression(code)
-    out = fn(bytes(body), uncompressed_size)
+    total = 0
+    for out in fn(body, limit, piece):
+        total += len(out)
+        if total > limit:
+            raise DecompressionLimit(limit)
+        yield out
+
+
+def decompress(code, body, uncompressed_size):
+    """Decompress a sub-batch body that must come to exactly ``uncompressed_size`` bytes; decompression
+    stops past it (a body that would inflate further raises DecompressionLimit, a ValueError, without
+    inflating it). Raises UnsupportedCompression for a code with no codec."""
+    if code == COMPRESSION_NONE:
+        return bytes(body)
+    out = b"".join(iter_decompress(code, bytes(body), uncompressed_size))
     if len(out) != uncompressed_size:
         raise ValueError(f"sub-batch decompressed to {len(out)} bytes, header says {uncompressed_size}")
-    return out
+    return bytes(out)
 
 
 def gzip_compress(data):
@@ -128,34 +241,31 @@ def gzip_compress(data):
     return c.compress(data) + c.flush()
 
 
+_ZSTD = _LZ4F = _CRAMJAM = None
+
+
 def _register_optional_codecs():
     # The well-kept codec libraries are dependencies; registering them here means every reader of a
     # sub-batch (RabbitMQ Deliver decode, Spark, dump) understands every codec a client can send.
+    global _ZSTD, _LZ4F, _CRAMJAM
     try:
         import zstandard
-        _zd = zstandard.ZstdDecompressor()
-        register_codec(COMPRESSION_ZSTD, lambda b, n: _zd.decompress(b, max_output_size=n))
+        _ZSTD = zstandard.ZstdDecompressor()
+        register_codec(COMPRESSION_ZSTD, _zstd_pieces)
     except ImportError:  # pragma: no cover - dependency missing
         pass
     try:
         import lz4.frame
-        register_codec(COMPRESSION_LZ4, lambda b, n: lz4.frame.decompress(b))
+        _LZ4F = lz4.frame
+        register_codec(COMPRESSION_LZ4, _lz4_pieces)
     except ImportError:  # pragma: no cover
         pass
     try:
         import cramjam
-        # Java and rbfly use framed snappy (xerial / snappy-java framing is also "framed" in cramjam).
-        register_codec(COMPRESSION_SNAPPY, _snappy_decompress)
+        _CRAMJAM = cramjam
+        register_codec(COMPRESSION_SNAPPY, _snappy_pieces)
     except ImportError:  # pragma: no cover
         pass
-
-
-def _snappy_decompress(body, uncompressed_size):
-    import cramjam
-    try:
-        return bytes(cramjam.snappy.decompress(body))
-    except Exception:
-        return bytes(cramjam.snappy.decompress_raw(body))
 
 
 _register_optional_codecs()

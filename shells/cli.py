@@ -60,6 +60,7 @@ async def run_server(cfg, stop=None, started=None):
     from riverbed.engine import Engine
     from riverbed.shells.auth import Authenticator
     from riverbed.shells.broker import Broker
+    from riverbed.shells.broker import limits as _limits
     from riverbed.shells import tls as _tls
 
     tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
@@ -71,8 +72,10 @@ async def run_server(cfg, stop=None, started=None):
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
+    limits = _limits.configure(_limits.Limits.from_config(cfg))   # before the broker: it reads them
     broker = Broker(engine, post=loop.call_soon_threadsafe, post_local=loop.call_soon, auth=auth,
                     data_dir=cfg.data_dir)
+    broker.set_limits(limits)
     listeners = []
     try:
         for key, name, module in SHELLS:

@@ -89,6 +89,25 @@ def _positive_float_or_off(value):
     return _positive_float(value)
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20,
+               "mib": 1 << 20, "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30}
+
+
+def parse_size(value):
+    """A positive byte count: an int, or a string such as ``65536``, ``64KiB``, ``16MiB``, ``1GiB``
+    (k/m/g and kb/mb/gb are binary units too)."""
+    if isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, str):
+        v = value.strip().lower().replace("_", "")
+        num = v.rstrip("abcdefghijklmnopqrstuvwxyz ")
+        unit = v[len(num):].strip()
+        if unit not in _SIZE_UNITS or not num:
+            raise ValueError(f"{value!r} is not a size (bytes, or with KiB/MiB/GiB)")
+        value = int(float(num) * _SIZE_UNITS[unit])
+    return _positive_int(value)
+
+
 def _non_negative_int(value):
     v = int(value)
     if v < 0:
@@ -122,7 +141,7 @@ OPTIONS = [
     Option("zmq_hwm", _non_negative_int, 1000, "ZeroMQ: high-water mark, messages queued per peer and direction",
            "MESSAGES"),
     Option("ws_port", parse_port, 8890, "WebSocket JSON (Streamr v28) port (default 8890; 0 = any free; off)", "PORT"),
-    Option("ws_max_frame", _positive_int, 1 << 20,
+    Option("ws_max_frame", parse_size, 1 << 20,
            "WebSocket JSON: largest client frame, bytes; bigger ones close the connection (1009)", "BYTES"),
     Option("ws_send_buffer", _positive_int, 16 << 20,
            "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
@@ -130,7 +149,7 @@ OPTIONS = [
     Option("text_user", _opt_str, None, "user the REAM text listener acts as (required with --users)", "NAME"),
     Option("text_keepalive", _positive_float_or_off, None,
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
-    Option("text_max_payload", _positive_int, 4 << 20, "REAM: largest payload a request may declare, bytes "
+    Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
@@ -154,6 +173,26 @@ OPTIONS = [
     Option("handshake_timeout", _positive_float, 10.0, "seconds a new connection has to complete Open",
            "SECONDS"),
     Option("log_level", str, "info", "debug, info, warning or error", "LEVEL"),
+    # the named limits (riverbed.shells.broker.limits.Limits; README "Limits"): sizes take 64KiB, 16MiB, ...
+    Option("max_frame_size", parse_size, 64 << 20, "RabbitMQ Stream: largest Publish frame, bytes (default "
+           "64MiB; other commands are held to the negotiated frame_max)", "BYTES"),
+    Option("max_decompressed_size", parse_size, 64 << 20, "RabbitMQ Stream: largest uncompressed size of a "
+           "sub-batch; decompression stops there (default 64MiB)", "BYTES"),
+    Option("max_decompression_ratio", _positive_int, 200, "RabbitMQ Stream: a sub-batch may declare at most "
+           "this many times its compressed size, above 1MiB (default 200)", "RATIO"),
+    Option("max_entries_per_frame", _positive_int, 65536, "RabbitMQ Stream: messages in one Publish frame "
+           "(default 65536)", "COUNT"),
+    Option("max_pending_bytes", parse_size, 32 << 20, "per connection: uncommitted published bytes before "
+           "the server stops reading it (default 32MiB)", "BYTES"),
+    Option("max_inflight_bytes", parse_size, 256 << 20, "broker-wide: uncommitted published bytes of every "
+           "connection together before publishers are paused (default 256MiB)", "BYTES"),
+    Option("bson_max_frame", parse_size, 16 << 20, "BSON/TCP: largest frame, bytes (default 16MiB)", "BYTES"),
+    Option("zmq_max_message", parse_size, 16 << 20, "ZeroMQ: largest message part, bytes (ZMQ_MAXMSGSIZE; "
+           "default 16MiB)", "BYTES"),
+    Option("zmq_max_parts", _positive_int, 64, "ZeroMQ: parts of one multipart message (default 64)", "COUNT"),
+    Option("http_max_body", parse_size, 16 << 20, "HTTP and WebSocket REST: largest request body (default 16MiB)",
+           "BYTES"),
+    Option("text_max_line", parse_size, 64 << 10, "REAM text: longest request line (default 64KiB)", "BYTES"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 ENV_PREFIX = "RIVERBED_"

@@ -46,6 +46,7 @@ from riverbed.engine import stats as _engine_stats
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import BrokerStats
 
 log = logging.getLogger("riverbed.broker")
@@ -96,6 +97,8 @@ class Broker:
         self.extensions = {}       # per-protocol state shared by that protocol's listeners (by name)
         self._create_hooks = []    # fn(stream) run when a stream is created, before sessions hear of it
         self.stats = BrokerStats()     # counters for GET /metrics (stats.py)
+        self.limits = _limits.current()     # the named limits in force (limits.py); see set_limits
+        self.inflight = _limits.InflightBudget(self.limits.max_inflight_bytes)   # broker-wide memory budget
         self._delete_hooks.append(self.stats.forget_stream)
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
@@ -103,6 +106,13 @@ class Broker:
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
             self._import_legacy_super_streams(os.path.join(data_dir, LEGACY_SUPER_STREAMS_FILE))
+
+    def set_limits(self, limits):
+        """Use ``limits`` (a :class:`~riverbed.shells.broker.limits.Limits`) for connections and
+        listeners started from now on, and size the in-flight budget to it. Call before listeners start."""
+        self.limits = limits
+        self.inflight.limit = limits.max_inflight_bytes
+        self.inflight.low = limits.max_inflight_bytes // 2
 
     def close(self):
         """Stop delivering engine completions (the process is stopping)."""
@@ -192,6 +202,18 @@ class Broker:
 
     def unregister(self, session):
         self.sessions.discard(session)
+        self.inflight.cancel(session)
+
+    def hold_if_over_budget(self, session, pause, resume):
+        """Back-pressure of the broker-wide in-flight budget, for a session that just handed appends on:
+        when the budget is exceeded, ``pause()`` (stop reading the client) now and ``resume()`` once
+        in-flight bytes are back at the low mark (sessions resume in the order they paused). Returns
+        whether it paused. A session that unregisters meanwhile is never resumed. Loop thread."""
+        if not self.inflight.over():
+            return False
+        pause()
+        self.inflight.wait(session, resume)
+        return True
 
     def connections(self):
         """``connection_info()`` of every live connection that has one."""
@@ -501,7 +523,7 @@ class Broker:
         ``num_records``, when given, must be exact."""
         self._appended(lambda on_done: self.engine.append_entries(
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
-            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb)
+            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
         """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
@@ -509,12 +531,13 @@ class Broker:
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb)
+            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk))
 
     def append_records(self, stream, records, cb):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""
-        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb)
+        self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb,
+                       sum(map(len, records)))
 
     def append_or_create(self, stream, records, cb):
         """Append ``records`` as :meth:`append_records` does, creating ``stream`` with default arguments
@@ -534,7 +557,16 @@ class Broker:
                 self.append_records(stream, records, cb)
         self.ensure_stream(stream, ready)
 
-    def _appended(self, submit, stream, publisher, cb):
+    def _appended(self, submit, stream, publisher, cb, size):
+        # every append counts against the broker-wide in-flight budget until it completes, whoever asked
+        # for it and whether or not that connection is still there (sessions check inflight.over())
+        budget = self.inflight
+        budget.acquire(size)
+        counted = cb
+
+        def cb(res, exc):
+            budget.release(size)
+            counted(res, exc)
         # a named publisher's in-flight appends hold back QueryPublisherSequence (read-your-writes)
         key = (stream, publisher) if publisher else None
         if key is not None:

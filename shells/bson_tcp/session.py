@@ -30,7 +30,7 @@ Behaviour where the protocol leaves a choice:
 import logging
 
 from riverbed.engine import OffsetSpec, core
-from riverbed.engine.errors import FrameError, InvalidArgument, RiverbedError, StreamNotFound
+from riverbed.engine.errors import FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StreamNotFound
 from riverbed.engine.predicate import from_mongo
 from riverbed.engine.record import CT_BSON, encode_record
 from riverbed.shells import auth as _auth
@@ -38,8 +38,10 @@ from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
 from riverbed.shells.bson_tcp.queries import Matcher, Subscription
 from riverbed.shells.broker import READ, WRITE
+from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
+LISTENER = "bson"       # the listener label of riverbed_rejected_total
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
 PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
@@ -90,6 +92,8 @@ class BsonSession(AdminCommands):
         self._shutting_down = False
         self._writable = {}           # channel -> whether this connection's user may write to it
         self._now_ms = None           # wall clock (ms) read once per data_received, for PUB records
+        self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
+        self._budget_paused = False     # reading paused by the broker-wide in-flight budget
         broker.register(self)
 
     # ------------------------------------------------------------------------------------ input
@@ -98,6 +102,7 @@ class BsonSession(AdminCommands):
         if self.state == ST_CLOSED:
             return
         self.last_recv = self.broker.clock()
+        inflight_before = self.broker.inflight.used
         buf = self._buf
         if buf:
             buf += data
@@ -105,10 +110,12 @@ class BsonSession(AdminCommands):
         else:
             src = data
         bad = None
+        max_frame = self.limits.bson_max_frame
         try:
-            frames, used = core.split_bson_frames(src, c.MAX_FRAME)
+            # a declared length over the limit is refused as soon as its 4 bytes are in, before buffering
+            frames, used = core.split_bson_frames(src, max_frame)
         except FrameError as e:
-            frames, used = self._split_until_bad(src)
+            frames, used = self._split_until_bad(src, max_frame)
             bad = e
         if src is buf:
             del buf[:used]
@@ -120,20 +127,27 @@ class BsonSession(AdminCommands):
                 return
         self._now_ms = None
         self._send_batch()
+        if self.broker.inflight.used > inflight_before and not self._budget_paused:
+            # this read published: past the broker's budget, reading stops until it is back at its low mark
+            # (a connection that only reads or pings is never held)
+            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
         if bad is not None:
-            log.warning("%s: bad frame length: %s; closing", self.peer, bad)
+            if isinstance(bad, FrameTooLarge):
+                _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(bad), self.peer)
+            else:
+                log.warning("%s: bad frame length: %s; closing", self.peer, bad)
             self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, f"bad frame: {bad}")
             return
         self._flush()
 
     @staticmethod
-    def _split_until_bad(src):
+    def _split_until_bad(src, max_frame):
         # the frames before the one with a bad length are still served, in order
         mv = memoryview(src)
         pos, frames = 0, []
         while len(mv) - pos >= 4:
             n = int.from_bytes(mv[pos:pos + 4], "little", signed=True)
-            if n < c.MIN_FRAME or n > c.MAX_FRAME or len(mv) - pos < n:
+            if n < c.MIN_FRAME or n > max_frame or len(mv) - pos < n:
                 break
             frames.append(bytes(mv[pos:pos + n]))
             pos += n
@@ -231,8 +245,17 @@ class BsonSession(AdminCommands):
             q.pump()
         self._flush()
 
+    def _budget_pause(self):
+        self._budget_paused = True
+        self._update_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self.state != ST_CLOSED:
+            self._update_reading()
+
     def _update_reading(self):
-        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH
+        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH or self._budget_paused
         if want and not self._read_paused:
             self._read_paused = True
             self.io.pause_reading()

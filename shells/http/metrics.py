@@ -27,6 +27,11 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
                                                        ZeroMQ messages
     riverbed_listener_received_bytes_total{listener}   bytes of TCP reads
     riverbed_listener_errors_total{listener,kind}      internal, transport, refused, websocket
+    riverbed_rejected_total{listener,reason}           requests refused by a named limit (limits.py)
+    riverbed_inflight_bytes                            published bytes not yet committed, all connections
+    riverbed_inflight_budget_bytes                     the broker-wide budget (--max-inflight-bytes)
+    riverbed_inflight_peak_bytes                       the most in flight at once since the start
+    riverbed_inflight_paused_total                     times a publisher was paused by that budget
     riverbed_engine_writer_up                          1 while the writer thread runs
     riverbed_engine_group_commits_total
     riverbed_engine_operations_total                   operations applied by group commits
@@ -52,6 +57,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import READ
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.http.auth import EVERYTHING, require_user
 from riverbed.shells.http.health import ACCEPTING, listener_state
 from riverbed.shells.http.server import BROKER
@@ -151,6 +157,21 @@ class BrokerCollector:
             for kind, n in sorted(st.errors.items()):
                 errors.add_metric([name, kind], n)
         yield from (opened, accepted, reads, received, errors)
+        rejected = CounterMetricFamily("riverbed_rejected", "Requests refused by a named limit, by reason.",
+                                       labels=("listener", "reason"))
+        for (name, reason), n in sorted(_limits.rejected().items()):
+            rejected.add_metric([name, reason], n)
+        yield rejected
+        budget = getattr(self.broker, "inflight", None)
+        if budget is not None:
+            yield GaugeMetricFamily("riverbed_inflight_bytes", "Published bytes read and not yet committed, "
+                                    "every connection together.", value=budget.used)
+            yield GaugeMetricFamily("riverbed_inflight_budget_bytes", "The broker-wide in-flight budget.",
+                                    value=budget.limit)
+            yield GaugeMetricFamily("riverbed_inflight_peak_bytes", "The most published bytes in flight at "
+                                    "once since the server started.", value=budget.peak)
+            yield CounterMetricFamily("riverbed_inflight_paused", "Times a publisher was paused by the "
+                                      "in-flight budget.", value=budget.paused_total)
 
     def _engine(self):
         broker = self.broker

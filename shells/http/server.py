@@ -19,6 +19,7 @@ import json
 from aiohttp import hdrs, web
 
 from riverbed.shells import tls as _tls
+from riverbed.shells.broker import limits as _limits
 
 DEFAULT_PORT = 15692            # RabbitMQ's Prometheus port; the management API shares the listener here
 SHUTDOWN_TIMEOUT = 2.0          # seconds running requests get to finish at shutdown
@@ -54,9 +55,30 @@ async def _json_errors(request, handler):
         return web.json_response({"error": e.reason, "reason": e.reason}, status=e.status, headers=headers)
 
 
+def body_limit(listener, max_size):
+    """An aiohttp middleware refusing request bodies over ``max_size`` bytes with 413 before the handler
+    reads them (a declared Content-Length), or when reading passes it (chunked: aiohttp's
+    ``client_max_size``, which the application must be given the same value); each refusal is counted in
+    ``riverbed_rejected_total{listener,reason="frame_size"}``."""
+    @web.middleware
+    async def _body_limit(request, handler):
+        n = request.content_length
+        if n is not None and n > max_size:
+            _limits.reject(listener, _limits.REASON_FRAME_SIZE, f"request body of {n} bytes is over "
+                           f"{max_size}", request.remote)
+            raise web.HTTPRequestEntityTooLarge(max_size=max_size, actual_size=n)
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            _limits.reject(listener, _limits.REASON_FRAME_SIZE, f"request body over {max_size}", request.remote)
+            raise
+    return _body_limit
+
+
 def build_app(broker, config=None, features=FEATURES):
     """The aiohttp application with every feature's routes."""
-    app = web.Application(middlewares=[_json_errors])
+    max_body = getattr(broker, "limits", _limits.DEFAULT).http_max_body
+    app = web.Application(middlewares=[body_limit("http", max_body), _json_errors], client_max_size=max_body)
     app[BROKER] = broker
     app[CONFIG] = config
     for name in features:

@@ -26,6 +26,7 @@ import logging
 from collections import deque
 
 from riverbed.engine.errors import RiverbedError
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text import expr as X
 from riverbed.shells.ream_text.codec import (
@@ -36,6 +37,7 @@ from riverbed.shells.ream_text.documents import DocumentRequests
 from riverbed.shells.ream_text.events import EventRequests
 
 log = logging.getLogger("riverbed.ream")
+LISTENER = "text"      # the listener label of riverbed_rejected_total
 
 MAX_QUEUED = 8192        # reply slots a connection may have outstanding before its reading pauses
 RESUME_QUEUED = 2048
@@ -85,6 +87,7 @@ class ReamSession(EventRequests, DocumentRequests):
         self.pending_writes = 0         # writes in flight that later reads must see
         self.queue = deque()            # (kind, fn): requests waiting for the ones before them (ordering)
         self._input_paused = False      # too many replies queued, or the transport is full
+        self._budget_paused = False     # the broker-wide in-flight budget is exceeded
         self._transport_paused = False
         self._stop_reading = False      # shutdown/close: input is ignored from now on
         self._close_after_flush = False
@@ -254,9 +257,19 @@ class ReamSession(EventRequests, DocumentRequests):
             self._end_sub(sub)
         self.io.close()
 
+    def _budget_pause(self):
+        self._budget_paused = True
+        if not self._input_paused:
+            self._input_paused = True
+            self.io.pause_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        self._maybe_resume_input()
+
     def _maybe_resume_input(self):
         if self._input_paused and not self._transport_paused and len(self.out) <= RESUME_QUEUED \
-                and not self._stop_reading:
+                and not self._stop_reading and not self._budget_paused:
             self._input_paused = False
             self.io.resume_reading()
             self.io.defer(self._process)
@@ -267,13 +280,18 @@ class ReamSession(EventRequests, DocumentRequests):
         buf = self.buf
         pos = 0
         n = len(buf)
+        budget = self.broker.inflight
+        inflight_before = budget.used
         try:
             while pos < n and not self._stop_reading:
-                if len(self.out) > MAX_QUEUED or self._transport_paused:
+                if len(self.out) > MAX_QUEUED or self._transport_paused or self._budget_paused:
                     if not self._input_paused:
                         self._input_paused = True
                         self.io.pause_reading()
                     break
+                if budget.used > inflight_before and \
+                        self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                    break       # this connection published: it waits until the broker is back at its low mark
                 nl = buf.find(b"\n", pos)
                 req = self.req
                 if req is not None:
@@ -289,8 +307,11 @@ class ReamSession(EventRequests, DocumentRequests):
                     pos = nl + 1
                     continue
                 if nl < 0:
-                    if n - pos > C.MAX_LINE:
-                        self._push(C.error_line(f"Request line longer than {C.MAX_LINE} bytes"))
+                    max_line = self.shell.broker.limits.text_max_line
+                    if n - pos > max_line:
+                        _limits.reject(LISTENER, _limits.REASON_STRING_LENGTH, f"request line over {max_line} "
+                                       "bytes", self.peer)
+                        self._push(C.error_line(f"Request line longer than {max_line} bytes"))
                         self._close_when_flushed()
                     break
                 raw = bytes(buf[pos:nl])
@@ -357,6 +378,7 @@ class ReamSession(EventRequests, DocumentRequests):
                 self._refuse(req, usage_error(key).reason)
                 return
             if size > self.shell.max_payload:
+                _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, f"{size} bytes declared", self.peer)
                 self._refuse(req, f"Message too large: {size} bytes declared, the limit is "
                                   f"{self.shell.max_payload}")
                 self._close_when_flushed()   # never wait for (or buffer) such a body

@@ -12,10 +12,11 @@ from riverbed.engine.errors import (
     ChunkError, InvalidArgument, StreamExists, StreamNotFound, UnsupportedCompression,
 )
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREDIT, CMD_DELIVER, CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT,
     CMD_METADATA, CMD_METADATA_UPDATE, CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_STREAM_STATS, CMD_TUNE,
-    LEN_KEY_VERSION, LEN_PUBLISH_HEAD, MAX_UNCOMPRESSED_SUB_BATCH, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
+    LEN_KEY_VERSION, LEN_PUBLISH_HEAD, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
     OFFSET_TYPE_NEXT, OFFSET_TYPE_NONE, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, RC_AUTHENTICATION_FAILURE,
     RC_INTERNAL_ERROR, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_AUTHENTICATION_FAILURE_LOOPBACK, RC_SASL_ERROR,
     RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST, RESPONSE,
@@ -264,34 +265,78 @@ def decode_publish(payload, version):
     return PublishBatch(publisher_id, ids, parts, filters, subs)
 
 
-def check_sub_batch(flags, nrec, usize, body):
-    """Return None if a sub-batch entry is readable by consumers, else the reason. Compressed bodies are
-    decompressed once here so a corrupt or unsupported batch is refused at publish time instead of
-    breaking every consumer later."""
+class Refusal(str):
+    """Why a sub-batch is refused (the text, for the log), with ``reason``: the
+    :mod:`~riverbed.shells.broker.limits` reason label when a named limit refused it, else None (a
+    corrupt or unsupported sub-batch)."""
+
+    reason = None
+
+    @classmethod
+    def by_limit(cls, reason, text):
+        r = cls(text)
+        r.reason = reason
+        return r
+
+
+def check_sub_batch(flags, nrec, usize, body, limits=None):
+    """Return None if a sub-batch entry is readable by consumers, else a :class:`Refusal`. A corrupt or
+    unsupported batch is refused at publish time instead of breaking every consumer later.
+
+    Bounded before and during the work (``limits``, default :func:`riverbed.shells.broker.limits.current`):
+    the declared size is checked against ``max_decompressed_size`` and the ratio cap before anything is
+    decompressed; decompression is streamed, each piece walked and dropped (entries are counted, never
+    collected), and it stops as soon as the output passes the declared size or the walk passes the
+    declared record count. So a bomb costs at most one piece of memory and the declared size of work."""
+    lim = limits if limits is not None else _limits.current()
     code = (flags >> 4) & 0x7
     if flags & 0x0F:
-        return "reserved bits set in the sub-batch flags"
-    if usize > MAX_UNCOMPRESSED_SUB_BATCH:
-        return f"sub-batch of {usize} uncompressed bytes is over {MAX_UNCOMPRESSED_SUB_BATCH}"
+        return Refusal("reserved bits set in the sub-batch flags")
+    if usize > lim.max_decompressed_size:
+        return Refusal.by_limit(_limits.REASON_DECOMPRESSED_SIZE, f"sub-batch of {usize} uncompressed bytes "
+                                f"is over max_decompressed_size {lim.max_decompressed_size}")
     if code == fmt.COMPRESSION_NONE:
         if usize != len(body):
-            return "uncompressed sub-batch sizes disagree"
-        inner = body
-    elif code in fmt.SUB_BATCH_CODECS:
-        try:
-            inner = fmt.decompress(code, body, usize)
-        except UnsupportedCompression:
-            return f"compression type {code} is not supported"
-        except Exception as e:  # every codec library raises its own error type
-            return f"sub-batch does not decompress ({type(e).__name__})"
-    else:
-        return f"compression type {code} is not supported"
+            return Refusal("uncompressed sub-batch sizes disagree")
+    elif code not in fmt.SUB_BATCH_CODECS:
+        return Refusal(f"compression type {code} is not supported")
+    elif usize > lim.sub_batch_cap(len(body)):
+        return Refusal.by_limit(_limits.REASON_DECOMPRESSION_RATIO, f"sub-batch of {len(body)} bytes declares "
+                                f"{usize} uncompressed, over max_decompression_ratio {lim.max_decompression_ratio}")
+    total = records = skip = 0
+    carry = b""
     try:
-        ends, counts = core.scan_entries(inner)
+        for piece in fmt.iter_decompress(code, body, usize):
+            total += len(piece)
+            if skip >= len(piece):            # inside one entry's body: nothing to walk here
+                skip -= len(piece)
+                continue
+            if carry:                         # an entry header was cut by the end of the last piece
+                piece = carry + bytes(piece)
+            count, pos = core.walk_simple_entries(piece, skip, nrec - records + 1)
+            records += count
+            if records > nrec:
+                return Refusal.by_limit(_limits.REASON_ENTRIES,
+                                        f"sub-batch holds more than the {nrec} records its header says")
+            if pos >= len(piece):
+                skip, carry = pos - len(piece), b""
+            else:
+                skip, carry = 0, bytes(piece[pos:])
+    except fmt.DecompressionLimit:
+        return Refusal.by_limit(_limits.REASON_DECOMPRESSED_SIZE,
+                                f"sub-batch inflates past the {usize} bytes its header declares")
+    except UnsupportedCompression:
+        return Refusal(f"compression type {code} is not supported")
     except ChunkError as e:
-        return f"sub-batch body: {e}"
-    if len(ends) != nrec or any(c != 1 for c in counts):
-        return f"sub-batch holds {len(ends)} simple entries, header says {nrec}"
+        return Refusal(f"sub-batch body: {e}")
+    except Exception as e:  # every codec library raises its own error type
+        return Refusal(f"sub-batch does not decompress ({type(e).__name__})")
+    if total != usize:
+        return Refusal(f"sub-batch decompressed to {total} bytes, header says {usize}")
+    if skip or carry:
+        return Refusal("sub-batch body: the last entry overruns the body")
+    if records != nrec:
+        return Refusal(f"sub-batch holds {records} simple entries, header says {nrec}")
     return None
 
 

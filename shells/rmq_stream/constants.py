@@ -75,9 +75,9 @@ LEN_PUBLISH_HEAD = 9               # key, version, publisher id u8, count i32 (o
 INITIAL_FRAME_MAX = 8192           # bytes accepted per frame until Open succeeds (RabbitMQ 2026-07)
 DEFAULT_FRAME_MAX = 1048576        # advertised in Tune, bytes
 DEFAULT_HEARTBEAT = 60             # advertised in Tune, seconds
-MAX_PUBLISH_FRAME = 64 << 20       # hard cap for Publish frames after Open: rstream's send_batch does not
-                                   # split batches by frame_max, RabbitMQ stores them anyway
-MAX_UNCOMPRESSED_SUB_BATCH = 64 << 20   # RabbitMQ's max_uncompressed_sub_entry_batch_size
+# The Publish frame cap after Open (rstream's send_batch does not split batches by frame_max, RabbitMQ
+# stores them anyway), the sub-batch limits and the per-connection pending bytes are named limits:
+# riverbed.shells.broker.limits.Limits (max_frame_size, max_decompressed_size, max_pending_bytes, ...).
 MAX_REFERENCE = 255                # bytes of UTF-8 in a publisher/consumer reference (the engine's limit;
                                    # the protocol says 256 characters)
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0   # seconds from accept to a successful Open
@@ -86,11 +86,9 @@ AUTH_FAILURE_DELAY = 3.0           # seconds a refused SaslAuthenticate (0x08) o
 SAC_STEP_DOWN_TIMEOUT = 5.0        # seconds a consumer told to step down may take to answer; then the group
                                    # moves on without it (rstream 0.20 leaves some step-downs unanswered)
 
-# Publish flow control: stop reading a connection while this many bytes of its appends are not yet
-# committed, resume below the low mark (RabbitMQ blocks on "publisher credits" the same way).
-PUBLISH_INFLIGHT_HIGH = 32 << 20
-PUBLISH_INFLIGHT_LOW = 8 << 20
-# Same for the number of engine operations in flight (a flood of StoreOffset has no replies to throttle it).
+# Publish flow control: a connection is not read while max_pending_bytes (limits.py) of its appends are
+# not yet committed, nor while this many of its engine operations are in flight (a flood of StoreOffset
+# has no replies to throttle it).
 PENDING_OPS_HIGH = 10000
 PENDING_OPS_LOW = 2500
 

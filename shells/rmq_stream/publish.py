@@ -13,17 +13,19 @@ from riverbed.engine import PublishingIds, core
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import FrameError
 from riverbed.shells.broker import WRITE
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
     _CONFIRM_HEAD, _U64, DecodeError, Reader, check_sub_batch, decode_publish, encode_publish_confirm,
     encode_publish_error, response_code_for,
 )
 from riverbed.shells.rmq_stream.constants import (
     CMD_DECLARE_PUBLISHER, CMD_DELETE_PUBLISHER, CMD_PUBLISH_CONFIRM, CMD_QUERY_PUBLISHER_SEQUENCE, MAX_REFERENCE,
-    PUBLISH_INFLIGHT_HIGH, RC_ACCESS_REFUSED, RC_INTERNAL_ERROR, RC_NO_OFFSET, RC_OK, RC_PRECONDITION_FAILED,
+    RC_ACCESS_REFUSED, RC_INTERNAL_ERROR, RC_NO_OFFSET, RC_OK, RC_PRECONDITION_FAILED,
     RC_PUBLISHER_DOES_NOT_EXIST, RC_STREAM_DOES_NOT_EXIST,
 )
 
 log = logging.getLogger("riverbed.rmq")
+LISTENER = "rabbitmq-stream"       # the listener label of riverbed_rejected_total
 
 
 class Publisher:
@@ -121,16 +123,20 @@ class PublishCommands:
             return
         if subs:
             mv = memoryview(f)
-            if any(check_sub_batch(flags, nrec, usize, mv[a:b]) is not None for _, flags, nrec, usize, a, b in subs):
+            lim = self.limits
+            bad = {}
+            for idx, flags, nrec, usize, a, b in subs:
+                why = check_sub_batch(flags, nrec, usize, mv[a:b], lim)
+                if why is not None:
+                    bad[idx] = why
+            if bad:
                 # rare: the general path drops the refused sub-batches and reports why
-                self._publish_batch(decode_publish(f, 1))
+                self._publish_batch(decode_publish(f, 1), bad)
                 return
         size = len(chunk) - fmt.LEN_CHUNK_HEADER
-        self._inflight_bytes += size
         ids = PublishingIds(raw_ids, first, last, increasing)
 
         def done(result, exc):
-            self._inflight_bytes -= size
             if exc is None:
                 self._send_confirm(publisher_id, count, raw_ids)
             else:
@@ -141,9 +147,8 @@ class PublishCommands:
 
         # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut
         self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
-                                 self._later(done), count, records, crc_done=False)
-        if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
-            self._update_reading()
+                                 self._inflight(size, done), count, records, crc_done=False)
+        self._check_inflight()
 
     def _send_confirm(self, publisher_id, count, raw_ids):
         """Queue a confirm of ``count`` ids (``raw_ids``: their 8-byte big-endian bytes as they came).
@@ -177,8 +182,9 @@ class PublishCommands:
         self._confirms.clear()
         return done
 
-    def _publish_batch(self, batch):
-        """Publish v2, and v1 frames the fast path hands over (refused sub-batches, unknown publisher)."""
+    def _publish_batch(self, batch, refused=None):
+        """Publish v2, and v1 frames the fast path hands over (refused sub-batches, unknown publisher).
+        ``refused``: entry index -> Refusal, when the fast path already checked the sub-batches."""
         pub = self.publishers.get(batch.publisher_id)
         ids = batch.ids
         if pub is None or pub.stream_gone:
@@ -192,14 +198,20 @@ class PublishCommands:
         if batch.sub_batches:
             bad = {}
             for idx, flags, nrec, usize, body in batch.sub_batches:
-                why = check_sub_batch(flags, nrec, usize, body)
+                why = refused.get(idx) if refused is not None else check_sub_batch(flags, nrec, usize, body,
+                                                                                   self.limits)
                 if why is not None:
                     bad[idx] = why
                 else:
                     records += nrec - 1
             if bad:
-                log.warning("%s: refusing %d sub-batch(es) from publisher %d: %s", self.peer, len(bad),
-                            batch.publisher_id, next(iter(bad.values())))
+                first = next(iter(bad.values()))
+                for why in bad.values():
+                    if why.reason is not None:      # a named limit: counted in /metrics, logged there
+                        _limits.reject(LISTENER, why.reason, why, self.peer)
+                if first.reason is None:
+                    log.warning("%s: refusing %d sub-batch(es) from publisher %d: %s", self.peer, len(bad),
+                                batch.publisher_id, first)
                 self._send(encode_publish_error(batch.publisher_id,
                                                 [(ids[i], RC_PRECONDITION_FAILED) for i in sorted(bad)]))
                 keep = [i for i in range(len(ids)) if i not in bad]
@@ -210,11 +222,9 @@ class PublishCommands:
             return
         data = b"".join(parts)
         size = len(data)
-        self._inflight_bytes += size
         publisher_id = batch.publisher_id
 
         def done(result, exc):
-            self._inflight_bytes -= size
             if exc is None:
                 self._send(encode_publish_confirm(publisher_id, ids))
             else:
@@ -226,8 +236,7 @@ class PublishCommands:
         # the entry and record counts are exact (every entry was parsed and every sub-batch checked),
         # which spares the writer a walk over the data section
         self.broker.append(pub.stream, data, ids if pub.reference else None, pub.reference, filters,
-                           self._later(done), len(ids), records)
-        if self._inflight_bytes > PUBLISH_INFLIGHT_HIGH:
-            self._update_reading()
+                           self._inflight(size, done), len(ids), records)
+        self._check_inflight()
 
     # ------------------------------------------------------------------------------------- consuming

@@ -11,7 +11,8 @@ stream administration and the dispatch table.
 Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
 
 * Limits: 8 KiB frames until Open, then the negotiated frame_max, except Publish, which may be up to
-  ``MAX_PUBLISH_FRAME`` (64 MiB). Over the cap: Close 0x0e. Unknown key or version, or a body that does
+  ``max_frame_size`` (limits.py; 64 MiB) with at most ``max_entries_per_frame`` messages. Over a cap:
+  Close 0x0e, counted in ``riverbed_rejected_total``. Unknown key or version, or a body that does
   not parse: Close 0x0d. A command that needs authentication (or Open) before it: Close 0x10.
 * Authentication failures: wrong credentials (0x08) and an unknown virtual host (Open 0x0c) are answered
   after ``auth_failure_delay`` (3 s) and the socket closes; 0x0b (loopback only) and 0x09 (SASL error)
@@ -19,7 +20,8 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
   try. A re-authentication after Open that fails, changes the user (0x15) or the mechanism (0x14) ends
   the connection the same delayed way.
 * How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error.
-* Flow control: a connection stops being read while 32 MiB of its appends are uncommitted, while 10,000
+* Flow control: a connection stops being read while ``max_pending_bytes`` (32 MiB) of its appends are
+  uncommitted, while the broker-wide in-flight budget is exceeded, while 10,000
   of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
   consumer that does not read, or a peer that does not read its replies, costs bounded memory).
 * Delete and DeleteSuperStream are answered before the MetadataUpdate of the deleted streams goes out
@@ -63,8 +65,9 @@ import logging
 from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
-    _AUTH_CODES, _KEY_VERSION, _U32, DecodeError, Reader, enc_properties, enc_strings, encode_close,
+    _AUTH_CODES, _I32, _KEY_VERSION, _U32, DecodeError, Reader, enc_properties, enc_strings, encode_close,
     encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
     encode_stream_stats, encode_tune, response, response_code_for,
 )
@@ -74,17 +77,18 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
-    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_SIZE, MAX_PUBLISH_FRAME, PENDING_OPS_HIGH,
-    PENDING_OPS_LOW, PUBLISH_INFLIGHT_HIGH, PUBLISH_INFLIGHT_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE,
-    RC_FRAME_TOO_LARGE, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM,
-    RC_SASL_CANNOT_CHANGE_USERNAME, RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS,
-    RC_STREAM_DOES_NOT_EXIST, RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
+    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_PUBLISH_HEAD, LEN_SIZE, PENDING_OPS_HIGH,
+    PENDING_OPS_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE, RC_FRAME_TOO_LARGE, RC_OK,
+    RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
+    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
+    RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
     SAC_ACTIVE, SAC_NONE, SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
 )
 from riverbed.shells.rmq_stream.consume import ConsumeCommands
 from riverbed.shells.rmq_stream.publish import PublishCommands
 
 log = logging.getLogger("riverbed.rmq")
+LISTENER = "rabbitmq-stream"       # the listener label of riverbed_rejected_total
 
 # rabbit_stream_utils:consumer_activity_status/2: a plain consumer is "up", a single active one "single_active"
 # while it delivers and "waiting" otherwise
@@ -141,6 +145,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self._read_paused = False
         self._shutting_down = False
         self._inflight_bytes = 0        # Publish data handed to the engine and not committed yet
+        self._budget_paused = False     # reading paused by the broker-wide in-flight budget
+        self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
         self.pending_ops = 0            # engine operations of this connection not completed yet
         self._close_deadline = None
         self._held = None               # the refusal sent when a delayed close (_refuse_and_close) is due
@@ -196,7 +202,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         while len(mv) - pos >= LEN_SIZE:
             n = _U32.unpack_from(mv, pos)[0]
             if n > self._max_frame:
-                self._fatal(RC_FRAME_TOO_LARGE, f"frame of {n} bytes is over the {self._max_frame}-byte limit")
+                self._refuse_frame(_limits.REASON_FRAME_SIZE, f"frame of {n} bytes is over the "
+                                   f"{self._max_frame}-byte limit")
                 return None, 0
             if len(mv) - pos - LEN_SIZE < n:
                 break
@@ -258,13 +265,41 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             sub.tail.resume()
         self._flush()
 
+    def _inflight(self, size, done):
+        """``done`` wrapped as ``_later`` does, with ``size`` bytes counted against this connection
+        (``max_pending_bytes``) until the append completes (the broker counts every append against the
+        broker-wide budget itself)."""
+        self._inflight_bytes += size
+        run = self._later(done)
+
+        def complete(*args):
+            self._inflight_bytes -= size
+            run(*args)
+        return complete
+
+    def _check_inflight(self):
+        """After handing on an append: pause reading past this connection's bound or the broker's."""
+        if self.broker.inflight.over() and not self._budget_paused:
+            # back-pressure through TCP: resumed (in turn with the others) once the broker is at its low mark
+            self._budget_paused = True
+            self.broker.inflight.wait(self, self._budget_resume)
+            self._update_reading()
+        elif self._inflight_bytes > self.limits.max_pending_bytes:
+            self._update_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self.state < ST_CLOSED:
+            self._update_reading()
+
     def _update_reading(self):
-        want_pause = self._write_paused or self._shutting_down or self._inflight_bytes > PUBLISH_INFLIGHT_HIGH \
-            or self.pending_ops > PENDING_OPS_HIGH
+        high = self.limits.max_pending_bytes
+        want_pause = self._write_paused or self._shutting_down or self._inflight_bytes > high \
+            or self.pending_ops > PENDING_OPS_HIGH or self._budget_paused
         if want_pause and not self._read_paused:
             self._read_paused = True
             self.io.pause_reading()
-        elif self._read_paused and not want_pause and self._inflight_bytes <= PUBLISH_INFLIGHT_LOW \
+        elif self._read_paused and not want_pause and self._inflight_bytes <= high // 4 \
                 and self.pending_ops <= PENDING_OPS_LOW:
             self._read_paused = False
             self.io.resume_reading()
@@ -322,6 +357,11 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self.state = ST_CLOSING
         self._close_deadline = self.broker.clock() + delay
 
+    def _refuse_frame(self, reason, text):
+        """A frame over a named limit: counted (``riverbed_rejected_total``), then Close 0x0e."""
+        _limits.reject(LISTENER, reason, text, self.peer)
+        self._fatal(RC_FRAME_TOO_LARGE, text)
+
     def _fatal(self, code, reason):
         """Protocol error: Close with ``code`` and drop the connection (the bytes already queued,
         including the Close, are flushed by the transport before it closes)."""
@@ -350,6 +390,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self.subscriptions.clear()
         self._out = []
         self._confirms.clear()
+        self.broker.inflight.cancel(self)
         self.broker.unregister(self)
 
     # ----------------------------------------------------------------------------- management API
@@ -413,6 +454,11 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             if version != 1 and version != 2:
                 self._fatal(RC_UNKNOWN_FRAME, f"unsupported version {version} of Publish")
                 return
+            if len(f) >= LEN_PUBLISH_HEAD and _I32.unpack_from(f, 5)[0] > self.limits.max_entries_per_frame:
+                # checked before a message is read: a frame of millions of empty messages costs nothing
+                self._refuse_frame(_limits.REASON_ENTRIES, f"Publish frame of {_I32.unpack_from(f, 5)[0]} "
+                                   f"messages is over max_entries_per_frame {self.limits.max_entries_per_frame}")
+                return
             try:
                 self._on_publish(f, version)
             except DecodeError as e:
@@ -433,8 +479,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
                         f"{'authentication' if self.state == ST_HANDSHAKE else 'Open'}")
             return
         if self.state == ST_OPEN and self.frame_max and len(f) + LEN_SIZE > self.frame_max:
-            self._fatal(RC_FRAME_TOO_LARGE, f"{name} frame of {len(f) + LEN_SIZE} bytes is over the "
-                        f"negotiated frame_max {self.frame_max}")
+            self._refuse_frame(_limits.REASON_FRAME_SIZE, f"{name} frame of {len(f) + LEN_SIZE} bytes is over "
+                               f"the negotiated frame_max {self.frame_max}")
             return
         try:
             method(self, f, version)
@@ -528,7 +574,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             self._refuse_and_close(response(CMD_OPEN, corr, RC_VIRTUAL_HOST_ACCESS_FAILURE, enc_properties({})))
             return
         self.state = ST_OPEN
-        self._max_frame = MAX_PUBLISH_FRAME
+        self._max_frame = self.limits.max_frame_size
         host, port = self._advertised()
         self._respond(CMD_OPEN, corr, RC_OK,
                       enc_properties({"advertised_host": host, "advertised_port": str(port)}))

@@ -24,14 +24,16 @@ import asyncio
 import json
 import logging
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError
 from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
+from riverbed.shells.http.server import body_limit
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
@@ -44,7 +46,6 @@ log = logging.getLogger("riverbed.ws")
 WS_PATH = "/api/v1/ws"
 DEFAULT_PORT = 8890
 DEFAULT_MAX_FRAME = 1 << 20        # bytes of one client frame
-REST_MAX_BODY = 16 << 20
 REST_MAX_COUNT = codec.RESEND_LAST_MAX
 CLOSE_GRACE = 1.0                  # seconds a closing handshake may take at shutdown
 
@@ -134,7 +135,8 @@ class WsJsonServer:
         self.loop = asyncio.get_running_loop()
         self.stats = self.broker.stats.listener(self.name, self.sessions.__len__)     # metrics
         self.shell = WsShell(self.broker, defer=self.loop.call_soon, send_buffer_max=self.send_buffer_max)
-        app = web.Application(client_max_size=REST_MAX_BODY)
+        max_body = self.broker.limits.http_max_body
+        app = web.Application(middlewares=[body_limit("ws", max_body)], client_max_size=max_body)
         app.router.add_get(WS_PATH, self._ws_handler)
         base = "/api/v1/streams/{id:.+}/data"
         app.router.add_get(base + r"/partitions/{p:-?\d+}/last", self._rest_last)
@@ -209,7 +211,11 @@ class WsJsonServer:
                 elif t is WSMsgType.BINARY:
                     session.binary_received(msg.data)
                 elif t is WSMsgType.ERROR:
-                    log.info("%s: WebSocket closed: %s", session.peer, msg.data)
+                    if getattr(msg.data, "code", None) == WSCloseCode.MESSAGE_TOO_BIG:
+                        # aiohttp refused the message at max_msg_size, before buffering past it; closed 1009
+                        _limits.reject("ws", _limits.REASON_FRAME_SIZE, str(msg.data), session.peer)
+                    else:
+                        log.info("%s: WebSocket closed: %s", session.peer, msg.data)
                     self.stats.error(ERR_WEBSOCKET)     # metrics
                     break
                 else:      # CLOSE, CLOSING, CLOSED

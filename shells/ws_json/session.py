@@ -282,6 +282,7 @@ class WsSession:
         self._blocked = set()          # log streams being created: their records wait
         self._flush_scheduled = False
         self._in_flight = 0            # appends sent to the broker, not yet committed
+        self._budget_paused = False    # reading paused by the broker-wide in-flight budget
         self._after_writes = []        # run once every publish accepted so far has committed
         self.published = 0
         self.broker.register(self)
@@ -456,10 +457,21 @@ class WsSession:
             self.published += len(records)
             self.broker.append_records(log_stream, records,
                                        lambda res, exc, s=log_stream, n=len(records): self._appended(s, n, exc))
+        if not self._budget_paused:
+            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
+
+    def _budget_pause(self):
+        self._budget_paused = True
+        self.io.pause_reading()
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self._in_flight < MAX_IN_FLIGHT:
+            self.io.resume_reading()
 
     def _appended(self, log_stream, n, exc):
         self._in_flight -= 1
-        if self._in_flight == MAX_IN_FLIGHT - 1:
+        if self._in_flight == MAX_IN_FLIGHT - 1 and not self._budget_paused:
             self.io.resume_reading()
         if self._after_writes and not self.pending_ops:
             waiting, self._after_writes = self._after_writes, []

@@ -23,6 +23,7 @@ import zmq
 import zmq.backend
 
 from riverbed.shells import auth as _auth
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import ERR_REFUSED
 from riverbed.shells.zmq_mc0 import keys as _keys
 from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, TICK, McShell
@@ -55,7 +56,8 @@ class McServer:
         self.host = host
         self.port = port
         self.hwm = hwm
-        self.max_request = max_request
+        self.max_request = min(max_request, broker.limits.zmq_max_message)
+        max_request = self.max_request
         if curve_clients and not curve_secret:
             raise ValueError("zmq_curve_clients (the CURVE allow-list) needs zmq_curve_secret")
         self.curve = None if curve_secret is None else _keys.load_server_keys(curve_secret)
@@ -71,6 +73,7 @@ class McServer:
         self.endpoint = None
         self._kicked = False
         self._reading = False
+        self._budget_paused = False     # reading stopped by the broker-wide in-flight budget
         self._ticker = None
 
     # --------------------------------------------------------------------------------- lifecycle
@@ -191,18 +194,22 @@ class McServer:
 
     def _on_readable(self):
         self._kicked = False
-        if not self._reading:
+        if not self._reading or self._budget_paused:
             return
         sock = self.sock
         handle = self.shell.handle
         for _ in range(RECV_BUDGET):
+            if self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                # the ROUTER is not read until the broker's in-flight bytes are back at the low mark:
+                # ZeroMQ queues up to RCVHWM per peer, then TCP pushes back on the publishers
+                return
             if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
             try:
-                msg = sock.recv_multipart(zmq.NOBLOCK)
+                msg = self._recv_bounded(sock)
             except zmq.Again:
                 return
-            if len(msg) < 1:
+            if msg is None or len(msg) < 1:
                 continue
             self.stats.reads += 1       # metrics
             try:
@@ -211,6 +218,42 @@ class McServer:
                 log.exception("zmq: internal error handling a request from %s", msg[0].hex())
         if not self._kicked:
             self._kick()
+
+    def _budget_pause(self):
+        self._budget_paused = True
+
+    def _budget_resume(self):
+        self._budget_paused = False
+        if self._reading and self.loop is not None:
+            self._kick()
+
+    def _recv_bounded(self, sock):
+        """One message as ``recv_multipart`` gives it, but parts past ``zmq_max_parts`` or bytes past
+        ``zmq_max_message`` are not kept: they are received and dropped at once (ZeroMQ delivers a
+        multipart message whole, so the rest is there to drain), the client gets an error reply and the
+        refusal is counted. Returns None then. A single part over ``ZMQ_MAXMSGSIZE`` never gets here:
+        ZeroMQ disconnects its peer."""
+        lim = self.broker.limits
+        msg = [sock.recv(zmq.NOBLOCK)]
+        size = 0
+        refused = None
+        while sock.getsockopt(zmq.RCVMORE):
+            part = sock.recv(zmq.NOBLOCK, copy=False)
+            if refused is not None:
+                continue
+            size += len(part)
+            if len(msg) > lim.zmq_max_parts:        # the identity is not a part of the client's message
+                refused = (_limits.REASON_PARTS, f"message of more than {lim.zmq_max_parts} parts")
+            elif size > lim.zmq_max_message:
+                refused = (_limits.REASON_FRAME_SIZE, f"message of more than {lim.zmq_max_message} bytes")
+            else:
+                msg.append(part.bytes)
+        if refused is None:
+            return msg
+        _limits.reject("zmq", refused[0], refused[1], msg[0].hex())
+        self.stats.reads += 1       # metrics
+        self.shell.refuse(msg[0], refused[1])
+        return None
 
     def _tick(self):
         try:

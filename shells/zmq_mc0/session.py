@@ -271,6 +271,17 @@ class McShell:
 
     # --------------------------------------------------------------------------------- requests
 
+    def refuse(self, identity, text):
+        """Answer a message the listener refused by a limit before handing it over (too many parts, too
+        big) with an error reply, as for a request that does not parse."""
+        client = self.clients.get(identity)
+        reply = codec.encode_error(text, None)
+        if client is not None:
+            client.last_recv = self.broker.clock()
+            self._in_order(client, lambda: client.send(reply))
+        else:
+            self.io.send(identity, reply)
+
     def handle(self, identity, frames):
         """One message from ``identity`` (the frames after the routing identity)."""
         self.now = now = self.broker.clock()

@@ -28,7 +28,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
 
 PUBLIC = ["crc32", "encode_entries", "encode_sub_batch", "build_chunk", "encode_chunk", "read_header",
           "check_chunk", "scan_entries", "data_records", "chunk_records", "split_frames", "split_bson_frames",
-          "build_bloom", "bloom_match", "publish_chunk", "cut_entries"]
+          "build_bloom", "bloom_match", "publish_chunk", "cut_entries", "walk_simple_entries"]
 
 # ---- golden bytes, built by hand ----------------------------------------------------------------------
 
@@ -670,3 +670,47 @@ def test_deeply_nested_sub_batches_fail_cleanly(twin):
         twin.data_records(body, 1, 1)
     with pytest.raises((RecursionError, ChunkError)):
         twin.chunk_records(twin.build_chunk(body, 1, 1, 0, 0))
+
+
+# ---- walk_simple_entries: a sub-batch body counted piece by piece (issue 21) ------------------------------
+
+def test_walk_simple_entries_counts_without_collecting(twin):
+    body = twin.encode_entries([b"a", b"", b"xyz", b"q" * 10])
+    assert twin.walk_simple_entries(body, 0, 100) == (4, len(body))
+    assert twin.walk_simple_entries(body, 0, 2) == (2, 9)           # stops after max_count
+    assert twin.walk_simple_entries(body, 0, 0) == (0, 0)
+    # pieces: an entry's body running past the end returns a position past it; a cut header stays behind
+    assert twin.walk_simple_entries(body[:14], 0, 100) == (3, 16)
+    assert twin.walk_simple_entries(body[:12], 0, 100) == (2, 9)    # the 3rd header is cut: left for the next
+    assert twin.walk_simple_entries(body[:18], 0, 100) == (3, 16)   # 2 bytes of the 4th header: left
+    assert twin.walk_simple_entries(body, 16, 100) == (1, len(body))
+    with pytest.raises(ChunkError):
+        twin.walk_simple_entries(twin.encode_sub_batch([b"a"]), 0, 10)
+    with pytest.raises(ValueError):
+        twin.walk_simple_entries(body, 0, -1)
+
+
+def test_walk_simple_entries_of_millions_of_empty_entries_stops_at_the_limit(twin):
+    zeros = bytes(64 << 20)          # 16.7M empty entries, as a decompression bomb inflates to
+    assert twin.walk_simple_entries(memoryview(zeros), 0, 65536) == (65536, 4 * 65536)
+
+
+@PROPERTY
+@given(records=st.lists(st.binary(max_size=40), max_size=30), cuts=st.lists(st.integers(1, 50), max_size=8))
+def test_walk_simple_entries_piecewise_agrees_with_the_whole(twin, records, cuts):
+    body = twin.encode_entries(records)
+    pieces, pos = [], 0
+    for c in cuts:
+        pieces.append(body[pos:pos + c])
+        pos += c
+    pieces.append(body[pos:])
+    total, skip, carry = 0, 0, b""
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        piece = carry + piece
+        n, p = twin.walk_simple_entries(piece, skip, 1000)
+        total += n
+        skip, carry = (p - len(piece), b"") if p >= len(piece) else (0, piece[p:])
+    assert (total, skip, carry) == (len(records), 0, b"")

@@ -202,3 +202,19 @@ def test_pub_fast_path_stores_what_the_slow_path_would(h):
     c.s.data_received(bytes(bad))
     f = c.frames()[0]["frame"]
     assert f["ok"] is False and f["errCode"] == 6 and c.io.closed
+
+
+def test_inflight_budget_pauses_publishers_and_resumes_them_in_turn(h):
+    # the broker-wide budget (limits.py InflightBudget), shared by every connection and protocol
+    a, b = Conn(h), Conn(h)
+    a.send("PUB", {"channel": "p", "event": {"x": 0}, "rID": 0})         # creates the channel
+    assert len(a.frames()) == 1
+    h.broker.inflight.limit, h.broker.inflight.low = 1000, 500
+    a.send("PUB", {"channel": "p", "event": {"x": "a" * 2000}, "rID": 1})
+    assert not a.io.reading and h.broker.inflight.used > 1000
+    b.send("PUB", {"channel": "p", "event": {"x": "b" * 10}, "rID": 2})    # the budget is still exceeded
+    assert not b.io.reading
+    assert [f["frame"] for f in a.frames()] == [{"ok": True, "rID": 1}]   # committed: the budget frees
+    assert b.frames() == [{"type": "RESPONSE", "frame": {"ok": True, "rID": 2}}]
+    assert a.io.reading and b.io.reading and h.broker.inflight.used == 0
+    assert h.broker.inflight.paused_total == 2

@@ -121,3 +121,32 @@ def test_check_password_never_logs_in_without_a_password(tmp_path):
     for bad in (None, b"pw", 7):
         assert a.check_password("alice", bad, True).outcome == auth.FAILURE
     assert a.check_password(None, "pw", True).outcome == auth.FAILURE
+
+
+# ------------------------------------------------------------------------------------- named limits
+
+def test_limits_flags_sizes_and_defaults():
+    from riverbed.shells.broker import limits as _limits
+    cfg = config.load({"max_frame_size": "8MiB", "max_inflight_bytes": "1g", "zmq_max_parts": "3"}, env={})
+    lim = _limits.Limits.from_config(cfg)
+    assert lim.max_frame_size == 8 << 20 and lim.max_inflight_bytes == 1 << 30 and lim.zmq_max_parts == 3
+    assert lim.max_decompressed_size == _limits.DEFAULT.max_decompressed_size
+    # every field of Limits is a setting of `riverbed serve` with the same default
+    import dataclasses
+    for f in dataclasses.fields(_limits.Limits):
+        assert f.name in config.BY_NAME, f.name
+        assert config.BY_NAME[f.name].default == f.default, f.name
+    with pytest.raises(config.ConfigError):
+        config.load({"max_pending_bytes": "lots"}, env={})
+
+
+def test_reject_counts_and_rate_limits_its_log(caplog):
+    from riverbed.shells.broker import limits as _limits
+    clock = iter([100.0, 101.0, 102.0, 200.0]).__next__
+    before = _limits.rejected_count("unit-test", "frame_size")
+    with caplog.at_level("WARNING", logger="riverbed.limits"):
+        for _ in range(4):
+            _limits.reject("unit-test", "frame_size", "a 9 MiB frame", clock=clock)
+    assert _limits.rejected_count("unit-test", "frame_size") == before + 4
+    lines = [r.getMessage() for r in caplog.records if r.name == "riverbed.limits"]
+    assert len(lines) == 2 and "2 more since the last line" in lines[1]

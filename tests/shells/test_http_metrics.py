@@ -306,3 +306,19 @@ def test_a_thousand_streams_scrape_well_under_100_ms(tmp_path):
                   f"{len(text)} bytes")
             assert median < 0.1, took
     run(main())
+
+
+def test_rejections_and_the_inflight_budget_are_in_metrics(tmp_path):
+    from riverbed.shells.broker import limits as _limits
+
+    async def main():
+        async with running(tmp_path, max_inflight_bytes="3MiB") as broker:
+            before = (await scrape(broker)).get("riverbed_rejected", {})
+            key = (("listener", "metrics-test"), ("reason", "frame_size"))
+            _limits.reject("metrics-test", _limits.REASON_FRAME_SIZE, "test")
+            _limits.reject("metrics-test", _limits.REASON_FRAME_SIZE, "test")
+            fams = await scrape(broker)
+            assert fams["riverbed_rejected"][key] == before.get(key, 0) + 2
+            assert fams["riverbed_inflight_budget_bytes"] == {(): 3 << 20}
+            assert fams["riverbed_inflight_bytes"] == {(): 0}
+    run(main())

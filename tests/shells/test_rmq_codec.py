@@ -208,3 +208,53 @@ def test_offset_spec_decoding():
 def test_filter_values_in_index_order():
     props = {"filter.10": "k", "filter.2": "b", "filter.0": "a", "name": "x", "match-unfiltered": "true"}
     assert rs.filter_values(props) == [b"a", b"b", b"k"]
+
+
+# ---- sub-batch limits (issue 21): bombs are refused after the limit, not after inflating ---------------
+
+def _bomb_codecs():
+    import cramjam
+    import lz4.frame
+    import zstandard
+    return {
+        1: fmt.gzip_compress,
+        2: lambda d: bytes(cramjam.snappy.compress(d)),
+        3: lz4.frame.compress,
+        4: lambda d: zstandard.ZstdCompressor().compress(d),
+    }
+
+
+@pytest.mark.parametrize("code", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+def test_sub_batch_bomb_is_refused_within_bounded_memory(code):
+    import tracemalloc
+    from riverbed.shells.broker import limits as _limits
+    body = _bomb_codecs()[code](bytes(16 << 20))       # 4M empty entries once inflated
+    flags = 0x80 | code << 4
+    tracemalloc.start()
+    try:
+        cases = [(65535, 16 << 20), (3, 4096), (65535, 40 << 20)]
+        why = [rs.check_sub_batch(flags, nrec, usize, memoryview(body)) for nrec, usize in cases]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 << 20, f"peak {peak} bytes"
+    assert why[0] is not None and why[0].reason in (_limits.REASON_ENTRIES, _limits.REASON_DECOMPRESSION_RATIO)
+    assert why[1] is not None and why[1].reason == _limits.REASON_DECOMPRESSED_SIZE
+    assert why[2] is not None and why[2].reason in (_limits.REASON_DECOMPRESSION_RATIO,
+                                                    _limits.REASON_DECOMPRESSED_SIZE, _limits.REASON_ENTRIES)
+
+
+@pytest.mark.parametrize("code", [0, 1, 2, 3, 4], ids=["none", "gzip", "snappy", "lz4", "zstd"])
+def test_sub_batch_limits_let_real_batches_through(code):
+    import dataclasses
+    from riverbed.shells.broker import limits as _limits
+    records = [b"x" * 300_000, b"", b"y" * 70_000] + [b"r%d" % i for i in range(1000)]
+    inner = core.encode_entries(records)
+    body = inner if code == 0 else _bomb_codecs()[code](inner)
+    flags = 0x80 | code << 4
+    assert rs.check_sub_batch(flags, len(records), len(inner), memoryview(body)) is None
+    assert rs.check_sub_batch(flags, len(records) + 1, len(inner), memoryview(body)) is not None
+    assert rs.check_sub_batch(flags, len(records), len(inner) + 1, memoryview(body)) is not None
+    tight = dataclasses.replace(_limits.DEFAULT, max_decompressed_size=len(inner) - 1)
+    why = rs.check_sub_batch(flags, len(records), len(inner), memoryview(body), tight)
+    assert why is not None and why.reason == _limits.REASON_DECOMPRESSED_SIZE

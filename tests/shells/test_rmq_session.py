@@ -1,5 +1,6 @@
 """The RabbitMQ Stream session as a sans-I/O state machine over a real engine: bytes in, bytes out."""
 
+import dataclasses
 import struct
 import time
 
@@ -350,9 +351,7 @@ def test_unsupported_sub_batch_gets_publish_error_others_are_stored(conn, h):
 
 
 def test_publish_flow_control_pauses_reading(conn, h, monkeypatch):
-    for module in (rs.session, rs.publish):
-        monkeypatch.setattr(module, "PUBLISH_INFLIGHT_HIGH", 1000)
-    monkeypatch.setattr(rs.session, "PUBLISH_INFLIGHT_LOW", 100)
+    conn.s.limits = dataclasses.replace(conn.s.limits, max_pending_bytes=1000)
     conn.create("s")
     conn.declare(1, "s")
     conn.publish(1, [(1, b"x" * 2000)])

@@ -21,7 +21,7 @@ Behaviour where the protocol leaves a choice:
   channel; a resumed subscription starts at ``lastAcked + 1``. While ACKEV writes are in flight, replies
   to later frames are held back until they commit.
 * Transactions are kept in memory per (connection, sessID), at most 256 MiB per connection; COMMITTX
-  appends them in one engine transaction (``append_records`` for one channel, ``engine.transact`` with
+  appends them in one engine transaction (``append_records`` for one channel, ``broker.transact`` with
   one staged append per channel for several).
 * The connection stops being read while 10,000 of its engine operations are pending or its transport's
   write buffer is over its high mark; RECEVs stop with it.

@@ -5,7 +5,7 @@ The engine never imports a protocol shell. Entry point: :class:`Engine`.
 
 from riverbed.engine.errors import (  # noqa: F401
     ChunkError, EngineClosed, FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StreamExists,
-    StreamNotFound, UnsupportedCompression,
+    StorageFull, StreamNotFound, UnsupportedCompression,
 )
 from riverbed.engine.log import (  # noqa: F401
     DEFAULT_FSYNC, FSYNC_POLICIES, AppendResult, Engine, OffsetSpec, PublishingIds, StreamInfo, WriteContext,

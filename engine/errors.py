@@ -76,3 +76,16 @@ class UniqueViolation(RiverbedError):
         self.holder = holder
         super().__init__(f"collection {collection!r}: value {value!r} of unique field {field!r} is already "
                          f"held by document {holder!r}")
+
+
+class StorageFull(RiverbedError):
+    """A write was refused because storage cannot take it: the data directory's filesystem has no space
+    for the data file to grow, the data file would pass its cap (``riverbed serve --max-disk``), or the
+    broker's disk alarm is on (free space below ``--disk-free-limit``). Nothing of the refused write was
+    stored, so the same write may be retried once space returns. ``free`` (bytes free on the filesystem)
+    and ``limit`` (the limit or cap that was hit, bytes) are set when known."""
+
+    def __init__(self, message, *, free=None, limit=None):
+        self.free = free
+        self.limit = limit
+        super().__init__(message)

@@ -46,6 +46,7 @@ from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's p
     FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
     _tracking_key, normalize_arguments, parse_max_age,
 )
+from riverbed.engine.space import MapSpace
 from riverbed.engine.stats import EngineStats
 from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
@@ -57,7 +58,9 @@ log = logging.getLogger("riverbed.engine")
 
 FSYNC_POLICIES = ("always", "batch", "never")
 DEFAULT_FSYNC = "batch"
-DEFAULT_MAP_SIZE = 1 << 30            # bytes; grows by doubling when full
+# bytes: the map (the data file, reserved on disk: space.py) a new environment starts with; it grows by
+# doubling when full, in steps of at most 1 GiB
+DEFAULT_MAP_SIZE = 64 << 20
 WRITEMAP = os.environ.get("RIVERBED_WRITEMAP", "1") == "1"
 
 class OffsetSpec(namedtuple("OffsetSpec", "kind value")):
@@ -151,10 +154,16 @@ class Engine(SuperStreamBindings):
     ``readonly=True`` opens without a writer (for ``riverbed dump`` and Spark executors); writer
     operations then raise RiverbedError. Only one read-write Engine may use a data directory at a time
     (a second one raises RiverbedError naming the lock file).
+
+    Disk space (space.py): the data file is reserved on disk before LMDB writes into it, so a full
+    filesystem never crashes the process. An append, transaction or other write that would need more space
+    than the filesystem can give, or would take the data file past ``max_size`` bytes (None: no cap),
+    fails alone with :class:`StorageFull` (nothing of it stored); the engine goes on, and the same write
+    succeeds once space returns. ``map_size`` is the map a new environment starts with (it grows).
     """
 
     def __init__(self, path, *, fsync=DEFAULT_FSYNC, map_size=DEFAULT_MAP_SIZE, readonly=False,
-                 retention_interval=1.0, max_batch_bytes=64 << 20, clock=None):
+                 retention_interval=1.0, max_batch_bytes=64 << 20, clock=None, max_size=None):
         if fsync not in FSYNC_POLICIES:
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         self.path = os.fspath(path)
@@ -171,6 +180,18 @@ class Engine(SuperStreamBindings):
             self.path, map_size=map_size, max_dbs=32, max_readers=1024, subdir=True, readonly=readonly,
             sync=fsync != "never", metasync=fsync == "always", writemap=WRITEMAP, readahead=True,
             lock=True, create=not readonly)
+        # before the first write (open_db below writes): the map and lock.mdb reserved on disk, so no
+        # write through the map can fault (SIGBUS) on a full filesystem; see space.py
+        self._space = None
+        if not readonly:
+            self._space = MapSpace(self, max_size)
+            try:
+                self._space.open_check()
+            except BaseException:
+                self._space.close()
+                self.env.close()
+                self._lockfile.close()
+                raise
         self._db_streams = self.env.open_db(b"streams", create=not readonly)
         self._db_chunks = self.env.open_db(b"chunks", create=not readonly)
         self._db_time = self.env.open_db(b"timeidx", create=not readonly)
@@ -231,6 +252,8 @@ class Engine(SuperStreamBindings):
             for _, cb in items:
                 cb(EngineClosed("engine closed"))
         self.env.close()
+        if self._space is not None:
+            self._space.close()
         if self._lockfile is not None:
             self._lockfile.close()
 

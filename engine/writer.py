@@ -21,7 +21,9 @@ import time
 import lmdb
 
 from riverbed.engine import core
-from riverbed.engine.errors import ChunkError, InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import (
+    ChunkError, InvalidArgument, RiverbedError, StorageFull, StreamExists, StreamNotFound,
+)
 from riverbed.engine.format import H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
 from riverbed.engine.layout import (
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult,
@@ -128,6 +130,7 @@ class _Writer(threading.Thread):
         self._claim = threading.Lock()
         self._mutex = threading.Lock()
         self._outstanding = 0
+        self._full_logged = float("-inf")    # when a refused write (StorageFull) was last logged
 
     def submit(self, item):
         """Queue ``(op, args, done)`` for the thread; ``done`` is a Future or a :class:`Done`."""
@@ -223,17 +226,45 @@ class _Writer(threading.Thread):
                 fut.set_exception(exc)
 
     def _housekeeping(self, force_retention=False):
-        if self._purge:
-            self._purge_step()
-        if force_retention or (self.retention_interval and time.monotonic() >= self._next_retention):
-            self._next_retention = time.monotonic() + self.retention_interval
-            self._retention()
+        try:
+            if self._purge:
+                self._purge_step()
+            if force_retention or (self.retention_interval and time.monotonic() >= self._next_retention):
+                self._next_retention = time.monotonic() + self.retention_interval
+                self._retention()
+        except lmdb.MapFullError:
+            # a purge or trim transaction needs a page more than the map has: grow it, or (no space) try
+            # again at the next pass; what they free is what a full disk waits for
+            try:
+                self._grow(0)
+            except StorageFull as e:
+                self._storage_full(e)
+
+    def _storage_full(self, exc):
+        now = time.monotonic()
+        if now >= self._full_logged + 10:      # one line per 10 s, however many writes are refused
+            self._full_logged = now
+            log.warning("write refused: %s", exc)
 
     # ----------------------------------------------------------------------------------- group commit
 
     def _commit_batch(self, batch):
         try:
             staged, results = self._commit(batch)
+        except StorageFull as exc:
+            # no room for this batch (disk full, --max-disk): its appends and transact functions fail with
+            # the error and the engine goes on. The small operations (offsets, creations, deletions: a
+            # deletion is how space comes back) are redone without them, in the room the map still has.
+            small = [b for b in batch if b[0] not in (_OP_APPEND, _OP_TXN)]
+            if len(small) == len(batch):
+                small = []
+            for op, _, fut in batch:
+                if (op in (_OP_APPEND, _OP_TXN) or not small) and fut is not None and not fut.done():
+                    fut.set_exception(exc)
+            self._storage_full(exc)
+            if small:
+                self._commit_batch(small)
+            return
         except BaseException as exc:
             # an LMDB failure we cannot recover from (disk full, I/O error): fail this batch, and
             # (stopping) everything after it, rather than leave any caller waiting
@@ -291,7 +322,7 @@ class _Writer(threading.Thread):
                 failed[f.index] = f.exc
                 continue
             except lmdb.MapFullError:
-                self._grow(staged.bytes_written)
+                self._grow(staged.bytes_written, any(op in (_OP_APPEND, _OP_TXN) for op, _, _ in batch))
                 continue
             except lmdb.MapResizedError:
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
@@ -312,12 +343,10 @@ class _Writer(threading.Thread):
             log.debug("transact function failed", exc_info=True)
             raise _TxnFailed(index, e) from None
 
-    def _grow(self, need):
-        eng = self.engine
-        old = eng.env.info()["map_size"]
-        new = max(old * 2, old + 2 * need)
-        log.info("LMDB map full at %d MiB; growing to %d MiB", old >> 20, new >> 20)
-        eng._gate.exclusive(lambda: eng.env.set_mapsize(new))
+    def _grow(self, need, bulk=False):
+        """Grow the map (reserved on disk first, space.py); StorageFull when the disk or --max-disk says no.
+        ``bulk``: for appends or transact functions, which leave the last bit of space to deletions."""
+        self.engine._space.grow(need, bulk)
 
     def _apply(self, staged, op, args):
         try:
@@ -455,6 +484,7 @@ class _Writer(threading.Thread):
                       new.first_chunk)
             s = merged
             if removed < 1000:
+                self._release()
                 return
 
     def _find_orphans(self):
@@ -492,7 +522,22 @@ class _Writer(threading.Thread):
             eng._gate.leave()
         if removed < 1000:
             self._purge.pop(0)
+            self._release()
         self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] != sid}
+
+    def _release(self):
+        """After a purge or a trim while space is short (a growth was refused): commit one tiny write, so
+        that the pages just freed can be reused at once. LMDB gives a transaction only the pages freed
+        before the last commit, and refused appends commit nothing."""
+        eng = self.engine
+        if eng._space is None or eng._space.refused is None:
+            return
+        eng._gate.enter()
+        try:
+            with eng.env.begin(write=True) as txn:
+                txn.put(b"released", _U64.pack(time.time_ns()), db=eng._db_meta)
+        finally:
+            eng._gate.leave()
 
 
 class _TxnFailed(Exception):

@@ -61,6 +61,7 @@ async def run_server(cfg, stop=None, started=None):
     from riverbed.shells.auth import Authenticator
     from riverbed.shells.broker import Broker
     from riverbed.shells.broker import limits as _limits
+    from riverbed.shells.broker.disk import DiskMonitor
     from riverbed.shells import tls as _tls
 
     tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
@@ -70,12 +71,15 @@ async def run_server(cfg, stop=None, started=None):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
-    engine = Engine(cfg.data_dir, fsync=cfg.fsync)
+    engine = Engine(cfg.data_dir, fsync=cfg.fsync, max_size=cfg.max_disk)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
     limits = _limits.configure(_limits.Limits.from_config(cfg))   # before the broker: it reads them
     broker = Broker(engine, post=loop.call_soon_threadsafe, post_local=loop.call_soon, auth=auth,
                     data_dir=cfg.data_dir)
     broker.set_limits(limits)
+    # the disk alarm (broker/disk.py): publishes refused below --disk-free-limit or at --max-disk
+    broker.disk = DiskMonitor(engine, free_limit=cfg.disk_free_limit, max_disk=cfg.max_disk)
+    broker.disk.start(loop)
     listeners = []
     try:
         for key, name, module in SHELLS:
@@ -108,6 +112,7 @@ async def run_server(cfg, stop=None, started=None):
                 await server.shutdown()
             except Exception:
                 log.exception("error while stopping a listener")
+        broker.disk.stop()
         broker.close()
         await loop.run_in_executor(None, engine.close)
     log.info("stopped")

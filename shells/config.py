@@ -115,6 +115,18 @@ def _non_negative_int(value):
     return v
 
 
+def _size_or_zero(value):
+    if str(value).strip() == "0":
+        return 0
+    return parse_size(value)
+
+
+def _size_or_off(value):
+    if value is None or str(value).strip().lower() in ("off", "none", ""):
+        return None
+    return parse_size(value)
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -163,6 +175,11 @@ OPTIONS = [
            "HOST"),
     Option("advertised_port", _opt_port, None, "port clients are told to dial (default: the bound port)", "PORT"),
     Option("fsync", str, "batch", "durability policy: always, batch (default) or never", "POLICY"),
+    Option("disk_free_limit", _size_or_zero, 50 << 20,
+           "refuse publishes (every protocol) while the data directory's disk has less free than this, "
+           "bytes or with a unit: 16MB, 1GB (default 50MB; 0 = never)", "SIZE"),
+    Option("max_disk", _size_or_off, None, "cap on the data file: refuse publishes when the data reaches it, "
+           "bytes or with a unit: 500MB, 20GB (default off)", "SIZE"),
     Option("users", _opt_str, None,
            "users file (see `riverbed users add`); without one guest/guest works from loopback only", "FILE"),
     Option("anonymous", parse_bool, False, "also offer SASL ANONYMOUS (logs in as the anonymous user)",

@@ -19,7 +19,8 @@ What lives here, protocol-neutral:
   a deletion is heard by every session of every protocol (``session.stream_deleted(name)``), after the
   deleting request has been answered (RabbitMQ answers first, and rstream 0.20 closes a consumer
   connection on the notification of its last stream);
-* publishing with completion callbacks, publisher dedup, and read-your-writes barriers (a query of a
+* publishing with completion callbacks, the disk alarm (disk.py: refused with StorageFull while the disk
+  is short of space), publisher dedup, and read-your-writes barriers (a query of a
   publisher sequence or consumer offset waits for that reference's writes in flight; a NEXT position is
   resolved after every append already accepted has committed);
 * reading: offset specs, chunks, watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
@@ -44,7 +45,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine import core
 from riverbed.engine import stats as _engine_stats
 from riverbed.engine.docstore import DocStore
-from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import BrokerStats
@@ -102,6 +103,7 @@ class Broker:
         self._delete_hooks.append(self.stats.forget_stream)
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
+        self.disk = None           # the DiskMonitor (disk.py) whose alarm refuses publishes; None: no alarm
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -180,8 +182,15 @@ class Broker:
         fut.add_done_callback(done)
 
     def _done(self, cb):
-        """An engine ``on_done`` that runs ``cb(result, exc)`` on the loop thread (through the inbox)."""
-        return lambda res, exc: self._post(cb, res, exc)
+        """An engine ``on_done`` that runs ``cb(result, exc)`` on the loop thread (through the inbox). An
+        engine refusal for want of space (StorageFull) makes the disk alarm look at once, before ``cb``."""
+        post = self._post
+
+        def done(res, exc):
+            if exc is not None and self.disk is not None and isinstance(exc, StorageFull):
+                post(self.disk.check)
+            post(cb, res, exc)
+        return done
 
     def _call(self, submit, cb):
         """``submit()`` an engine operation and ``cb(result, exc)`` on the loop; an error raised at once
@@ -557,7 +566,19 @@ class Broker:
                 self.append_records(stream, records, cb)
         self.ensure_stream(stream, ready)
 
+    def write_refusal(self):
+        """The StorageFull every publish gets now (the disk alarm is on: disk.py), or None. A shell that
+        writes records without :meth:`append` and its siblings (a transaction) asks this first."""
+        disk = self.disk
+        return disk.error() if disk is not None and disk.alarm else None
+
     def _appended(self, submit, stream, publisher, cb, size):
+        disk = self.disk
+        if disk is not None and disk.alarm:
+            # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
+            disk.refused += 1
+            cb(None, disk.error())
+            return
         # every append counts against the broker-wide in-flight budget until it completes, whoever asked
         # for it and whether or not that connection is still there (sessions check inflight.over())
         budget = self.inflight

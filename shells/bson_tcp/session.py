@@ -30,7 +30,9 @@ Behaviour where the protocol leaves a choice:
 import logging
 
 from riverbed.engine import OffsetSpec, core
-from riverbed.engine.errors import FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StreamNotFound
+from riverbed.engine.errors import (
+    FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StorageFull, StreamNotFound,
+)
 from riverbed.engine.predicate import from_mongo
 from riverbed.engine.record import CT_BSON, encode_record
 from riverbed.shells import auth as _auth
@@ -48,6 +50,16 @@ PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
 TX_MAX_BYTES = 256 << 20
 DURABLE_PREFIX = "mewbase-durable:"
 MAX_DURABLE_ID = 200
+
+
+def _append_error_code(exc):
+    """The errCode of a failed PUB or COMMITTX: 3 for a channel that is gone; 6 (command not processed:
+    nothing stored, retry later) for a full disk or the disk alarm; 100 otherwise."""
+    if isinstance(exc, StreamNotFound):
+        return c.ERR_NO_SUCH_CHANNEL
+    if isinstance(exc, StorageFull):
+        return c.ERR_COMMAND_NOT_PROCESSED
+    return c.ERR_SERVER_ERROR
 
 
 class _Tx:
@@ -457,8 +469,9 @@ class BsonSession(AdminCommands):
                 else:
                     self._out.extend([ok(rid) for rid in rids])
             else:
-                code = c.ERR_NO_SUCH_CHANNEL if isinstance(exc, StreamNotFound) else c.ERR_SERVER_ERROR
-                log.warning("%s: append to %r failed: %s", self.peer, channel, exc)
+                code = _append_error_code(exc)
+                if code == c.ERR_SERVER_ERROR:   # a full disk is logged once, by the disk alarm
+                    log.warning("%s: append to %r failed: %s", self.peer, channel, exc)
                 for rid in rids:
                     self._reply(c.response(rid, False, code, f"append failed: {exc}"))
         self.broker.append_or_create(channel, records, self._later(done))
@@ -506,8 +519,9 @@ class BsonSession(AdminCommands):
             if exc is None:
                 self._reply(c.response(rid, True))
             else:
-                log.warning("%s: COMMITTX failed: %s", self.peer, exc)
-                code = c.ERR_NO_SUCH_CHANNEL if isinstance(exc, StreamNotFound) else c.ERR_SERVER_ERROR
+                code = _append_error_code(exc)
+                if code == c.ERR_SERVER_ERROR:
+                    log.warning("%s: COMMITTX failed: %s", self.peer, exc)
                 self._reply(c.response(rid, False, code, f"commit failed: {exc}"))
         done = self._later(done)
         missing = [ch for ch in by_channel if self.shell.channel_pending(ch) or not self.broker.has_stream(ch)]
@@ -521,6 +535,10 @@ class BsonSession(AdminCommands):
             def stage(ctx):
                 for channel, records in by_channel.items():
                     ctx.append(channel, records)
+            refused = self.broker.write_refusal()      # the disk alarm holds for transactions too
+            if refused is not None:
+                done(None, refused)
+                return
             self.broker.transact(stage, done)
 
         if not missing:

@@ -4,7 +4,13 @@
 started (``broker.listeners``) still accepts connections; 503 otherwise. The body is JSON either way::
 
     {"status": "ok" | "failing", "reasons": [...], "writer": "running" | "stopped",
-     "listeners": {"rabbitmq-stream": "accepting", "http": "accepting", "zmq": "closed", ...}}
+     "listeners": {"rabbitmq-stream": "accepting", "http": "accepting", "zmq": "closed", ...},
+     "disk": {"alarm": false, "free_bytes": ..., "free_limit_bytes": ..., "max_disk_bytes": null,
+              "data_bytes": ...}}
+
+The disk alarm (``riverbed serve --disk-free-limit`` / ``--max-disk``, see broker/disk.py) makes it 503
+too, with a reason that starts with ``disk``: publishes are refused until space returns, and it is 200
+again by itself once they are accepted.
 
 ``reasons`` says, one line each, why it fails (empty when ok). A listener is asked ``accepting()`` when it
 has that method; otherwise its listening socket is looked at: an asyncio server (every TCP listener,
@@ -68,6 +74,13 @@ def check(broker):
             reasons.append(f"listener {name} is not accepting connections")
     body = {"status": "failing" if reasons else "ok", "reasons": reasons,
             "writer": "running" if alive else "stopped", "listeners": states}
+    disk = getattr(broker, "disk", None)
+    if disk is not None:      # as of the disk alarm's last look (once a second): no statvfs here
+        if disk.alarm:
+            reasons.append(f"disk alarm: {disk.reason}; publishes are refused until space returns")
+            body["status"] = "failing"
+        body["disk"] = {"alarm": disk.alarm, "free_bytes": disk.free, "free_limit_bytes": disk.free_limit,
+                        "max_disk_bytes": disk.max_disk, "data_bytes": disk.data_bytes}
     return not reasons, body
 
 

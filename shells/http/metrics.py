@@ -39,6 +39,13 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
     riverbed_engine_commit_seconds                     histogram: one group commit, whole
     riverbed_engine_fsync_seconds                      histogram: LMDB's commit (and fsync) alone
     riverbed_engine_map_size_bytes / riverbed_engine_map_used_bytes
+    riverbed_disk_free_bytes                           free space for the data (the filesystem's, plus pages
+                                                       freed inside the data file), as of the disk alarm's
+                                                       last look (once a second)
+    riverbed_disk_free_limit_bytes                     --disk-free-limit
+    riverbed_disk_max_bytes / riverbed_disk_data_bytes --max-disk (only when set) / data in the data file
+    riverbed_disk_alarm                                1 while publishes are refused for want of space
+    riverbed_disk_refused_appends_total                appends (a publish frame or batch each) the alarm refused
     process_cpu_seconds_total, process_resident_memory_bytes, ...   (prometheus-client's ProcessCollector;
                                                        refreshed at most once a second)
 
@@ -196,6 +203,23 @@ class BrokerCollector:
                                     value=usage[0])
             yield GaugeMetricFamily("riverbed_engine_map_used_bytes", "Bytes of the LMDB map in use.",
                                     value=usage[1])
+        yield from self._disk()
+
+    def _disk(self):
+        disk = getattr(self.broker, "disk", None)
+        if disk is None or disk.free is None:
+            return
+        yield GaugeMetricFamily("riverbed_disk_free_bytes", "Bytes free for the data: the filesystem's free "
+                                "space plus pages freed inside the data file.", value=disk.free)
+        yield GaugeMetricFamily("riverbed_disk_free_limit_bytes", "Publishes are refused below this free space "
+                                "(--disk-free-limit).", value=disk.free_limit)
+        if disk.max_disk is not None:
+            yield GaugeMetricFamily("riverbed_disk_max_bytes", "Cap on the data (--max-disk).", value=disk.max_disk)
+        yield GaugeMetricFamily("riverbed_disk_data_bytes", "Bytes of data in the data file.", value=disk.data_bytes)
+        yield GaugeMetricFamily("riverbed_disk_alarm", "1 while publishes are refused for want of disk space.",
+                                value=1 if disk.alarm else 0)
+        yield CounterMetricFamily("riverbed_disk_refused_appends", "Appends (a publish frame or batch each) "
+                                  "refused by the disk alarm.", value=disk.refused)
 
 
 class _Scrape:

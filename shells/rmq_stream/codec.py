@@ -9,7 +9,7 @@ import struct
 from riverbed.engine import core
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import (
-    ChunkError, InvalidArgument, StreamExists, StreamNotFound, UnsupportedCompression,
+    ChunkError, InvalidArgument, StorageFull, StreamExists, StreamNotFound, UnsupportedCompression,
 )
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
@@ -19,7 +19,8 @@ from riverbed.shells.rmq_stream.constants import (
     LEN_KEY_VERSION, LEN_PUBLISH_HEAD, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
     OFFSET_TYPE_NEXT, OFFSET_TYPE_NONE, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, RC_AUTHENTICATION_FAILURE,
     RC_INTERNAL_ERROR, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_AUTHENTICATION_FAILURE_LOOPBACK, RC_SASL_ERROR,
-    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST, RESPONSE,
+    RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST, RC_STREAM_NOT_AVAILABLE,
+    RESPONSE,
 )
 
 _U8 = struct.Struct(">B")
@@ -441,4 +442,8 @@ def response_code_for(exc):
         return RC_STREAM_ALREADY_EXISTS
     if isinstance(exc, (InvalidArgument, ChunkError, UnsupportedCompression)):
         return RC_PRECONDITION_FAILED
+    if isinstance(exc, StorageFull):
+        # a full disk or the disk alarm: the stream cannot take writes now (rstream: StreamNotAvailable);
+        # nothing was stored, the same publish may be retried once space returns
+        return RC_STREAM_NOT_AVAILABLE
     return RC_INTERNAL_ERROR

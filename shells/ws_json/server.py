@@ -28,7 +28,7 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import record as _record
-from riverbed.engine.errors import RiverbedError
+from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import limits as _limits
@@ -368,7 +368,8 @@ class WsJsonServer:
             exc = await self._wait(lambda cb: self.broker.append_records(log_stream, records,
                                                                          lambda res, e: cb(e)))
             if exc is not None:
-                raise RestError(500, f"Publish failed: {exc}")
+                # 503 for a full disk or the disk alarm: nothing was stored, the same request may be retried
+                raise RestError(503 if isinstance(exc, StorageFull) else 500, f"Publish failed: {exc}")
         return web.Response(status=200)
 
     async def _wait(self, start):

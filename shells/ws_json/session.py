@@ -30,7 +30,7 @@ from riverbed.engine import OffsetSpec
 from riverbed.engine import core
 from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
-from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
@@ -478,7 +478,8 @@ class WsSession:
             for fn in waiting:
                 fn()
         if exc is not None and self.state != ST_CLOSED:
-            log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
+            if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
+                log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
             self.send_error(f"Stream {log_stream} not found." if isinstance(exc, StreamNotFound)
                             else f"Publish failed: {exc}")
 

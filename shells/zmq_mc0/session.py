@@ -37,7 +37,7 @@ from collections import deque
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import core
-from riverbed.engine.errors import RiverbedError, StreamExists
+from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
 from riverbed.shells.zmq_mc0 import codec
@@ -556,7 +556,8 @@ class McShell:
     def _appended(self, name, items, exc):
         self.pending_ops -= 1
         if exc is not None:
-            log.info("zmq: appending to %r failed: %s", name, exc)
+            if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
+                log.info("zmq: appending to %r failed: %s", name, exc)
             self._fail(items, f"cannot store the message in topic {name!r}: {exc}")
             return
         touched = []

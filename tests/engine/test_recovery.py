@@ -411,7 +411,7 @@ def test_reader_survives_map_resize_by_another_process(tmp_path, children):
     child = children("grow", path, 40)
     child.expect("ready")
     # The reader's own map must be smaller than what the writer grows to, or LMDB never reports
-    # MDB_MAP_RESIZED: the default map_size (1 GiB) would simply cover all of it.
+    # MDB_MAP_RESIZED: the default map_size (64 MiB) would simply cover all of it.
     eng = Engine(path, readonly=True, map_size=1 << 20)
     try:
         initial = eng.env.info()["map_size"]

@@ -80,9 +80,12 @@ def test_healthy_and_ready_server_lists_every_listener(tmp_path):
     async def scenario(broker):
         status, body = await get_json(broker, "/healthz")
         assert status == 200, body
+        disk = body.pop("disk")
         assert body == {"status": "ok", "reasons": [], "writer": "running",
                         "listeners": {"rabbitmq-stream": "accepting", "zmq": "accepting", "ws": "accepting",
                                       "http": "accepting"}}
+        assert disk["alarm"] is False and disk["free_limit_bytes"] == 50 << 20 and disk["max_disk_bytes"] is None
+        assert disk["free_bytes"] > disk["free_limit_bytes"] and disk["data_bytes"] > 0
         assert await get_json(broker, "/readyz") == (200, {"status": "ready"})
         status, _, text = await get(broker, "/healthz", headers={"Authorization": "Basic bm9wZTpub3Bl"})
         assert status == 200        # probes ignore credentials, even wrong ones

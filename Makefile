@@ -4,26 +4,36 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 STAMP  := $(VENV)/.riverbed-installed
+SERVE_STAMP := $(VENV)/.riverbed-serve-installed
 DATA   ?= riverbed-data
 PYTEST_ARGS ?=
 
 CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi) setup.py pyproject.toml
 
-.PHONY: install serve test test-compiled test-pure bench bench-compare clean
+.PHONY: install install-serve serve test test-compiled test-pure bench bench-compare clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
 # Editable install: setuptools builds the Cython core in place (engine/_core*.so) and maps the
-# folders onto riverbed.engine / riverbed.shells / riverbed.spark.
+# folders onto riverbed.engine / riverbed.shells / riverbed.spark. SERVE_STAMP is the base package, all
+# that `riverbed serve` and the admin CLI need (make serve); STAMP adds the test and spark extras
+# (pytest, playwright, pyspark, pyarrow, ...: make install, and every test and bench target).
+$(SERVE_STAMP): $(BIN)/python $(CORE_SOURCES)
+	$(PIP) install -q -e .
+	@touch $(SERVE_STAMP)
+
 $(STAMP): $(BIN)/python $(CORE_SOURCES)
 	$(PIP) install -q -e '.[test,spark]'
-	@touch $(STAMP)
+	@touch $(STAMP) $(SERVE_STAMP)
 
 install: $(STAMP)
 
-serve: install
+install-serve: $(SERVE_STAMP)
+
+serve: install-serve
+	@echo "riverbed is in $(BIN): '. $(BIN)/activate' puts it on PATH in another shell"
 	$(BIN)/riverbed serve --data-dir $(DATA)
 
 # The whole suite against the compiled core, then the engine suite again against the pure-Python twin.

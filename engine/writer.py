@@ -693,11 +693,28 @@ class _Staged:
         self.stream(name)                     # StreamNotFound when there is no such stream
         self.pending.pop(name, None)
         self.txn.delete(name.encode(), db=self.engine._db_streams)
+        self._unbind_everywhere(name)
         del self.streams[name]
         self.deleted.append(name)
         self.dirty = True
         # the stream's keys are purged after the commit in small transactions; its sid is never reused
         return None
+
+    def _unbind_everywhere(self, name):
+        """A deleted stream leaves every super stream it is a partition of, in the same transaction (as a
+        deleted queue's bindings go with it on RabbitMQ), so Partitions and Route never name it after."""
+        db = self.engine._db_supers
+        if db is None:
+            return
+        bound = [(bytes(k), json.loads(bytes(v))) for k, v in self.txn.cursor(db=db)]
+        for key, d in bound:
+            if name not in d["partitions"]:
+                continue
+            orders = d.get("orders") or list(range(len(d["partitions"])))
+            kept = [r for r in zip(d["partitions"], d["binding_keys"], orders) if r[0] != name]
+            d["partitions"], d["binding_keys"], d["orders"] = ([r[0] for r in kept], [r[1] for r in kept],
+                                                               [r[2] for r in kept])
+            self.txn.put(key, json.dumps(d).encode(), db=db)
 
     def _exists(self, name):
         return (name in self.engine._streams and name not in self.deleted) or name in self.streams

@@ -44,14 +44,46 @@ def _fmt_addr(host, port):
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _start_listener(name, module, broker, cfg, port):
+def _import_shell(name, module):
     try:
-        mod = importlib.import_module(module)
+        return importlib.import_module(module)
     except ImportError as e:
         if e.name is not None and module.startswith(e.name):
             raise RuntimeError(f"the {name} protocol is not available in this build ({module})") from None
         raise
-    return await mod.serve(broker, host=cfg.host, port=port, config=cfg)
+
+
+def _flag(key):
+    return "--" + key.replace("_", "-")
+
+
+def check_listeners(cfg, auth):
+    """The ``[(key, name, module)]`` of the listeners to start, after every setting of every one is
+    checked: nothing is bound (or opened) until all of them pass, so a bad setting of the fifth listener
+    never leaves four bound. A shell module may provide ``check_config(config, auth)``: it raises for a
+    bad setting and returns False to leave its listener off (it logs why). Raises RuntimeError or
+    ValueError (exit status 2)."""
+    enabled, by_port = [], {}
+    for key, name, module in SHELLS:
+        port = cfg[key]
+        if port is None:
+            continue
+        mod = _import_shell(name, module)
+        check = getattr(mod, "check_config", None)
+        if check is not None and not check(cfg, auth):
+            continue
+        if port and port in by_port:
+            raise ValueError(f"{_flag(by_port[port])} and {_flag(key)} both name port {port}")
+        by_port[port] = key
+        enabled.append((key, name, module))
+    tls_port = cfg.stream_tls_port
+    if cfg.tls_cert and tls_port and tls_port in by_port:
+        raise ValueError(f"{_flag(by_port[tls_port])} and --stream-tls-port both name port {tls_port}")
+    return enabled
+
+
+async def _start_listener(name, module, broker, cfg, port):
+    return await _import_shell(name, module).serve(broker, host=cfg.host, port=port, config=cfg)
 
 
 async def run_server(cfg, stop=None, started=None):
@@ -64,13 +96,17 @@ async def run_server(cfg, stop=None, started=None):
     from riverbed.shells.broker.disk import DiskMonitor
     from riverbed.shells import tls as _tls
 
+    from riverbed.engine.record import set_max_depth
+
     tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
+    set_max_depth(cfg.max_depth)          # one nesting limit for every publish and every render
     loop = asyncio.get_running_loop()
     if stop is None:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
     auth = Authenticator(cfg.users, anonymous=cfg.anonymous, anonymous_user=cfg.anonymous_user)
+    enabled = check_listeners(cfg, auth)
     engine = Engine(cfg.data_dir, fsync=cfg.fsync, max_size=cfg.max_disk)
     # one broker layer for every listener: a deletion through one protocol is heard by all of them
     limits = _limits.configure(_limits.Limits.from_config(cfg))   # before the broker: it reads them
@@ -82,11 +118,8 @@ async def run_server(cfg, stop=None, started=None):
     broker.disk.start(loop)
     listeners = []
     try:
-        for key, name, module in SHELLS:
-            port = cfg[key]
-            if port is None:
-                continue
-            server = await _start_listener(name, module, broker, cfg, port)
+        for key, name, module in enabled:
+            server = await _start_listener(name, module, broker, cfg, cfg[key])
             listeners.append(server)
             log.info("listening %s %s", name, _fmt_addr(cfg.host, server.port))
         if tls_context is not None and cfg.stream_tls_port is not None:
@@ -165,8 +198,11 @@ def cmd_users(args):
     if args.action == "add":
         if args.password is not None:
             password = args.password
+        elif args.api_key and not args.password_stdin and sys.stdin.isatty():
+            password = None     # an API-key-only user: no password login (it is said below)
         elif args.api_key and not args.password_stdin:
-            password = None     # an API-key-only user: no password login
+            # a password piped in is taken along with the new key; nothing piped (EOF): key only
+            password = sys.stdin.readline().rstrip("\r\n") or None
         elif args.password_stdin or not sys.stdin.isatty():
             password = sys.stdin.readline().rstrip("\r\n")
         else:
@@ -184,7 +220,10 @@ def cmd_users(args):
         except (ValueError, OSError) as e:
             print(f"riverbed users: {e}", file=sys.stderr)
             return 1
-        print(f"user {args.name!r} written to {path}")
+        print(f"user {args.name!r} written to {path}"
+              + (" with a password and an API key" if api_key is not None and password is not None else
+                 " with an API key only (no password login; --password-stdin sets one too)"
+                 if api_key is not None else ""))
         if api_key is not None:
             print(api_key)      # alone on the last line, for scripts; only its hash is stored
         return 0
@@ -252,7 +291,9 @@ def build_parser():
     a.add_argument("--read", default=".*", metavar="REGEX", help="streams it may consume (.*)")
     a.add_argument("--loopback-only", action="store_true", help="allow connections from loopback only")
     a.add_argument("--api-key", action="store_true",
-                   help="also make a new API key (WebSocket authKey); printed alone on the last line")
+                   help="also make a new API key (WebSocket authKey); printed alone on the last line. A "
+                        "password given too (--password, or piped on stdin) is kept as well; without one "
+                        "the user logs in by key only")
     d = us.add_parser("delete", help="remove a user")
     d.add_argument("name")
     us.add_parser("list", help="list users and permissions")

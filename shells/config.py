@@ -30,20 +30,38 @@ class ConfigError(ValueError):
     where it came from."""
 
 
+def _whole_number(value, what="a whole number"):
+    """``value`` (an int or its decimal text) as an int; ValueError says what was expected, in words
+    (never Python's "invalid literal for int()")."""
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"expected {what}")
+    try:
+        return int(value.strip(), 10) if isinstance(value, str) else int(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"expected {what}") from None
+
+
+def _number(value, what="a number"):
+    if isinstance(value, bool):
+        raise ValueError(f"expected {what}")
+    try:
+        return float(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"expected {what}") from None
+
+
+PORT_WORDS = "a port number 0..65535 (0 = any free port) or off"
+
+
 def parse_port(value):
-    """``off`` -> None; otherwise an int 0..65535."""
+    """``off`` -> None; otherwise an int 0..65535. Raises ValueError in words."""
     if value is None:
         return None
-    if isinstance(value, bool):
-        raise ValueError("not a port")
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v in ("off", "none", "disabled", "false", ""):
-            return None
-        value = int(v, 10)
-    value = int(value)
+    if isinstance(value, str) and value.strip().lower() in ("off", "none", "disabled", "false", ""):
+        return None
+    value = _whole_number(value, PORT_WORDS)
     if not 0 <= value <= 65535:
-        raise ValueError(f"port {value} is out of range 0..65535")
+        raise ValueError(f"port {value} is out of range: expected {PORT_WORDS}")
     return value
 
 
@@ -70,16 +88,24 @@ def _opt_port(value):
 
 
 def _positive_float(value):
-    v = float(value)
+    v = _number(value, "a number > 0")
     if v <= 0:
         raise ValueError("must be > 0")
     return v
 
 
 def _positive_int(value):
-    v = int(value)
+    v = _whole_number(value, "a whole number > 0")
     if v <= 0:
         raise ValueError("must be > 0")
+    return v
+
+
+def _depth(value):
+    from riverbed.engine.record import MAX_DEPTH_CAP
+    v = int(value)
+    if not 1 <= v <= MAX_DEPTH_CAP:
+        raise ValueError(f"must be 1..{MAX_DEPTH_CAP}")
     return v
 
 
@@ -109,7 +135,7 @@ def parse_size(value):
 
 
 def _non_negative_int(value):
-    v = int(value)
+    v = _whole_number(value, "a whole number >= 0")
     if v < 0:
         raise ValueError("must be >= 0")
     return v
@@ -158,7 +184,8 @@ OPTIONS = [
     Option("ws_send_buffer", _positive_int, 16 << 20,
            "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
     Option("text_port", parse_port, 7461, "REAM text port (default 7461; 0 = any free; off)", "PORT"),
-    Option("text_user", _opt_str, None, "user the REAM text listener acts as (required with --users)", "NAME"),
+    Option("text_user", _opt_str, None, "user the REAM text listener acts as with --users (REAM has no "
+           "credentials; without it the text listener stays off when a users file is given)", "NAME"),
     Option("text_keepalive", _positive_float_or_off, None,
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
     Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
@@ -189,6 +216,9 @@ OPTIONS = [
     Option("frame_max", _non_negative_int, 1048576, "frame_max offered to clients, bytes", "BYTES"),
     Option("handshake_timeout", _positive_float, 10.0, "seconds a new connection has to complete Open",
            "SECONDS"),
+    Option("max_depth", _depth, 64, "deepest nesting of BSON documents / JSON values a publish may carry "
+           "(refused with each protocol's error) and a reader is given converted (deeper stored records "
+           "arrive raw), 1..256 (default 64)", "LEVELS"),
     Option("log_level", str, "info", "debug, info, warning or error", "LEVEL"),
     # the named limits (riverbed.shells.broker.limits.Limits; README "Limits"): sizes take 64KiB, 16MiB, ...
     Option("max_frame_size", parse_size, 64 << 20, "RabbitMQ Stream: largest Publish frame, bytes (default "
@@ -274,8 +304,13 @@ def load(flags=None, env=None, config_file=None):
             try:
                 values[name] = opt.parse(raw)
             except (ValueError, TypeError) as e:
-                where = {"flag": f"--{name.replace('_', '-')}", "environment": env_name(name)}.get(source, source)
-                raise ConfigError(f"bad value {raw!r} for {name} ({where}): {e}") from None
+                if source == "flag":
+                    where = f"--{name.replace('_', '-')}"
+                elif source == "environment":
+                    where = env_name(name)
+                else:
+                    where = f"{name} in {source}"
+                raise ConfigError(f"bad value {raw!r} for {where}: {e}") from None
             sources[name] = source
     if values["fsync"] not in ("always", "batch", "never"):
         raise ConfigError(f"fsync must be always, batch or never, not {values['fsync']!r} ({sources['fsync']})")

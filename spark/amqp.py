@@ -258,7 +258,7 @@ def decode_batch(body, map_type):
             continue
         try:
             b, p = decode_message(raw)
-        except AmqpError:
+        except (AmqpError, RecursionError):     # a descriptor chain nested past the stack: not a message
             b, p = raw, None
         bodies.append(b)
         maps.append(None if p is None else list(p.items()))

@@ -1,8 +1,9 @@
 """The admin commands of ``riverbed``: ``streams ls|create|rm|stats``, ``tail``, ``publish``, ``consumers``.
 
-They talk to a running server (``--uri rabbitmq-stream://user:pass@host:port``, default
-``rabbitmq-stream://localhost:5552`` as guest; the HTTP JSON API at ``--http-uri``, default the same host
-on port 15692) or read a data directory read-only (``--data-dir DIR``: ``streams ls``, ``streams stats``
+They talk to a running server (``--uri rabbitmq-stream://user:pass@host:port`` or
+``rabbitmq-stream+tls://...`` with ``--tls-ca FILE``, default ``rabbitmq-stream://localhost:5552`` as
+guest; the HTTP JSON API at ``--http-uri``, default the same host on the port the server names in
+PeerProperties) or read a data directory read-only (``--data-dir DIR``: ``streams ls``, ``streams stats``
 and ``tail``). Every failure is one line on stderr and an exit status (:data:`EXIT_CODES`); ``--json``
 prints one JSON document on stdout instead of a table.
 
@@ -24,6 +25,7 @@ EXIT_CODES = {EXIT_OK: "ok", EXIT_SERVER: "the server refused (no such stream, e
               EXIT_USAGE: "usage or configuration error", EXIT_CONNECT: "cannot connect to the server"}
 ENV_URI = "RIVERBED_URI"
 ENV_HTTP_URI = "RIVERBED_HTTP_URI"
+ENV_TLS_CA = "RIVERBED_TLS_CA"
 DEFAULT_TIMEOUT = 30.0      # seconds for one request/command step (not for tail --follow)
 
 EPILOG = ("exit status: 0 ok, 1 the server refused (no such stream, already exists, access refused), "
@@ -33,10 +35,14 @@ EPILOG = ("exit status: 0 ok, 1 the server refused (no such stream, already exis
 def _common(p, data_dir=False, json_flag=True):
     g = p.add_argument_group("server")
     g.add_argument("--uri", default=os.environ.get(ENV_URI, DEFAULT_URI),
-                   help=f"rabbitmq-stream://user:pass@host:port[/vhost] (default ${ENV_URI} or {DEFAULT_URI}, "
-                        "user guest)")
+                   help=f"rabbitmq-stream://user:pass@host:port[/vhost], or rabbitmq-stream+tls://... for TLS "
+                        f"(default ${ENV_URI} or {DEFAULT_URI}, user guest)")
     g.add_argument("--http-uri", default=os.environ.get(ENV_HTTP_URI),
-                   help="the server's HTTP JSON API, http://host:port (default: the --uri host, port 15692)")
+                   help="the server's HTTP JSON API, http(s)://host:port (default: the --uri host, on the port "
+                        "the server names when asked)")
+    g.add_argument("--tls-ca", default=os.environ.get(ENV_TLS_CA), metavar="FILE",
+                   help=f"PEM CA file to trust for rabbitmq-stream+tls:// and https:// (default ${ENV_TLS_CA}, "
+                        "else the system's CAs)")
     g.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                    help=f"give up on a step after this long (default {DEFAULT_TIMEOUT:g})")
     if data_dir:
@@ -112,7 +118,7 @@ def _dispatch(args):
         if args.command == "streams" and args.action == "stats":
             return streams.print_stats(streams.local_stats(data_dir, args.stream), as_json)
         return tail.tail_local(data_dir, args.stream, tail.parse_from(args.start), args.follow, args.format)
-    target = parse_uri(args.uri, args.http_uri)
+    target = parse_uri(args.uri, args.http_uri, args.tls_ca)
     timeout = args.timeout
     if args.command == "streams":
         if args.action == "ls":

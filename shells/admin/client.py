@@ -19,9 +19,13 @@ EXIT_CONNECT = 3      # no server at the address, or it did not answer in time
 
 DEFAULT_URI = "rabbitmq-stream://localhost:5552"
 DEFAULT_STREAM_PORT = 5552
+DEFAULT_STREAM_TLS_PORT = 5551
 DEFAULT_HTTP_PORT = 15692
 DEFAULT_USER = "guest"
-SCHEMES = ("rabbitmq-stream",)
+SCHEME_PLAIN = "rabbitmq-stream"
+SCHEME_TLS = "rabbitmq-stream+tls"
+SCHEMES = (SCHEME_PLAIN, SCHEME_TLS)
+DISCOVER_HEARTBEAT = 0     # the discovery connection lives for one request: no heartbeats
 
 
 class AdminError(Exception):
@@ -37,22 +41,27 @@ class NoApiError(AdminError):
 
 
 class Target:
-    """Where the server is: ``host``, ``port`` (RabbitMQ Stream), ``username``, ``password``, ``vhost``
-    and ``http`` (base URL of the JSON API, no trailing slash)."""
+    """Where the server is: ``host``, ``port`` (RabbitMQ Stream), ``username``, ``password``, ``vhost``,
+    ``http`` (base URL of the JSON API, no trailing slash; None until :func:`http_base` asks the server),
+    ``ssl`` (the ``ssl.SSLContext`` of a ``rabbitmq-stream+tls://`` URI, else None: plain) and
+    ``https_ssl`` (the context for an ``https://`` JSON API: ``--tls-ca``'s, else None for the system's
+    CAs)."""
 
-    __slots__ = ("host", "port", "username", "password", "vhost", "http")
+    __slots__ = ("host", "port", "username", "password", "vhost", "http", "ssl", "https_ssl")
 
-    def __init__(self, host, port, username, password, vhost, http):
+    def __init__(self, host, port, username, password, vhost, http, ssl=None, https_ssl=None):
         self.host = host
         self.port = port
         self.username = username
         self.password = password
         self.vhost = vhost
         self.http = http
+        self.ssl = ssl
+        self.https_ssl = https_ssl
 
     def __repr__(self):
         return (f"Target(host={self.host!r}, port={self.port}, username={self.username!r}, "
-                f"vhost={self.vhost!r}, http={self.http!r})")
+                f"vhost={self.vhost!r}, http={self.http!r}, tls={self.ssl is not None})")
 
 
 def _url_host(host):
@@ -64,18 +73,31 @@ def _url_host(host):
     return host
 
 
-def parse_uri(uri, http_uri=None):
-    """A :class:`Target` from ``rabbitmq-stream://[user[:pass]@]host[:port][/vhost]`` (user and password
-    percent-decoded; defaults guest/guest, port 5552, vhost ``/``) and an optional
-    ``http://host:port`` for the JSON API (default: the same host, port 15692). Raises AdminError
-    (EXIT_USAGE) for a malformed URI."""
+def tls_context(ca_file=None):
+    """A client ``ssl.SSLContext`` that checks the server's certificate and host name against
+    ``ca_file`` (PEM; default: the system's trusted CAs). Raises AdminError (EXIT_USAGE) for an
+    unreadable or non-PEM file."""
+    import ssl
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as e:
+        raise AdminError(f"bad --tls-ca {ca_file!r}: {getattr(e, 'strerror', None) or e}", EXIT_USAGE) from None
+
+
+def parse_uri(uri, http_uri=None, tls_ca=None):
+    """A :class:`Target` from ``rabbitmq-stream://[user[:pass]@]host[:port][/vhost]`` or
+    ``rabbitmq-stream+tls://...`` (TLS; default port 5551) (user and password percent-decoded; defaults
+    guest/guest, port 5552, vhost ``/``), an optional ``http(s)://host:port`` for the JSON API (default:
+    asked of the server when first needed, see :func:`http_base`) and an optional CA file to trust for
+    TLS (``tls_ca``; default the system's CAs). Raises AdminError (EXIT_USAGE) for a malformed URI."""
     try:
         parts = urlsplit(uri)
         port = parts.port
     except ValueError as e:
         raise AdminError(f"bad --uri {uri!r}: {e}", EXIT_USAGE) from None
     if parts.scheme not in SCHEMES:
-        raise AdminError(f"bad --uri {uri!r}: the scheme must be rabbitmq-stream://", EXIT_USAGE)
+        raise AdminError(f"bad --uri {uri!r}: the scheme must be rabbitmq-stream:// or rabbitmq-stream+tls://",
+                         EXIT_USAGE)
     if not parts.hostname:
         raise AdminError(f"bad --uri {uri!r}: no host", EXIT_USAGE)
     if parts.query or parts.fragment:
@@ -86,9 +108,9 @@ def parse_uri(uri, http_uri=None):
     path = parts.path.lstrip("/")
     vhost = unquote(path) if path else "/"
     host = parts.hostname
-    if http_uri is None:
-        http = f"http://{_url_host(host)}:{DEFAULT_HTTP_PORT}"
-    else:
+    tls = parts.scheme == SCHEME_TLS
+    http = None
+    if http_uri is not None:
         try:
             hp = urlsplit(http_uri)
             hp.port
@@ -97,7 +119,46 @@ def parse_uri(uri, http_uri=None):
         if hp.scheme not in ("http", "https") or not hp.hostname:
             raise AdminError(f"bad --http-uri {http_uri!r}: expected http://host:port", EXIT_USAGE)
         http = f"{hp.scheme}://{hp.netloc.rpartition('@')[2]}{hp.path.rstrip('/')}"
-    return Target(host, port if port is not None else DEFAULT_STREAM_PORT, username, password, vhost, http)
+    ca_ctx = tls_context(tls_ca) if tls_ca else None
+    stream_ctx = (ca_ctx or tls_context()) if tls else None
+    default_port = DEFAULT_STREAM_TLS_PORT if tls else DEFAULT_STREAM_PORT
+    return Target(host, port if port is not None else default_port, username, password, vhost, http,
+                  stream_ctx, ca_ctx)
+
+
+async def http_base(target, timeout):
+    """The JSON API's base URL: ``--http-uri`` when given, else what the server says in PeerProperties
+    (``http-port``, ``http-scheme``) on the ``--uri`` host, so one URI reaches any port layout; a server
+    that does not say gets port 15692, a Riverbed without an HTTP listener an AdminError (EXIT_CONNECT).
+    Remembered in ``target.http``. Raises AdminError."""
+    if target.http is not None:
+        return target.http
+    from rstream.client import Client
+    _quiet_rstream()
+    client = Client(target.host, target.port, ssl_context=target.ssl, frame_max=1 << 20,
+                    heartbeat=DISCOVER_HEARTBEAT, connection_name="riverbed-admin")
+    props = {}
+    try:
+        await asyncio.wait_for(client.start(), timeout)
+        await asyncio.wait_for(client.authenticate(target.vhost, target.username, target.password), timeout)
+        props = dict(client.server_properties or {})
+    except asyncio.TimeoutError:
+        raise AdminError(f"no answer from the server within {timeout:g} s", EXIT_CONNECT) from None
+    except Exception as e:
+        raise server_error(e) or e
+    finally:
+        await close_quietly(client)
+    port = props.get("http-port")
+    if port is None and "riverbed-version" in props:
+        # a Riverbed that names no HTTP port has none: never guess a port another server may hold
+        raise AdminError("the server's HTTP listener is off (riverbed serve --http-port); listing, stats and "
+                         "consumers need it, or --data-dir DIR", EXIT_CONNECT)
+    if port is None:        # a server that does not say (another broker, an older Riverbed): the default
+        target.http = f"http://{_url_host(target.host)}:{DEFAULT_HTTP_PORT}"
+    else:
+        scheme = "https" if props.get("http-scheme") == "https" else "http"
+        target.http = f"{scheme}://{_url_host(target.host)}:{port}"
+    return target.http
 
 
 # ---- RabbitMQ Stream, through rstream --------------------------------------------------------------------
@@ -145,13 +206,13 @@ def _client_kw(target):
 def producer(target, **kw):
     """A not yet started ``rstream.Producer`` for ``target`` (use ``async with``)."""
     from rstream import Producer
-    return Producer(target.host, target.port, max_retries=1, **_client_kw(target), **kw)
+    return Producer(target.host, target.port, max_retries=1, ssl_context=target.ssl, **_client_kw(target), **kw)
 
 
 def consumer(target, **kw):
     """A not yet started ``rstream.Consumer`` for ``target`` (use ``async with``)."""
     from rstream import Consumer
-    return Consumer(target.host, target.port, max_retries=1, **_client_kw(target), **kw)
+    return Consumer(target.host, target.port, max_retries=1, ssl_context=target.ssl, **_client_kw(target), **kw)
 
 
 async def start(client, timeout):
@@ -184,11 +245,12 @@ async def http_get(target, path, params=None, timeout=10.0, stream=None):
     error statuses (with the server's ``reason`` when its body has one); EXIT_CONNECT when nothing
     answers or the body is not JSON."""
     import aiohttp
-    url = target.http + path
+    url = await http_base(target, timeout) + path
     auth = aiohttp.BasicAuth(target.username, target.password)
+    ssl = target.https_ssl if url.startswith("https:") else None     # None: aiohttp's default checks
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
-            async with session.get(url, params=params, auth=auth) as resp:
+            async with session.get(url, params=params, auth=auth, ssl=ssl) as resp:
                 text = await resp.text()
                 status = resp.status
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:

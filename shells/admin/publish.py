@@ -4,8 +4,10 @@ Each line (its ``\\n`` or ``\\r\\n`` removed) becomes an AMQP 1.0 bare message w
 one data section (:func:`riverbed.engine.record.encode_record`, what every other shell stores), sent
 by an rstream Producer as they arrive (in batches of up to ``BATCH_LINES`` when the input is fast, at
 once when it is a slow pipe); the command waits for every confirm before it reports the count. With
-``application/json`` each line must be one JSON value: the first that is not stops the command (the
-lines before it stay published and are counted). A tqdm progress bar on stderr shows the lines sent
+``application/json`` each line must be one JSON value. A regular file on stdin is checked whole before
+anything is sent, so a bad line publishes nothing; a pipe is published as it arrives, so the first bad
+line stops the command there and the error says how far it got (the lines before it stay published
+and are counted). A tqdm progress bar on stderr shows the lines sent
 when stdin is not a terminal and stderr is (or with ``--progress``).
 """
 
@@ -166,7 +168,10 @@ async def publish(target, name, source, content_type, progress=None, timeout=30.
                         batch.append(encode_line(line[:-1] if line.endswith(b"\r") else line, content_type,
                                                  lineno))
                     except AdminError as e:
-                        stop_error = e
+                        done = f"lines 1-{lineno - 1} are" if lineno > 2 else (
+                            "line 1 is" if lineno == 2 else "nothing is")
+                        stop_error = AdminError(f"{e}; stopped there: {done} published, nothing from line "
+                                                f"{lineno} on", e.code)
                         break
                 if batch:
                     await send(batch)
@@ -191,12 +196,35 @@ async def publish(target, name, source, content_type, progress=None, timeout=30.
     return confirmed, stop_error
 
 
+def check_file(source, content_type):
+    """When ``source`` is a regular file, check every line of it (from where it stands) as
+    :func:`encode_line` would, then go back: a bad line then publishes nothing. Pipes and terminals are
+    left alone (they are published as they arrive). Raises AdminError (EXIT_USAGE) naming the line."""
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        return      # only JSON lines can be refused
+    try:
+        if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+            return
+        start_at = source.tell()
+    except (OSError, ValueError, AttributeError):
+        return
+    for lineno, line in enumerate(source, 1):
+        line = line.rstrip(b"\n")
+        try:
+            json.loads(line[:-1] if line.endswith(b"\r") else line)
+        except ValueError as e:
+            raise AdminError(f"line {lineno} is not JSON: {e}; nothing was published (the input is checked "
+                             f"before anything is sent)", EXIT_USAGE) from None
+    source.seek(start_at)
+
+
 def run(target, args, as_json, runner, timeout):
     """The ``publish`` command; ``runner`` runs a coroutine to completion. Returns the exit status."""
     from riverbed.shells.admin import render
     if args.content_type is not None and (not args.content_type.isascii() or not args.content_type.strip()):
         raise AdminError(f"bad --content-type {args.content_type!r}", EXIT_USAGE)
     content_type = args.content_type or DEFAULT_CONTENT_TYPE
+    check_file(sys.stdin.buffer, content_type)
     confirmed, error = runner(publish(target, args.stream, sys.stdin.buffer, content_type, args.progress, timeout))
     if as_json:
         print(render.to_json({"stream": args.stream, "published": confirmed,

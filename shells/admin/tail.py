@@ -58,18 +58,39 @@ def _rstream_spec(kind, value):
     return ConsumerOffsetSpecification(types[kind], value)
 
 
+def _is_text(payload):
+    """Whether ``payload`` (bytes) is safe to write to a terminal as it is: UTF-8 without control
+    characters (tab excepted), so no escape sequence can reach the terminal."""
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return all(c == "\t" or (c >= " " and c != "\x7f" and not "\x80" <= c <= "\x9f") for c in text)
+
+
 class _Printer:
-    """Writes records to stdout in one format; flushes per record when following."""
+    """Writes records to stdout in one format; flushes per record when following. With ``raw`` on a
+    terminal, a payload that is not plain text (BSON, binary) is written as hex (one note on stderr
+    says so): binary bytes would garble the terminal. A pipe or file gets the bytes."""
 
     def __init__(self, fmt, flush):
         self.fmt = fmt
         self.flush = flush
         self.count = 0
+        self.tty = fmt == render.FMT_RAW and sys.stdout.isatty()
+        self._noted = False
 
     def write(self, offset, raw, chunk_ms=None):
         if self.fmt == render.FMT_RAW:
             out = sys.stdout.buffer
-            out.write(render.record_raw(raw))
+            payload = render.record_raw(raw)
+            if self.tty and not _is_text(payload):
+                if not self._noted:
+                    self._noted = True
+                    print(f"riverbed tail: record {offset} is binary: shown as hex on a terminal (pipe the "
+                          f"output for the bytes, or use --format json)", file=sys.stderr)
+                payload = payload.hex().encode("ascii")
+            out.write(payload)
             out.write(b"\n")
             if self.flush:
                 out.flush()

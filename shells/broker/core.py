@@ -279,25 +279,10 @@ class Broker:
 
     def delete_stream(self, name, cb):
         """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is
-        answered before any notification goes out. A partition of super streams leaves them first (as a
-        deleted queue's bindings go with it on RabbitMQ), so Partitions and Route never name it after."""
+        answered before any notification goes out. A partition of super streams leaves them in the same
+        transaction (the engine's delete; as a deleted queue's bindings go with it on RabbitMQ)."""
         self._deleting_enter([name])
-
-        def delete(res=None, exc=None):
-            self._call(lambda: self.engine.delete_stream(name),
-                       lambda res, exc: self._deleted_then([name], cb, exc))
-        bound_in = [s for s in self.list_super_streams() if name in (self.partitions(s) or ())]
-        if not bound_in:
-            delete()
-            return
-        left = [len(bound_in)]
-
-        def unbound(res, exc):
-            left[0] -= 1
-            if left[0] == 0:
-                delete()
-        for s in bound_in:
-            self._call(lambda s=s: self.engine.unbind_super_stream(s, name), unbound)
+        self._call(lambda: self.engine.delete_stream(name), lambda res, exc: self._deleted_then([name], cb, exc))
 
     def _deleting_enter(self, names):
         for n in names:

@@ -50,6 +50,18 @@ class BsonError(Exception):
         self.message = message
 
 
+def _client_ssl(ssl_option, tls_ca):
+    """The SSLContext for :meth:`BsonClient.connect`'s ``ssl``/``tls_ca`` options, or None (plain TCP)."""
+    import ssl as _ssl
+    if isinstance(ssl_option, _ssl.SSLContext):
+        if tls_ca is not None:
+            ssl_option.load_verify_locations(cafile=tls_ca)
+        return ssl_option
+    if ssl_option or tls_ca is not None:
+        return _ssl.create_default_context(cafile=tls_ca)
+    return None
+
+
 class Event:
     """A RECEV: ``pos`` (the channel offset), ``timestamp`` (ms, when stored), ``event`` (dict),
     ``size`` (bytes of the frame, what an ACKEV gives back)."""
@@ -189,10 +201,20 @@ class BsonClient:
 
     @classmethod
     async def connect(cls, host="127.0.0.1", port=7451, *, username=None, password=None, version=PROTOCOL_VERSION,
-                      ping_interval=DEFAULT_PING_INTERVAL, timeout=10.0):
-        """Open a connection and send CONNECT. Raises BsonError (code 1 wrong credentials, 100 version)
-        or OSError."""
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 24), timeout)
+                      ping_interval=DEFAULT_PING_INTERVAL, timeout=10.0, ssl=None, tls_ca=None,
+                      server_hostname=None):
+        """Open a connection and send CONNECT; ``timeout`` seconds for each of the two steps.
+
+        TLS (a server started with ``--tls-cert``, where the BSON port is TLS-only): ``ssl=True`` checks
+        the server's certificate against the system's CAs, ``tls_ca="ca.pem"`` against that PEM file
+        (either alone turns TLS on), or pass your own ``ssl.SSLContext`` as ``ssl`` (a client certificate
+        for ``--tls-ca`` servers goes in it). The certificate must name ``host`` (or ``server_hostname``).
+
+        Raises BsonError (code 1 wrong credentials, 100 version), ssl.SSLError (certificate refused) or
+        OSError."""
+        context = _client_ssl(ssl, tls_ca)
+        kw = {"ssl": context, "server_hostname": server_hostname} if context is not None else {}
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 24, **kw), timeout)
         cl = cls(reader, writer, ping_interval=ping_interval)
         frame = {"version": version}
         if username is not None:

@@ -14,6 +14,8 @@ import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.raw_bson import RawBSONDocument
 
+from riverbed.engine.record import value_within_depth
+
 # frame types (FACTS § 000: what the 2016-17 server put on the wire)
 FT_CONNECT = "CONNECT"
 FT_RESPONSE = "RESPONSE"
@@ -93,6 +95,62 @@ def decode_envelope(raw):
     if not isinstance(frame, dict):
         raise DecodeError("not a frame: the document needs a document field 'frame'")
     return ftype, frame
+
+
+class FieldError(ValueError):
+    """A frame whose fields do not have the types the protocol gives them, or that nests deeper than the
+    limit; ``reason`` is the ``riverbed_rejected_total`` reason (``"field"`` or ``"depth"``)."""
+
+    def __init__(self, msg, reason="field"):
+        super().__init__(msg)
+        self.reason = reason
+
+
+def _is_int(v):
+    return type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
+
+
+_STR = ("a string", lambda v: isinstance(v, str))
+_INT = ("an integer", _is_int)
+_DOC = ("a document", lambda v: isinstance(v, dict))
+# The one validation step of a decoded frame (besides its envelope): every field a client frame may carry
+# and what it must be when present and not null, whatever the frame type (each name means one thing in
+# every frame that has it). The handlers then read fields without guarding each access.
+FIELD_TYPES = {
+    "channel": _STR, "name": _STR, "binder": _STR, "durableID": _STR, "username": _STR, "password": _STR,
+    "subID": _INT, "queryID": _INT, "bytes": _INT, "pos": _INT, "startPos": _INT, "startTimestamp": _INT,
+    "sequence": _INT,
+    "sessID": ("a string or an integer", lambda v: isinstance(v, str) or _is_int(v)),
+    "matcher": _DOC,       # ("event" is checked by PUB: a DBRef-shaped one decodes as a DBRef)
+}
+
+
+def check_frame(frame, max_depth):
+    """Validate a decoded frame (a dict) before any handler reads it: the types of :data:`FIELD_TYPES`,
+    and nesting: the frame may hold documents ``max_depth`` deep (an event at its limit is at depth 2
+    of the frame). Raises :class:`FieldError`. Pure."""
+    for key, (what, ok) in FIELD_TYPES.items():
+        v = frame.get(key)
+        if v is not None and not ok(v):
+            raise FieldError(f"'{key}' must be {what}, not {_bson_type_name(v)}")
+    if not value_within_depth(frame, max_depth + 1):
+        raise FieldError(f"frame nests documents deeper than the limit of {max_depth}", "depth")
+
+
+def _bson_type_name(v):
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, dict):
+        return "a document"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a double"
+    return type(v).__name__
 
 
 def encode_event(event):

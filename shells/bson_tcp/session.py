@@ -34,7 +34,7 @@ from riverbed.engine.errors import (
     FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StorageFull, StreamNotFound,
 )
 from riverbed.engine.predicate import from_mongo
-from riverbed.engine.record import CT_BSON, encode_record
+from riverbed.engine.record import CT_BSON, encode_record, max_depth
 from riverbed.shells import auth as _auth
 from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
@@ -44,6 +44,10 @@ from riverbed.shells.broker import limits as _limits
 
 log = logging.getLogger("riverbed.bson")
 LISTENER = "bson"       # the listener label of riverbed_rejected_total
+# what a handler raises for a value the frame check let through: answered as the request's error (errCode
+# 6), never left to the listener's guard (which drops the connection as an internal error)
+_VALUE_ERRORS = (TypeError, ValueError, OverflowError, LookupError, AttributeError, RecursionError)
+FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
 PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
@@ -166,10 +170,11 @@ class BsonSession(AdminCommands):
         return frames, pos
 
     def _dispatch(self, raw):
-        if self.state == ST_OPEN:
+        if self.state == ST_OPEN and max_depth() >= FAST_PUB_DEPTH:
             pub = core.bson_pub(raw)
             if pub is not None:
-                # a well-formed PUB, checked without decoding: its event is stored as the frame has it
+                # a well-formed PUB, checked without decoding (event nesting included, up to the core's
+                # bound): its event is stored as the frame has it
                 self._pub(pub[0], pub[1], pub[2], bytes(raw[pub[3]:pub[4]]))
                 return
         try:
@@ -178,11 +183,21 @@ class BsonSession(AdminCommands):
             self._send_batch()
             self._fatal(None, c.ERR_COMMAND_NOT_PROCESSED, str(e))
             return
+        f = frame
+        if self.state == ST_OPEN:
+            try:
+                c.check_frame(f, max_depth())
+            except c.FieldError as e:
+                self._send_batch()
+                self._refuse_frame(ftype, f, e)
+                return
         if ftype == c.FT_PUB and self.state == ST_OPEN:
-            self._on_pub(frame)
+            try:
+                self._on_pub(frame)
+            except _VALUE_ERRORS as e:      # a value check_frame let through: this PUB's error only
+                self._pub_error(f.get("rID"), c.ERR_COMMAND_NOT_PROCESSED, str(e))
             return
         self._send_batch()
-        f = frame
         rid = f.get("rID")
         if self.state == ST_CONNECTING:
             if ftype == c.FT_CONNECT:
@@ -196,8 +211,24 @@ class BsonSession(AdminCommands):
             return
         try:
             handler(self, f)
-        except (InvalidArgument, c.DecodeError, TypeError, ValueError, OverflowError) as e:
+        except (InvalidArgument, c.DecodeError) + _VALUE_ERRORS as e:
             self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(e)))
+
+    def _refuse_frame(self, ftype, f, err):
+        """Answer a frame that failed :func:`codec.check_frame` in its own reply form (RESPONSE,
+        SUBRESPONSE, QUERYRESULT; frames without a reply are dropped), counted as a rejection."""
+        _limits.reject(LISTENER, err.reason, f"{ftype}: {err}", self.peer)
+        rid = f.get("rID")
+        if ftype in (c.FT_ACKEV, c.FT_QUERYACK, c.FT_PING):
+            return
+        if ftype == c.FT_SUBSCRIBE:
+            self._reply(c.sub_response(rid, False, err_code=c.ERR_COMMAND_NOT_PROCESSED, err_msg=str(err)))
+        elif ftype == c.FT_QUERY:
+            qid = f.get("queryID")
+            self._reply(c.encode_query_result(qid if c.is_int(qid) else None, None, True, ok=False,
+                                              errCode=c.ERR_COMMAND_NOT_PROCESSED, errMsg=str(err)))
+        else:
+            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(err)))
 
     # ----------------------------------------------------------------------------------- output
 

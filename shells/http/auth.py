@@ -1,9 +1,11 @@
 """HTTP basic authentication against the broker's users (the same Authenticator as every listener).
 
-Without a users file the only user is guest/guest, from loopback only; with one, its users and
-passwords. A route calls ``user = await require_user(request)``; a missing, malformed or wrong
-``Authorization`` header, an unknown user, or a loopback-only user from elsewhere gets 401 with
-``WWW-Authenticate: Basic``.
+Without a users file every listener serves loopback clients without credentials (DESIGN.md, "Auth"):
+a loopback request with no ``Authorization`` header acts as guest, so a browser opening the dashboard
+sees it at once; guest/guest is still accepted from loopback, and other peers are refused. With a
+users file, its users and passwords. A route calls ``user = await require_user(request)``; a missing
+(where one is needed), malformed or wrong ``Authorization`` header, an unknown user, or a
+loopback-only user from elsewhere gets 401 with ``WWW-Authenticate: Basic``.
 
 Administrators: the management API has no user tags, so a user is an administrator when its
 ``configure`` permission covers every name (the pattern is ``.*``, optionally anchored: ``^.*``,
@@ -34,6 +36,10 @@ async def require_user(request):
     the Authenticator remembers successes)."""
     header = request.headers.get(hdrs.AUTHORIZATION)
     if not header:
+        # no users file and a loopback peer: guest, as on every other listener; else a login
+        user = request.app[BROKER].auth.implicit_user(_auth.is_loopback(request.remote or ""))
+        if user is not None:
+            return user
         raise _unauthorized("Login required")
     try:
         creds = BasicAuth.decode(header)

@@ -27,11 +27,14 @@ Families (``stream``, ``listener`` and ``kind`` are labels; counters count since
                                                        ZeroMQ messages
     riverbed_listener_received_bytes_total{listener}   bytes of TCP reads
     riverbed_listener_errors_total{listener,kind}      internal, transport, refused, websocket
-    riverbed_rejected_total{listener,reason}           requests refused by a named limit (limits.py)
+    riverbed_rejected_total{listener,reason}           requests refused by a named limit (limits.py) or
+                                                       a validation rule (depth, field, encoding)
     riverbed_inflight_bytes                            published bytes not yet committed, all connections
     riverbed_inflight_budget_bytes                     the broker-wide budget (--max-inflight-bytes)
     riverbed_inflight_peak_bytes                       the most in flight at once since the start
     riverbed_inflight_paused_total                     times a publisher was paused by that budget
+    riverbed_render_fallback_total{target,reason}      records delivered raw ({"base64"} / {"data"})
+                                                       instead of as JSON or BSON: depth, invalid, error
     riverbed_engine_writer_up                          1 while the writer thread runs
     riverbed_engine_group_commits_total
     riverbed_engine_operations_total                   operations applied by group commits
@@ -62,6 +65,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from riverbed.engine.record import render_fallbacks
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import READ
 from riverbed.shells.broker import limits as _limits
@@ -138,6 +142,16 @@ class BrokerCollector:
     def collect(self):
         yield from self._listeners()
         yield from self._engine()
+        yield from self._hostile_input()
+
+    @staticmethod
+    def _hostile_input():
+        fallbacks = CounterMetricFamily("riverbed_render_fallback", "Records delivered in the raw form because "
+                                        "they cannot be rendered as the target format (JSON or BSON), by reason.",
+                                        labels=["target", "reason"])
+        for (target, reason), n in sorted(render_fallbacks().items()):
+            fallbacks.add_metric([target, reason], n)
+        yield fallbacks
 
     def _listeners(self):
         up = GaugeMetricFamily("riverbed_listener_up", "1 while the listener accepts connections.",
@@ -164,7 +178,8 @@ class BrokerCollector:
             for kind, n in sorted(st.errors.items()):
                 errors.add_metric([name, kind], n)
         yield from (opened, accepted, reads, received, errors)
-        rejected = CounterMetricFamily("riverbed_rejected", "Requests refused by a named limit, by reason.",
+        rejected = CounterMetricFamily("riverbed_rejected", "Requests refused by a named limit or a validation "
+                                       "rule, by reason.",
                                        labels=("listener", "reason"))
         for (name, reason), n in sorted(_limits.rejected().items()):
             rejected.add_metric([name, reason], n)

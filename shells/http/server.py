@@ -20,6 +20,7 @@ from aiohttp import hdrs, web
 
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.webtext import guard_server
 
 DEFAULT_PORT = 15692            # RabbitMQ's Prometheus port; the management API shares the listener here
 SHUTDOWN_TIMEOUT = 2.0          # seconds running requests get to finish at shutdown
@@ -99,10 +100,12 @@ class HttpServer:
         self.app = build_app(broker, config, features)
         self._runner = None
         self._server = None
+        self.scheme = "http"
 
     async def start(self):
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
+        guard_server(runner.server, lambda: _limits.reject(self.name, "encoding"))
         try:
             ctx = _tls.context_for(self.config)
             if ctx is None:
@@ -116,6 +119,7 @@ class HttpServer:
             raise
         self._runner = runner
         self.port = self._server.sockets[0].getsockname()[1]
+        self.scheme = "http" if ctx is None else "https"     # told to RabbitMQ Stream clients (http-url)
         return self
 
     def stop_accepting(self):

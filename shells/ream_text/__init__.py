@@ -5,8 +5,8 @@ is the sans-I/O connection (:mod:`.session`), :mod:`.codec` the framing, :mod:`.
 language compiled to the engine's predicate tree.
 """
 
-from riverbed.shells.ream_text.server import ReamServer, serve
+from riverbed.shells.ream_text.server import ReamServer, check_config, serve
 from riverbed.shells.ream_text.session import ReamSession
 from riverbed.shells.ream_text.shell import ReamShell
 
-__all__ = ["ReamServer", "ReamSession", "ReamShell", "serve"]
+__all__ = ["ReamServer", "ReamSession", "ReamShell", "check_config", "serve"]

@@ -22,6 +22,8 @@ import uuid
 from bson import json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
 
+from riverbed.engine.record import json_within_depth, max_depth
+
 from riverbed.engine.errors import RiverbedError, UniqueViolation
 from riverbed.shells.ream_text.expr import ExprError
 
@@ -104,11 +106,13 @@ USAGE = {
 
 
 class ReamError(Exception):
-    """A request the server refuses; ``reason`` goes to the client in quotes."""
+    """A request the server refuses; ``reason`` goes to the client in quotes; ``rejected``, when set, is
+    the ``riverbed_rejected_total`` reason the refusal counts under (``"depth"``, ...)."""
 
-    def __init__(self, reason):
+    def __init__(self, reason, rejected=None):
         super().__init__(reason)
         self.reason = reason
+        self.rejected = rejected
 
 
 def usage_error(key):
@@ -170,6 +174,62 @@ def check_name(name, what="name"):
         raise ReamError(f"Invalid {what} {name!r}: 3-20 characters, a letter then letters, digits or _")
 
 
+BARE_STREAM_RE = re.compile(r'[^\s"]+\Z')
+
+
+_ASCII_SPACE = frozenset(" \t\n\r\x0b\x0c")
+
+
+def split_words(text):
+    """The words of a request line, split on whitespace; a word that starts with ``"`` runs to its closing
+    quote (JSON string escapes inside), so a quoted stream name may hold spaces. Quoted words are kept
+    as written (with their quotes): :func:`stream_name` decodes them. ReamError for an unclosed quote."""
+    words = []
+    i, n = 0, len(text)
+    # ASCII whitespace only, as the line is framed: str.isspace() is also true of \x1c-\x1f and Unicode
+    # spaces, and a line of those alone would have had no words at all
+    while i < n:
+        if text[i] in _ASCII_SPACE:
+            i += 1
+            continue
+        if text[i] == '"':
+            j = i + 1
+            while j < n and text[j] != '"':
+                j += 2 if text[j] == "\\" else 1
+            if j >= n:
+                raise ReamError("Invalid request: a quoted name has no closing quote")
+            words.append(text[i:j + 1])
+            i = j + 1
+            continue
+        j = i
+        while j < n and text[j] not in _ASCII_SPACE:
+            j += 1
+        words.append(text[i:j])
+        i = j
+    return words
+
+
+def stream_name(word):
+    """A stream name token -> the name. Every name the log allows can be written: bare (any characters
+    but whitespace, not starting with ``"``: ``orders``, ``invoices-0``, ``auto-ws``) or as a
+    double-quoted JSON string (``"my stream"``). ReamError for an empty or malformed one."""
+    if word.startswith('"'):
+        try:
+            name = json.loads(word)
+        except ValueError:
+            raise ReamError(f"Invalid stream name {word}: a bad quoted string") from None
+        if not isinstance(name, str) or not name:
+            raise ReamError("Invalid stream name: empty")
+        return name
+    return word
+
+
+def name_token(name):
+    """A stream name as it goes out in a reply or an EVENT line: bare when it can be read back bare,
+    else double-quoted (JSON escaping), so the line keeps its word count."""
+    return name if BARE_STREAM_RE.match(name) else quote(name)
+
+
 def parse_size(word):
     """A declared payload size (int >= 0), or None when ``word`` is not one."""
     return int(word) if word is not None and SIZE_RE.match(word) else None
@@ -196,11 +256,17 @@ _DECODER = json.JSONDecoder(parse_constant=_no_constant)   # made once: json.loa
 
 
 def parse_json_object(payload):
-    """A payload (bytes) parsed as a JSON object (dict). ReamError "Invalid JSON..." otherwise."""
+    """A payload (bytes) parsed as a JSON object (dict). ReamError "Invalid JSON..." otherwise: not UTF-8,
+    nested deeper than the depth limit (``--max-depth``), not JSON, not an object. A payload holding a
+    lone surrogate escape (``"\\ud800"``) is valid JSON text and is kept as sent."""
     try:
-        value = _DECODER.decode(payload.decode("utf-8"))
+        text = payload.decode("utf-8")
     except UnicodeDecodeError:
-        raise ReamError("Invalid JSON: not UTF-8") from None
+        raise ReamError("Invalid JSON: not UTF-8", "encoding") from None
+    if not json_within_depth(text):
+        raise ReamError(f"Invalid JSON: nested deeper than the limit of {max_depth()}", "depth")
+    try:
+        value = _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
         raise ReamError(f"Invalid JSON: {e}") from None
     if not isinstance(value, dict):

@@ -60,13 +60,14 @@ class EventRequests:
         def done(res, exc):
             self._end(K_WRITE)
             if exc is not None:
-                data = C.non(EVENT, "PUBLISHED", stream, reason_of(exc))
+                data = C.non(EVENT, "PUBLISHED", C.name_token(stream), reason_of(exc))
                 for s in slots:
                     s.data = data
             else:
                 first = res.first_offset
+                token = C.name_token(stream).encode("utf-8")
                 for i, s in enumerate(slots):
-                    s.data = b"EVENT PUBLISHED %s %d\n" % (stream.encode(), first + i + 1)
+                    s.data = b"EVENT PUBLISHED %s %d\n" % (token, first + i + 1)
             self._flush()
         try:
             self.shell.publish(stream, records, done)
@@ -78,7 +79,7 @@ class EventRequests:
         stream = req.words[2]
         self._allow("read", stream)
         word = req.words[3]
-        if not word.isdigit() or len(word) > 19:
+        if not (word.isascii() and word.isdigit()) or len(word) > 19:
             raise ReamError(f"Invalid event id {word!r}")
         first_id = max(1, int(word))
         if stream in self.subs:
@@ -86,11 +87,12 @@ class EventRequests:
         sub = Subscription(stream, None)
         self.subs[stream] = sub
         slot = req.slot
+        token = C.name_token(stream)
         self._begin(K_READ)
 
         def resolved(next_offset, exc):
             if sub.closed or self.state != ST_OPEN:
-                slot.data = C.line("EVENT", "SUBSCRIBED", stream, "EMPTY")
+                slot.data = C.line("EVENT", "SUBSCRIBED", token, "EMPTY")
                 self._end(K_READ)
                 self._flush()
                 return
@@ -102,10 +104,10 @@ class EventRequests:
                 except RiverbedError:
                     info = None
             if info is None or info.last_offset < 0:
-                slot.data = C.line("EVENT", "SUBSCRIBED", stream, "EMPTY")
+                slot.data = C.line("EVENT", "SUBSCRIBED", token, "EMPTY")
             else:
                 start = max(start, info.first_offset)
-                slot.data = C.line("EVENT", "SUBSCRIBED", stream, start + 1, info.last_offset + 1)
+                slot.data = C.line("EVENT", "SUBSCRIBED", token, start + 1, info.last_offset + 1)
             sub.start = start
             self._end(K_READ)
             self._flush()
@@ -115,7 +117,7 @@ class EventRequests:
 
     def _start_tail(self, sub):
         stream = sub.stream
-        name = stream.encode("utf-8")
+        name = C.name_token(stream).encode("utf-8")
 
         def on_chunk(tail, chunk_id, raw, start):
             parts = []
@@ -166,12 +168,12 @@ class EventRequests:
                     out.remove(s)
                 for j, s in enumerate(later):
                     out.insert(i + j, s)
-        self._answer(req, C.line("EVENT", "UNSUBSCRIBED", stream))
+        self._answer(req, C.line("EVENT", "UNSUBSCRIBED", C.name_token(stream)))
 
     def _event_list(self, req, payloads):
         self._need(req, 2)
         names = self.broker.list_streams()
-        self._answer(req, C.line("EVENT", "LISTED", len(names), *names))
+        self._answer(req, C.line("EVENT", "LISTED", len(names), *map(C.name_token, names)))
 
     def _event_remove(self, req, payloads):
         self._need(req, 3)
@@ -184,10 +186,11 @@ class EventRequests:
 
         def done(exc):
             self._end(K_WRITE)
+            token = C.name_token(stream)
             if exc is None:
-                self._fill(slot, C.line("EVENT", "REMOVED", stream))
+                self._fill(slot, C.line("EVENT", "REMOVED", token))
             elif isinstance(exc, StreamNotFound):
-                self._fill(slot, C.non(EVENT, "REMOVED", stream, NOT_FOUND))
+                self._fill(slot, C.non(EVENT, "REMOVED", token, NOT_FOUND))
             else:
-                self._fill(slot, C.non(EVENT, "REMOVED", stream, reason_of(exc)))
+                self._fill(slot, C.non(EVENT, "REMOVED", token, reason_of(exc)))
         self.broker.delete_stream(stream, done)

@@ -29,13 +29,12 @@ class NotFound(ReamError):
 
 def parse_fields(count_word, words):
     """``<n> <field>...`` of PROJECTION CREATE -> list of (mark, field), mark one of "+", "*", "".
-    ReamError for a wrong count, a bad or repeated field name, or no unique (``+``) field."""
-    try:
-        n = int(count_word)
-    except (TypeError, ValueError):
-        raise ReamError(f"Invalid field count {count_word!r}") from None
-    if n != len(words):
-        raise ReamError(f"Field count {n} does not match the {len(words)} fields given")
+
+    The field list defines the projection; ``<n>`` must be a whole number but is taken as given, not
+    checked against the list (the protocol document's own example declares 6 for 7 fields).
+    ReamError for a count that is not a number, a bad or repeated field name, or no unique (``+``) field."""
+    if count_word is None or not count_word.isdigit():
+        raise ReamError(f"Invalid field count {count_word!r}")
     out = []
     seen = set()
     for w in words:

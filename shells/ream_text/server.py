@@ -3,6 +3,7 @@ thread pool for document-store reads that may scan many rows (PROJECTION SELECT)
 
 import asyncio
 import concurrent.futures
+import logging
 
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
@@ -11,6 +12,8 @@ from riverbed.shells.ream_text.session import ReamSession
 from riverbed.shells.ream_text.shell import ReamShell
 
 READ_WORKERS = 2    # threads for offloaded reads (each its own LMDB read transaction)
+
+log = logging.getLogger("riverbed.ream")
 
 
 class ConfigError(ValueError):
@@ -49,6 +52,28 @@ class ReamServer(TcpListener):
             await super().shutdown(drain_timeout)
         finally:
             self._pool.shutdown(wait=False)
+
+
+def check_config(config, auth):
+    """Whether ``riverbed serve`` should start this listener, decided before any listener is bound.
+
+    REAM has no credentials, so with a users file its connections act as ``--text-user``. Without that
+    setting the listener stays off (logged) when its port is the default, so that ``riverbed serve
+    --users FILE`` starts every other listener; a ``--text-port`` set explicitly makes the missing user
+    an error. Raises ConfigError for a missing or unknown text user that cannot be defaulted."""
+    if auth.open_to_loopback:
+        return True
+    text_user = getattr(config, "text_user", None)
+    if not text_user:
+        if config.sources.get("text_port", "default") == "default":
+            log.warning("text listener off: REAM has no credentials, so with a users file it needs "
+                        "--text-user NAME (the user its connections act as)")
+            return False
+        raise ConfigError("the text listener needs --text-user when a users file is given "
+                          "(or --text-port off)")
+    if auth.user(text_user) is None:
+        raise ConfigError(f"--text-user {text_user!r} is not in the users file")
+    return True
 
 
 async def serve(broker, *, host="127.0.0.1", port=7461, config=None, keepalive=None,

@@ -298,6 +298,13 @@ class ReamSession(EventRequests, DocumentRequests):
                     size = req.sizes[len(req.payloads)]
                     if nl < 0:
                         avail = n - pos
+                        if avail == size and req.extra == 0 and len(req.payloads) == len(req.sizes) - 1:
+                            # the last payload, all its declared bytes and no newline after them (yet): it
+                            # is complete, as REAM's own server takes it ("everything after the first \n");
+                            # a newline that follows is an empty line, which is ignored
+                            self._payload_line(req, bytes(buf[pos:n]))
+                            pos = n
+                            continue
                         if avail > size + 1:
                             # longer than declared and still no end: drop it as it comes (no buffering)
                             req.extra += avail
@@ -349,7 +356,13 @@ class ReamSession(EventRequests, DocumentRequests):
         except UnicodeDecodeError:
             self._push(C.error_line("Invalid request: not UTF-8"))
             return
-        words = text.split()
+        try:
+            words = C.split_words(text)
+            if words[0] == EVENT and len(words) > 2 and words[1] != "LIST":
+                words[2] = C.stream_name(words[2])     # decoded once: every handler sees the name itself
+        except ReamError as e:
+            self._push(C.error_line(e.reason))
+            return
         head = words[0]
         if head == "PING" and len(words) == 1:
             self._submit_batch()
@@ -397,7 +410,9 @@ class ReamSession(EventRequests, DocumentRequests):
         extra = ()
         if noun == AGGREGATE and req.verb in ("SET", "GET", "REMOVE") and len(words) > 3:
             extra = (words[3],)
-        if name is not None and not C.NAME_RE.match(name):
+        if name is not None and noun == EVENT:
+            name = C.name_token(name)
+        elif name is not None and not C.NAME_RE.match(name):
             name = C.quote(name)
         self._fill(req.slot, C.non(noun, past, name, reason, *extra))
 
@@ -445,7 +460,7 @@ class ReamSession(EventRequests, DocumentRequests):
         key = (req.noun, req.verb)
         if key != (EVENT, "PUBLISH"):
             self._submit_batch()
-        if req.verb not in ("LIST",) and len(req.words) > 2:
+        if req.verb not in ("LIST",) and len(req.words) > 2 and req.noun != EVENT:   # any stream name is fine
             try:
                 C.check_name(req.words[2])
             except ReamError as e:
@@ -461,11 +476,17 @@ class ReamSession(EventRequests, DocumentRequests):
         try:
             handler(req, payloads)
         except ReamError as e:
+            if e.rejected is not None:
+                _limits.reject(LISTENER, e.rejected, e.reason, self.peer)
             self._refuse(req, e.reason)
         except X.ExprError as e:
             self._refuse(req, f"Invalid expression: {e}")
         except RiverbedError as e:
             self._refuse(req, reason_of(e))
+        except (ValueError, TypeError, LookupError, OverflowError, RecursionError) as e:
+            # a request word or payload the checks let through: still this request's refusal
+            _limits.reject(LISTENER, "field", f"{req.noun} {req.verb}: {e!r}", self.peer)
+            self._refuse(req, f"Invalid request: {type(e).__name__}")
 
     def _need(self, req, nwords):
         if len(req.words) != nwords:

@@ -15,7 +15,9 @@ from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREDIT, CMD_DELIVER, CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT,
-    CMD_METADATA, CMD_METADATA_UPDATE, CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_STREAM_STATS, CMD_TUNE,
+    CMD_METADATA, CMD_METADATA_UPDATE, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES, CMD_PUBLISH,
+    CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC,
+    CMD_ROUTE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_TUNE,
     LEN_KEY_VERSION, LEN_PUBLISH_HEAD, OFFSET_TYPE_FIRST, OFFSET_TYPE_LAST,
     OFFSET_TYPE_NEXT, OFFSET_TYPE_NONE, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, RC_AUTHENTICATION_FAILURE,
     RC_INTERNAL_ERROR, RC_OK, RC_PRECONDITION_FAILED, RC_SASL_AUTHENTICATION_FAILURE_LOOPBACK, RC_SASL_ERROR,
@@ -46,6 +48,12 @@ _CONFIRM_HEAD = struct.Struct(">IHHBi")  # size, key, version, publisher id, id 
 
 class DecodeError(ValueError):
     """A frame body does not parse as the command its key names (truncated, bad lengths, bad UTF-8)."""
+
+
+class FieldError(DecodeError):
+    """A frame that parses to its end but holds a value its command cannot take (a null property key or
+    value, a null in a list of stream names): answered with the command's response code
+    (PRECONDITION_FAILED) and the connection stays open. Raised by :meth:`Reader.done`."""
 
 
 def frame(key, body=b"", version=1):
@@ -83,12 +91,13 @@ class Reader:
     """Cursor over one frame payload (key and version included). Every read raises DecodeError when
     the payload is too short, so a truncated or lying frame can never raise anything else."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "pos", "end", "problem")
 
     def __init__(self, buf, pos=LEN_KEY_VERSION):
         self.buf = buf
         self.pos = pos
         self.end = len(buf)
+        self.problem = None     # the first value read that its command cannot take (see done())
 
     def _take(self, st):
         p = self.pos
@@ -149,19 +158,36 @@ class Reader:
         return n
 
     def strings(self):
-        return [self.string() for _ in range(self.count(2))]
+        """An array of strings; a null among them is a problem (see :meth:`done`) and is left out."""
+        out = []
+        for _ in range(self.count(2)):
+            v = self.string()
+            if v is None:
+                self.problem = self.problem or "null string in an array of strings"
+            else:
+                out.append(v)
+        return out
 
-    def properties(self):
-        """``[(string, string)]`` as a dict (later keys win)."""
+    def properties(self, null_values=False):
+        """``[(string, string)]`` as a dict (later keys win). A null key, or a null value unless
+        ``null_values`` (kept as None), is a problem (see :meth:`done`) and its pair is left out."""
         out = {}
         for _ in range(self.count(4)):
             k = self.string()
-            out[k] = self.string()
+            v = self.string()
+            if k is None or (v is None and not null_values):
+                self.problem = self.problem or f"null {'key' if k is None else 'value'} in a properties map"
+            else:
+                out[k] = v
         return out
 
     def done(self):
+        """The end of the frame: every byte read (DecodeError otherwise), and no value the command
+        cannot take (FieldError, with the first such problem)."""
         if self.pos != self.end:
             raise DecodeError(f"{self.end - self.pos} bytes left over after the last field")
+        if self.problem is not None:
+            raise FieldError(self.problem)
 
 
 def decode_offset_spec(r, allow_none=False):
@@ -447,3 +473,21 @@ def response_code_for(exc):
         # nothing was stored, the same publish may be retried once space returns
         return RC_STREAM_NOT_AVAILABLE
     return RC_INTERNAL_ERROR
+
+
+# Requests whose response is more than a code: the body a refusal carries so that clients parse it (the
+# shapes of the empty answers the handlers give; StreamStats' and ExchangeCommandVersions' empty lists).
+REFUSAL_BODIES = {
+    CMD_PEER_PROPERTIES: enc_properties({}),
+    CMD_SASL_HANDSHAKE: enc_strings([]),
+    CMD_OPEN: enc_properties({}),
+    CMD_QUERY_OFFSET: b"\x00" * 8,
+    CMD_QUERY_PUBLISHER_SEQUENCE: b"\x00" * 8,
+    CMD_ROUTE: enc_strings([]),
+    CMD_PARTITIONS: enc_strings([]),
+    CMD_STREAM_STATS: b"\x00" * 4,
+    CMD_EXCHANGE_COMMAND_VERSIONS: b"\x00" * 4,
+    CMD_RESOLVE_OFFSET_SPEC: struct.pack(">HQ", OFFSET_TYPE_OFFSET, 0),
+}
+# Requests without a correlation id, so without a response to refuse them with.
+NO_RESPONSE_KEYS = frozenset((CMD_TUNE, CMD_HEARTBEAT, CMD_CREDIT, CMD_STORE_OFFSET, CMD_PUBLISH))

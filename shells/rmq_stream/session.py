@@ -67,7 +67,8 @@ from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
-    _AUTH_CODES, _I32, _KEY_VERSION, _U32, DecodeError, Reader, enc_properties, enc_strings, encode_close,
+    _AUTH_CODES, _I32, _KEY_VERSION, _U32, NO_RESPONSE_KEYS, REFUSAL_BODIES, DecodeError, FieldError, Reader,
+    enc_properties, enc_strings, encode_close,
     encode_command_versions, encode_heartbeat, encode_metadata_response, encode_metadata_update,
     encode_stream_stats, encode_tune, response, response_code_for,
 )
@@ -77,8 +78,8 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES,
     CMD_PUBLISH, CMD_QUERY_OFFSET, CMD_QUERY_PUBLISHER_SEQUENCE, CMD_RESOLVE_OFFSET_SPEC, CMD_ROUTE,
     CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_STORE_OFFSET, CMD_STREAM_STATS, CMD_SUBSCRIBE, CMD_TUNE,
-    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_PUBLISH_HEAD, LEN_SIZE, PENDING_OPS_HIGH,
-    PENDING_OPS_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE, RC_FRAME_TOO_LARGE, RC_OK,
+    CMD_UNSUBSCRIBE, INITIAL_FRAME_MAX, LEN_KEY_VERSION, LEN_PUBLISH_HEAD, LEN_SIZE,
+    PENDING_OPS_HIGH, PENDING_OPS_LOW, RC_ACCESS_REFUSED, RC_AUTHENTICATION_FAILURE, RC_FRAME_TOO_LARGE, RC_OK,
     RC_PRECONDITION_FAILED, RC_SASL_CANNOT_CHANGE_MECHANISM, RC_SASL_CANNOT_CHANGE_USERNAME,
     RC_SASL_MECHANISM_NOT_SUPPORTED, RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST,
     RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
@@ -484,8 +485,28 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             return
         try:
             method(self, f, version)
+        except FieldError as e:
+            self._refuse_values(key, f, name, e)
         except DecodeError as e:
             self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {e}")
+        except (TypeError, ValueError, LookupError, AttributeError, OverflowError, RecursionError) as e:
+            # a value that parsed and that the command's checks let through: still this request's
+            # error, answered as one (the frame was read whole, so the connection can go on)
+            self._refuse_values(key, f, name, repr(e))
+
+    def _refuse_values(self, key, f, name, err):
+        """Answer a whole, well-framed request whose values its command cannot take with
+        PRECONDITION_FAILED and an empty body of its response's shape; the connection stays open.
+        Commands that have no response (Tune, Credit, StoreOffset, responses) are dropped, except a
+        Metadata request, whose response has no code: Close 0x0d."""
+        _limits.reject(LISTENER, "field", f"{name}: {err}", self.peer)
+        if key == CMD_METADATA:
+            self._fatal(RC_UNKNOWN_FRAME, f"malformed {name} frame: {err}")
+            return
+        if key & RESPONSE or key in NO_RESPONSE_KEYS or len(f) < LEN_KEY_VERSION + 4:
+            return
+        corr = _U32.unpack_from(f, LEN_KEY_VERSION)[0]
+        self._respond(key, corr, RC_PRECONDITION_FAILED, REFUSAL_BODIES.get(key, b""))
 
     def _can(self, what, resource):
         return self.user is not None and self.user.can(what, resource)
@@ -495,9 +516,11 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     def _on_peer_properties(self, f, version):
         r = Reader(f)
         corr = r.u32()
-        self.client_properties = r.properties()
+        self.client_properties = r.properties(null_values=True)   # shown as given (management API)
         r.done()
-        self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(self.shell.server_properties()))
+        properties = self.shell.server_properties()
+        properties.update(self.shell.http_properties())     # where the HTTP listener is, for admin clients
+        self._respond(CMD_PEER_PROPERTIES, corr, RC_OK, enc_properties(properties))
 
     def _on_sasl_handshake(self, f, version):
         r = Reader(f)

@@ -66,6 +66,16 @@ class RmqShell:
                 "copyright": "Copyright (c) the Riverbed authors",
                 "information": "Licensed under the Apache 2.0 license, see https://www.apache.org/licenses/"}
 
+    def http_properties(self):
+        """Where this server's HTTP listener is, for PeerProperties: ``http-port`` (the bound port) and
+        ``http-scheme`` (``http``, or ``https`` with --tls-cert), so a client that knows only the stream
+        port (``riverbed streams ls --uri ...``) finds the JSON API on the host it dialed. Empty when
+        the HTTP listener is off."""
+        for name, server in self.broker.listeners:
+            if name == "http":
+                return {"http-port": str(server.port), "http-scheme": getattr(server, "scheme", "http")}
+        return {}
+
     def advertised(self, local_host=None):
         """``(host, port)`` for OpenResponse and Metadata: the configured advertised address, else the
         address the client reached us on (always reachable by that client), else the listen address."""

@@ -10,7 +10,11 @@ written to every subscriber.
 """
 
 import json
+import math
+import re
 import struct
+
+from riverbed.engine.record import json_within_depth, max_depth
 
 PROTOCOL_VERSION = 0          # element 0 of every server frame
 MSG_VERSION = 28
@@ -33,6 +37,7 @@ ERR_NOT_JSON_MSG = "Message must be stringified JSON!"
 ERR_AUTH_FAILED = "Authentication failed."
 ERR_NOT_A_REQUEST = "Request must be a JSON object!"
 ERR_NOT_SUBSCRIBED = "Not subscribed"
+ERR_BAD_TEXT = "Request must be valid Unicode text: it holds an unpaired surrogate escape"
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _loads = json.loads
@@ -42,11 +47,25 @@ _U64 = struct.Struct(">BBQ")
 
 class RequestError(ValueError):
     """A request the server answers with an error frame; ``payload`` is the error frame's payload (a
-    string or an object)."""
+    string or an object); ``reason``, when set, is the ``riverbed_rejected_total`` reason the refusal
+    counts under (``"depth"``, ``"encoding"``, ``"field"``)."""
 
-    def __init__(self, payload):
+    def __init__(self, payload, reason=None):
         super().__init__(payload if isinstance(payload, str) else json.dumps(payload))
         self.payload = payload
+        self.reason = reason
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+# NaN and Infinity are Python's extension, not JSON: a request using them is not JSON (a NaN ts would
+# otherwise pass every comparison)
+_decode = json.JSONDecoder(parse_constant=_no_constant).decode
+# a \uD800-\uDFFF escape: the only way a str from a WebSocket text frame (checked UTF-8) can come to
+# hold a lone surrogate, which no UTF-8 encoder (ours included, for the error frame) can write
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 # ------------------------------------------------------------------------------------------ output
@@ -111,18 +130,46 @@ def ws_text_frame(text):
 
 # ------------------------------------------------------------------------------------------- input
 
-def parse_request(text):
-    """One client frame (str or UTF-8 bytes) as a request dict. Raises RequestError for text that is
-    not a JSON object or has no string ``type``."""
+def parse_json(text):
+    """JSON text (str) parsed strictly: NaN and Infinity are not JSON. Raises ValueError (a
+    RecursionError too deep to parse becomes one); check the depth first (``record.json_within_depth``)."""
     try:
-        req = _loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        return _decode(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def parse_request(text):
+    """One client frame (str or UTF-8 bytes) as a request dict: the one validation step every request
+    goes through before a handler reads it. Raises RequestError for text that is not a JSON object (NaN
+    and Infinity are not JSON), that nests deeper than the depth limit, that holds a lone surrogate
+    (``"\\ud800"``), that has no string ``type``, or whose common fields have the wrong types
+    (see :data:`FIELD_TYPES`)."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError:
+            raise RequestError(ERR_NOT_A_REQUEST, "encoding") from None
+    if not json_within_depth(text, max_depth()):
+        raise RequestError(f"Request nests deeper than the limit of {max_depth()}", "depth")
+    try:
+        req = _decode(text)
+    except (ValueError, RecursionError):
         raise RequestError(ERR_NOT_A_REQUEST) from None
     if not isinstance(req, dict):
         raise RequestError(ERR_NOT_A_REQUEST)
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        try:
+            _dumps(req).encode("utf-8")
+        except UnicodeEncodeError:
+            raise RequestError(ERR_BAD_TEXT, "encoding") from None
     t = req.get("type")
     if not isinstance(t, str):
         raise RequestError(f"Unknown request type: {t}" if t is not None else "Unknown request type: undefined")
+    for key, (what, ok) in FIELD_TYPES.items():
+        v = req.get(key)
+        if v is not None and not ok(v):
+            raise RequestError(f"Invalid {key}: {key} must be {what}", "field")
     return req
 
 
@@ -132,6 +179,14 @@ def is_int(v):
 
 def is_number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The fields every handler reads without checking their type again (null is "not given"); the others
+# (partition, msg, ts, pkey, resend_*) are checked by the functions below with the real server's texts.
+FIELD_TYPES = {
+    "authKey": ("a string", lambda v: isinstance(v, str)),
+    "sub": ("a string", lambda v: isinstance(v, str)),
+}
 
 
 def request_partition(req):
@@ -160,13 +215,15 @@ def check_publish(req):
     msg = req.get("msg")
     if not isinstance(msg, str):
         raise RequestError(ERR_NOT_JSON_MSG)
+    if not json_within_depth(msg, max_depth()):
+        raise RequestError(f"Message nests deeper than the limit of {max_depth()}", "depth")
     try:
-        _loads(msg)
+        _decode(msg)
     except (ValueError, RecursionError):
         raise RequestError(ERR_NOT_JSON_MSG) from None
     ts = req.get("ts")
     if ts is not None:
-        if not is_number(ts) or ts < 0 or ts >= 1 << 62:
+        if not is_number(ts) or not math.isfinite(ts) or ts < 0 or ts >= 1 << 62:
             raise RequestError("Invalid timestamp: ts must be a number of milliseconds since the epoch")
         ts = int(ts)
     pkey = req.get("pkey")

@@ -35,6 +35,7 @@ from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.http.server import body_limit
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
+from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
 from riverbed.shells.ws_json.session import (
@@ -144,6 +145,7 @@ class WsJsonServer:
         app.router.add_post(base, self._rest_post)
         self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=CLOSE_GRACE)
         await self._runner.setup()
+        guard_server(self._runner.server, lambda: _limits.reject(self.name, "encoding"))
         if self.ssl is None:
             self._site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
             await self._site.start()
@@ -298,6 +300,10 @@ class WsJsonServer:
             return _json_response(e.status, json.dumps({"error": e.text}))
         except RiverbedError as e:
             return _json_response(500, json.dumps({"error": str(e)}))
+        except (ValueError, TypeError, LookupError, OverflowError, RecursionError) as e:
+            # a request value the checks above let through: the request's fault, answered as such
+            log.info("REST %s %s refused: %r", request.method, request.rel_url, e)
+            return _json_response(400, json.dumps({"error": f"Invalid request: {type(e).__name__}"}))
 
     async def _rest_last(self, request):
         return await self._rest(self._last, request)
@@ -344,14 +350,10 @@ class WsJsonServer:
         stream = request.match_info["id"]
         self._rest_check(user, WRITE, stream, f"Not authorized to publish to stream {stream}")
         ts = self._int_param(request, "ts")
+        if ts is not None and not 0 <= ts < 1 << 62:
+            raise RestError(400, "Query parameter ts must be a number of milliseconds since the epoch")
         pkey = request.query.get("pkey")
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
-            raise RestError(400, "Request body must be a JSON object or a list of them") from None
-        items = body if isinstance(body, list) else [body]
-        if not all(isinstance(x, dict) for x in items):
-            raise RestError(400, "Request body must be a JSON object or a list of them")
+        items = self._post_items(await request.read())
         logs = log_streams(self.broker, stream)
         log_stream = logs[partition_for_key(pkey, len(logs)) if pkey is not None else 0]
         if not self.broker.has_stream(log_stream):
@@ -362,8 +364,7 @@ class WsJsonServer:
                 raise RestError(500, f"Cannot create stream {stream}: {exc}")
         when = self.broker.wall_clock() if ts is None else ts
         props = {"pkey": pkey} if pkey is not None else None
-        records = [_record.from_json_text(json.dumps(x, separators=(",", ":"), ensure_ascii=False), when, props)
-                   for x in items]
+        records = [_record.from_json_text(text, when, props) for text in items]
         if records:
             exc = await self._wait(lambda cb: self.broker.append_records(log_stream, records,
                                                                          lambda res, e: cb(e)))
@@ -371,6 +372,41 @@ class WsJsonServer:
                 # 503 for a full disk or the disk alarm: nothing was stored, the same request may be retried
                 raise RestError(503 if isinstance(exc, StorageFull) else 500, f"Publish failed: {exc}")
         return web.Response(status=200)
+
+    @staticmethod
+    def _post_items(body):
+        """The JSON texts (compact, UTF-8 encodable) of a POST body holding one JSON object or a list of
+        them: the REST publish's one validation step. Raises RestError 400 for a body that is not UTF-8,
+        not JSON (NaN is not), not objects, nested deeper than the depth limit (each object; the list
+        around them does not count), or holding a lone surrogate escape."""
+        limit = _record.max_depth()
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RestError(400, "Request body must be UTF-8 JSON") from None
+        if not _record.json_within_depth(text, limit + 1):
+            _limits.reject(WsJsonServer.name, "depth")
+            raise RestError(400, f"Request body nests deeper than the limit of {limit}")
+        try:
+            value = codec.parse_json(text)
+        except ValueError:
+            raise RestError(400, "Request body must be a JSON object or a list of them") from None
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(x, dict) for x in items):
+            raise RestError(400, "Request body must be a JSON object or a list of them")
+        if not all(_record.value_within_depth(x, limit) for x in items):
+            _limits.reject(WsJsonServer.name, "depth")
+            raise RestError(400, f"Request body nests deeper than the limit of {limit}")
+        out = []
+        for x in items:
+            t = json.dumps(x, separators=(",", ":"), ensure_ascii=False)
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:
+                _limits.reject(WsJsonServer.name, "encoding")
+                raise RestError(400, codec.ERR_BAD_TEXT) from None
+            out.append(t)
+        return out
 
     async def _wait(self, start):
         fut = self.loop.create_future()

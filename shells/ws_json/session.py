@@ -32,11 +32,13 @@ from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
 
 log = logging.getLogger("riverbed.ws")
+LISTENER = "ws"
 
 DEFAULT_SEND_BUFFER_MAX = 16 << 20   # bytes a connection may have unsent before it is dropped
 RESEND_HIGH_WATER = 1 << 20          # a resend waits while more than this is unsent
@@ -82,11 +84,14 @@ class WsShell:
         self.send_buffer_max = send_buffer_max
         self.fanouts = {}        # (stream id, partition) -> Fanout
 
-    def fanout(self, stream_id, partition, log_stream):
+    def fanout(self, stream_id, partition, log_stream, from_first=False):
+        """The Fanout of a stream-partition, made when missing; a new one starts at the next record, or
+        at the first with ``from_first`` (a stream created after its subscribers subscribed: all of it is
+        new to them)."""
         key = (stream_id, partition)
         f = self.fanouts.get(key)
         if f is None or f.log_stream != log_stream:
-            f = self.fanouts[key] = Fanout(self, stream_id, partition, log_stream)
+            f = self.fanouts[key] = Fanout(self, stream_id, partition, log_stream, from_first)
         return f
 
     def ensure_stream(self, name, cb):
@@ -98,8 +103,9 @@ class WsShell:
 class Fanout:
     """Live delivery of one stream-partition to every connection subscribed to it (see module doc)."""
 
-    def __init__(self, shell, stream_id, partition, log_stream):
+    def __init__(self, shell, stream_id, partition, log_stream, from_first=False):
         self.shell = shell
+        self.from_first = from_first
         self.stream_id = stream_id
         self.partition = partition
         self.log_stream = log_stream
@@ -120,7 +126,10 @@ class Fanout:
         if self.tail is None:
             self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_chunk, defer=self.shell.defer,
                              on_gone=self._on_gone, mode=MODE_WINDOW)
-            self.shell.broker.resolve_after_writes(self.log_stream, OffsetSpec.next(), self._started)
+            if self.from_first:
+                self._started(0, None)
+            else:
+                self.shell.broker.resolve_after_writes(self.log_stream, OffsetSpec.next(), self._started)
 
     def _started(self, offset, exc):
         if self.tail is None or self.tail.closed:
@@ -276,6 +285,7 @@ class WsSession:
         self.state = ST_OPEN
         self.connected_at = self.broker.wall_clock()
         self.subscriptions = {}        # (stream id, partition) -> Fanout
+        self.waiting = {}              # (stream id, partition) -> log stream: subscribed, the stream not there yet
         self.resends = set()
         self.last_user = None          # for connection_info
         self._outbox = {}              # log stream -> [records] waiting for the next flush
@@ -322,11 +332,17 @@ class WsSession:
                 raise RequestError(f"Unknown request type: {req['type']}")
             handler(self, req)
         except RequestError as e:
+            if e.reason is not None:
+                _limits.reject(LISTENER, e.reason, str(e)[:200], self.peer)
             self.send_error(e.payload)
         except RiverbedError as e:
             self.send_error(f"Request failed: {e}")
+        except (TypeError, ValueError, LookupError, RecursionError) as e:
+            # a value parse_request let through that a handler cannot take: still the request's error
+            _limits.reject(LISTENER, "field", f"{e!r}: {text!r:.200}", self.peer)
+            self.send_error(f"Invalid request: {type(e).__name__}")
         except Exception:      # a bug must cost this request only, not the connection or the process
-            log.exception("%s: request failed: %.200s", self.peer, text)
+            log.exception("%s: request failed: %.200r", self.peer, text)
             self.send_error("Internal error")
 
     def binary_received(self, data):
@@ -366,19 +382,28 @@ class WsSession:
     def _subscribe(self, req):
         stream = codec.request_stream(req)
         p = codec.request_partition(req)
-        user = self._require(req, READ, stream, f"Not authorized to subscribe to stream {stream} and partition {p}")
+        self._require(req, READ, stream, f"Not authorized to subscribe to stream {stream} and partition {p}")
         logs = log_streams(self.broker, stream)
         if p >= len(logs):
             raise RequestError(f"Stream {stream} has {len(logs)} partition(s): partition {p} does not exist")
         key = (stream, p)
-        if key in self.subscriptions:
+        if key in self.subscriptions or key in self.waiting:
             self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         log_stream = logs[p]
-        if not self.broker.has_stream(log_stream):
-            if len(logs) > 1 or not self.broker.allowed(user, CONFIGURE, stream):
-                raise RequestError(f"Stream {stream} not found.")
+        if log_stream in self._blocked or self.broker.creating(log_stream):
+            # a publish (this connection's or another's) is making it: once made, the subscription starts
+            # at the next record, so it never gets back what was published before it subscribed
             self.shell.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
+            return
+        if not self.broker.has_stream(log_stream):
+            if len(logs) > 1:
+                raise RequestError(f"Stream {stream} not found.")
+            # only publishes (and explicit creation) make streams, so a misspelled id creates nothing:
+            # the subscription is in effect ("from the next published message") and waits for the stream
+            # to be made by anyone; all of it is then new to this subscriber (stream_created)
+            self.waiting[key] = log_stream
+            self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         self._subscribe_ready(stream, p, log_stream, None)
 
@@ -411,9 +436,11 @@ class WsSession:
         except RequestError:
             p = None
         fan = self.subscriptions.pop((stream, p), None) if isinstance(stream, str) else None
-        if fan is None:
+        waited = self.waiting.pop((stream, p), None) if isinstance(stream, str) else None
+        if fan is None and waited is None:
             raise RequestError({"error": codec.ERR_NOT_SUBSCRIBED, "request": req})
-        fan.remove(self)
+        if fan is not None:
+            fan.remove(self)
         self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, p)))
 
     def _publish(self, req):
@@ -515,6 +542,17 @@ class WsSession:
         if self.subscriptions.pop((stream, partition), None) is not None and self.state != ST_CLOSED:
             self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, partition)))
 
+    def stream_created(self, name):
+        """The broker says log stream ``name`` now exists: subscriptions waiting for it start at its first
+        record (everything in it was published after they subscribed)."""
+        for key, log_stream in list(self.waiting.items()):
+            if log_stream != name or self.state == ST_CLOSED:
+                continue
+            del self.waiting[key]
+            fan = self.shell.fanout(key[0], key[1], name, from_first=True)
+            self.subscriptions[key] = fan
+            fan.add(self, lambda: None)     # SUBSCRIBED went out when the client subscribed
+
     def stream_deleted(self, name):
         """A stream was deleted (any protocol): end the subscriptions reading it."""
         for key, fan in list(self.subscriptions.items()):
@@ -553,6 +591,7 @@ class WsSession:
         for fan in self.subscriptions.values():
             fan.remove(self)
         self.subscriptions.clear()
+        self.waiting.clear()
         for job in list(self.resends):
             job.done = True
         self.resends.clear()
@@ -579,5 +618,5 @@ class WsSession:
             "peer_host": self.peer[0], "peer_port": self.peer[1], "host": self.local[0], "port": self.local[1],
             "user": user, "client_properties": {}, "connected_at": self.connected_at,
             "state": {ST_OPEN: "running", ST_CLOSING: "closing"}.get(self.state, "closed"),
-            "subscriptions": len(self.subscriptions),
+            "subscriptions": len(self.subscriptions) + len(self.waiting),
         }

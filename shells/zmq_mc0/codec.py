@@ -32,7 +32,13 @@ HDR_TTL = b"TTL"
 HDR_VERSION = b"VERSION"
 HDR_TOPIC = b"TOPIC"
 HDR_MESSAGE = b"MESSAGE"
-HDR_OFFSET = b"X-OFFSET"     # SUB: replay the topic's stream from this offset (0 = first), then live
+HDR_OFFSET = b"X-OFFSET"     # SUB: replay the topic's stream from this offset (0 = first), then live;
+                             # MESSAGE: the record's offset (resume with SUB X-OFFSET offset+1)
+HDR_CONTENT_TYPE = b"X-CONTENT-TYPE"   # MESSAGE: what the body is (application/json, application/bson, ...)
+_SERVER_HEADERS = frozenset(("X-OFFSET", "X-CONTENT-TYPE"))   # MESSAGE's own: a PUT's headers of these names
+                                                              # are not repeated
+_KIND_TYPES = {_record.KIND_JSON: _record.CT_JSON.encode(), _record.KIND_BSON: _record.CT_BSON.encode()}
+_CT_OCTET = _record.CT_OCTET.encode()
 
 DELIM = b""
 FRAMES_NOOP = [DELIM, VERB_NOOP]
@@ -206,10 +212,13 @@ def _header_value(v):
     return str(v).encode("utf-8")
 
 
-def record_message(topic, raw):
-    """MESSAGE frames for one stored record of stream ``topic`` (bytes): ``TOPIC`` first (unless the
-    record keeps it among its properties), the application properties as headers, the data sections
-    (or the raw record) as body frames."""
+def record_message(topic, raw, offset):
+    """MESSAGE frames for the stored record at ``offset`` (int) of stream ``topic`` (bytes): ``TOPIC``
+    first (unless the record keeps it among its properties), the application properties as headers,
+    then ``X-OFFSET`` (the record's offset: a reader resumes with ``SUB X-OFFSET <offset+1>``) and
+    ``X-CONTENT-TYPE`` (the stored content type, else what the payload is: ``application/json``,
+    ``application/bson`` or ``application/octet-stream``), the data sections (or the raw record) as
+    body frames."""
     rec = _record.decode_record(raw)
     props = rec.app_properties
     out = [DELIM, VERB_MESSAGE]
@@ -217,9 +226,15 @@ def record_message(topic, raw):
         out.append(HDR_TOPIC)
         out.append(topic)
     for k, v in props.items():
+        if k in _SERVER_HEADERS:
+            continue
         out.append(str(k).encode("utf-8"))
         out.append(_header_value(v))
+    out.append(HDR_OFFSET)
+    out.append(b"%d" % offset)
+    out.append(HDR_CONTENT_TYPE)
+    out.append(rec.content_type.encode("utf-8", "replace") if rec.content_type
+               else _KIND_TYPES.get(rec.kind, _CT_OCTET))
     out.append(DELIM)
     out.extend(rec.sections)
     return out
-

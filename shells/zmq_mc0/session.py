@@ -40,6 +40,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.zmq_mc0 import codec
 from riverbed.shells.zmq_mc0.codec import (
     HDR_OFFSET, HDR_TOPIC, HDR_TTL, RequestError, VERB_CONNECT, VERB_DISCONNECT, VERB_NOOP, VERB_PUT, VERB_SUB,
@@ -47,6 +48,7 @@ from riverbed.shells.zmq_mc0.codec import (
 )
 
 log = logging.getLogger("riverbed.zmq")
+LISTENER = "zmq"         # the listener label of riverbed_rejected_total
 
 SENT, BLOCKED, GONE = "sent", "blocked", "gone"
 
@@ -355,6 +357,11 @@ class McShell:
         except RequestError as e:
             client.send(codec.encode_error(e.text, e.id if e.id is not None else req.id))
             return
+        except (ValueError, TypeError, LookupError, OverflowError, RiverbedError) as e:
+            # a value the request checks let through: this request's ERROR, not the listener's guard
+            _limits.reject(LISTENER, "field", repr(e), client.identity.hex())
+            client.send(codec.encode_error(f"request failed: {e}", req.id))
+            return
         if req.id is not None:
             client.send(codec.encode_ok(req.id))
         for sub in started:   # after the OK: replayed messages follow it
@@ -457,7 +464,7 @@ class McShell:
         n = len(records)
         while i < n:
             try:
-                frames = codec.record_message(topic, records[i])
+                frames = codec.record_message(topic, records[i], chunk_id + i)
             except Exception as e:   # a record this shell cannot render: skip it, say so in the log
                 log.warning("zmq: record %d of %r cannot be rendered: %s", chunk_id + i, sub.name, e)
                 i += 1

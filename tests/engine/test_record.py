@@ -649,3 +649,64 @@ def test_record_round_trips(doc):
     rec = record.decode_record(record.from_bson(doc))
     assert record.to_bson_document(rec) == doc and record.to_json_value(rec) == doc
     assert json.loads(record.to_json_text(rec)) == doc
+
+
+# ---- the nesting-depth limit (issue 21) -----------------------------------------------------------------
+
+def _deep(n):
+    d = {"x": 1}
+    for _ in range(n - 1):
+        d = {"a": [d]} if _ % 2 else {"a": d}
+    return d
+
+
+def test_depth_of_json_text_and_values():
+    assert record.json_depth("5") == 0 and record.json_depth("[]") == 1 and record.json_depth("{}") == 1
+    assert record.json_depth('{"a":[1,{"b":"[[[\\"[{"}]}') == 3        # brackets in strings do not count
+    assert record.json_depth(b'{"a":"\\\\"}') == 1                       # an escaped backslash ends the escape
+    for n in (1, 2, 64, 65, 600):
+        text = json.dumps(_deep(n))
+        assert record.json_depth(text) == record.value_depth(_deep(n), 10**6) == n + (n - 1) // 2
+    assert record.value_depth(_deep(600), 64) == 65                      # stops once past the limit
+    assert record.json_within_depth("[" * 10 + "]" * 10, 10) and not record.json_within_depth("[" * 11 + "]" * 11, 10)
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: record.from_bson(d),
+    lambda d: record.from_json_text(json.dumps(d)),
+    lambda d: record.encode_record(bson.encode(d), None),                 # sniffed
+    lambda d: json.dumps(d).encode(),                                      # raw, sniffed
+])
+def test_a_record_deeper_than_the_limit_renders_raw_everywhere_and_is_counted(make):
+    deep, ok = {"x": 1}, {"x": 1}
+    for _ in range(599):
+        deep = {"a": deep}
+    for _ in range(63):
+        ok = {"a": ok}
+    before = record.render_fallbacks()
+    rec = record.decode_record(make(deep))
+    payload = rec.payload
+    assert record.to_json_value(rec) == {"base64": base64.b64encode(payload).decode()}
+    assert json.loads(record.to_json_text(rec)) == {"base64": base64.b64encode(payload).decode()}
+    assert record.to_bson_document(rec) == {"data": Binary(payload)}
+    assert bson.decode(record.to_bson_bytes(rec)) == {"data": payload}
+    after = record.render_fallbacks()
+    assert sum(after.values()) - sum(before.values()) >= 3
+    assert after.get(("json", "depth"), 0) > before.get(("json", "depth"), 0)
+    rec = record.decode_record(make(ok))                                   # at the limit: as always
+    assert record.to_json_value(rec) == ok and json.loads(record.to_json_text(rec)) == ok
+    assert record.to_bson_document(rec) == ok and bson.decode(record.to_bson_bytes(rec)) == ok
+
+
+def test_set_max_depth_is_the_one_limit():
+    rec = record.decode_record(record.from_bson({"a": {"b": {}}}))
+    try:
+        record.set_max_depth(2)
+        assert record.max_depth() == 2 and record.to_json_value(rec).keys() == {"base64"}
+        record.set_max_depth(3)
+        assert record.to_json_value(rec) == {"a": {"b": {}}}
+        for bad in (0, 257, "3", True, 2.5):
+            with pytest.raises(ValueError):
+                record.set_max_depth(bad)
+    finally:
+        record.set_max_depth(record.DEFAULT_MAX_DEPTH)

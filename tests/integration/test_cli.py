@@ -70,7 +70,7 @@ def test_listener_off_and_bad_config(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     r = riverbed("serve", "--stream-port", "99999")
-    assert r.returncode == 2 and "stream_port" in r.stderr
+    assert r.returncode == 2 and "--stream-port" in r.stderr
     r = riverbed("serve", "--data-dir", str(tmp_path / "d2"), "--fsync", "nope")
     assert r.returncode == 2
 
@@ -170,3 +170,20 @@ def test_sigterm_confirms_what_it_received_then_closes(tmp_path):
     with Engine(str(tmp_path / "data"), readonly=True) as eng:
         stored = eng.stream_info("drain").records
     assert stored >= len(confirmed)
+
+
+def test_users_add_api_key_with_a_password_on_stdin_keeps_both(tmp_path):
+    """``echo pw | riverbed users add NAME --api-key`` once ignored the password: now both are kept, and
+    the output says which the user has."""
+    from riverbed.shells import auth
+    users = tmp_path / "users.toml"
+    r = riverbed("users", "--users", str(users), "add", "dora", "--api-key", input="s3cret\n")
+    assert r.returncode == 0, r.stderr
+    assert "with a password and an API key" in r.stdout
+    key = r.stdout.strip().splitlines()[-1]
+    a = auth.Authenticator(str(users))
+    assert a.check_password("dora", "s3cret", True).outcome == auth.OK
+    assert a.user_for_api_key(key).name == "dora"
+    r = riverbed("users", "--users", str(users), "add", "eve", "--api-key", input="")
+    assert r.returncode == 0 and "API key only" in r.stdout, r.stdout + r.stderr
+    assert auth.Authenticator(str(users)).check_password("eve", "", True).outcome != auth.OK

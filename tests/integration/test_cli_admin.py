@@ -343,3 +343,84 @@ def test_a_server_that_never_answers_times_out_with_exit_3():
             r = failed(3, *cmd, *a, input=b"x\n")
             assert time.monotonic() - t0 < 15, cmd
             assert "within 1 s" in r.err or "cannot reach" in r.err, (cmd, r.err)
+
+
+def test_one_uri_is_enough_the_server_names_its_http_port(srv):
+    """``--uri`` alone: the HTTP listener is on a free port (not 15692), and the server names it in
+    PeerProperties (``http-port``), so listing, stats and consumers work without ``--http-uri``."""
+    assert srv.ports["http"] != 15692
+    uri = ["--uri", f"rabbitmq-stream://guest:guest@127.0.0.1:{srv.port}"]
+    ok("streams", "create", "adm-one-uri", *uri)
+    assert "adm-one-uri" in ok("streams", "ls", *uri).out
+    assert json.loads(ok("streams", "stats", "adm-one-uri", "--json", *uri).out)["name"] == "adm-one-uri"
+    ok("consumers", "adm-one-uri", *uri)
+    # a wrong password fails at the stream port, before any HTTP request, with the usual one line
+    r = failed(1, "streams", "ls", "--uri", f"rabbitmq-stream://guest:nope@127.0.0.1:{srv.port}")
+    assert "authentication failed" in r.err
+
+
+def test_publish_checks_a_file_whole_and_a_pipe_says_how_far_it_got(srv, tmp_path):
+    a = addr(srv)
+    ok("streams", "create", "adm-check", *a)
+    src = tmp_path / "lines.json"
+    src.write_bytes(b'{"n": 1}\n{bad\n{"n": 3}\n')
+    with open(src, "rb") as f:
+        r = subprocess.run([*CLI, "publish", "adm-check", "--content-type", "application/json", *a], stdin=f,
+                           capture_output=True, timeout=60)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "line 2 is not JSON" in err and "nothing was published" in err, err
+    assert json.loads(ok("streams", "stats", "adm-check", "--json", *a).out)["records"] == 0
+    # a pipe is published as it comes: the message says what went out
+    r = failed(2, "publish", "adm-check", "--content-type", "application/json", *a, input=src.read_bytes())
+    assert "line 2 is not JSON" in r.err and "line 1 is published, nothing from line 2 on" in r.err, r.err
+    assert "published 1 record" in r.out
+
+
+def test_tail_raw_on_a_terminal_shows_binary_as_hex(srv):
+    """``tail --format raw`` writes payloads as they are to a pipe, but a BSON or binary payload to a
+    terminal as hex (with one note on stderr): raw bytes would garble it."""
+    import pty
+    a = addr(srv)
+    ok("streams", "create", "adm-tty", *a)
+    ok("publish", "adm-tty", *a, input=b"plain text\n\x00\x01\xffbinary\n")
+    master, slave = pty.openpty()
+    try:
+        r = subprocess.run([*CLI, "tail", "adm-tty", "--from", "first", "--format", "raw", *a], stdout=slave,
+                           stderr=subprocess.PIPE, timeout=60)
+        os.close(slave)
+        slave = None
+        out = b""
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert r.returncode == 0, r.stderr
+    lines = out.replace(b"\r\n", b"\n").split(b"\n")
+    assert lines[:2] == [b"plain text", b"\x00\x01\xffbinary".hex().encode()], out
+    assert b"binary: shown as hex" in r.stderr
+    # into a pipe: the bytes themselves
+    assert ok("tail", "adm-tty", "--from", "first", "--format", "raw", *a).stdout == b"plain text\n\x00\x01\xffbinary\n"
+
+
+def test_a_server_without_http_listener_says_so_and_tail_still_works(tmp_path):
+    """A Riverbed with ``--http-port off`` names no HTTP port: listing says the listener is off (never
+    guesses 15692, where another server may be), and tail falls back to stopping when idle."""
+    s = ServerProcess(tmp_path / "data").start()          # every listener but RabbitMQ Stream off
+    try:
+        uri = ["--uri", f"rabbitmq-stream://127.0.0.1:{s.port}"]
+        r = failed(3, "streams", "ls", *uri)
+        assert "HTTP listener is off" in r.err, r.err
+        ok("streams", "create", "adm-nohttp", *uri)
+        ok("publish", "adm-nohttp", *uri, input=b"a\n")
+        r = rb("tail", "adm-nohttp", "--from", "first", "--format", "raw", *uri)
+        assert (r.returncode, r.stdout) == (0, b"a\n") and "HTTP listener is off" in r.err, r.err
+    finally:
+        assert s.stop() == 0

@@ -106,9 +106,13 @@ def test_streams_list_and_one(srv):
     assert status == 404 and body["error"] == "not_found" and "no-such-stream" in body["reason"]
 
 
-def test_auth_is_required(srv):
+def test_loopback_needs_no_login_without_a_users_file(srv):
+    """DESIGN.md "Auth": without a users file every listener serves loopback clients without credentials;
+    the JSON API and the dashboard as /metrics does. A wrong password is still refused."""
     status, body = get(srv.ports["http"], "/api/streams", user=None)
-    assert status == 401 and body["error"] == "not_authorized"
+    assert status == 200 and isinstance(body, list)
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports['http']}/", timeout=10) as resp:
+        assert resp.status == 200 and "text/html" in resp.headers["Content-Type"]
     status, _ = get(srv.ports["http"], "/api/stream/consumers", password="wrong")
     assert status == 401
 

@@ -128,10 +128,36 @@ def test_dashboard_shows_a_new_stream_and_its_count_rising(browser, srv):
     assert problems == []
 
 
-def test_dashboard_needs_credentials(browser, srv):
+def test_dashboard_opens_without_a_login_on_loopback(browser, srv):
+    """No users file: a browser on loopback opening http://127.0.0.1:PORT/ sees the dashboard at once, as
+    every listener serves loopback clients without credentials then (DESIGN.md, "Auth")."""
+    problems = []
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})     # no http_credentials
+    try:
+        page = ctx.new_page()
+        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+        resp = page.goto(f"http://127.0.0.1:{srv.ports['http']}/", wait_until="load")
+        assert resp.status == 200
+        page.wait_for_selector("#status.live", timeout=TIMEOUT_MS)
+    finally:
+        ctx.close()
+    assert problems == []
+
+
+@pytest.fixture(scope="module")
+def srv_users(tmp_path_factory):
+    from riverbed.shells import auth
+    base = tmp_path_factory.mktemp("dashboard-users")
+    auth.add_user(str(base / "users.toml"), "admin", "adminpw")
+    s = ServerProcess(base / "data", "--http-port", "0", "--users", str(base / "users.toml")).start()
+    yield s
+    assert s.stop() == 0
+
+
+def test_dashboard_needs_credentials_with_a_users_file(browser, srv_users):
     ctx = browser.new_context()
     try:
-        base = f"http://127.0.0.1:{srv.ports['http']}"
+        base = f"http://127.0.0.1:{srv_users.ports['http']}"
         for path in ("/", "/static/dashboard.js", "/api/events"):
             resp = ctx.request.get(base + path)
             assert resp.status == 401, path

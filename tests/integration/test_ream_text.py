@@ -467,6 +467,21 @@ def test_survives_restart(tmp_path, how):
         s.stop()
 
 
+def test_publish_without_trailing_newline_and_dashed_names_over_tcp(srv, c):
+    """Over a real socket: an EVENT PUBLISH whose payload has no newline after it is answered, and a
+    stream made by ``riverbed streams create --partitions`` (``inv-0``) is addressable."""
+    c.send(b'EVENT PUBLISH nonl 16\n{"name":"peter"}')
+    assert c.line() == "EVENT PUBLISHED nonl 1"
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "riverbed.shells.cli", "streams", "create", "inv", "--partitions", "2",
+                        "--uri", f"rabbitmq-stream://127.0.0.1:{srv.port}"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    c.send(b'\nEVENT PUBLISH inv-0 7\n{"a":1}\nEVENT SUBSCRIBE inv-0 1\n')
+    assert c.line() == "EVENT PUBLISHED inv-0 1"
+    assert c.line() == "EVENT SUBSCRIBED inv-0 1 1"
+    assert c.line() == "EVENT inv-0 1 7"
+
+
 def test_users_file_needs_text_user(tmp_path):
     from riverbed.shells.auth import add_user
     users = tmp_path / "users.toml"
@@ -478,6 +493,8 @@ def test_users_file_needs_text_user(tmp_path):
         pass
     assert bad.proc.wait(20) != 0
     assert "needs --text-user" in bad.log()
+    # checked before anything was bound: no listener came up and went down again
+    assert "listening" not in bad.log(), bad.log()
     s = ServerProcess(tmp_path / "d2", "--text-port", "0", "--users", str(users), "--text-user", "app").start()
     try:
         c = Ream(s.ports["text"])
@@ -486,6 +503,42 @@ def test_users_file_needs_text_user(tmp_path):
         c.close()
     finally:
         assert s.stop() == 0
+
+
+def test_the_readme_users_line_starts_a_server(tmp_path):
+    """``riverbed serve --users riverbed-users.toml`` (the README's line: no --text-user, the text port
+    left at its default) starts every other listener; REAM stays off and the log says why."""
+    import subprocess
+    import sys
+    from riverbed.shells.auth import add_user
+    add_user(str(tmp_path / "riverbed-users.toml"), "alice", "pw")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERBED_")}
+    proc = subprocess.Popen([sys.executable, "-m", "riverbed.shells.cli", "serve", "--users", "riverbed-users.toml",
+                             "--stream-port", "0", "--bson-port", "off", "--zmq-port", "off", "--ws-port", "off",
+                             "--http-port", "0"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip())
+            if line.rstrip().endswith(" ready"):
+                break
+        log = "\n".join(lines)
+        assert log.endswith(" ready"), log
+        assert "text listener off" in log and "--text-user" in log, log
+        assert "listening rabbitmq-stream" in log and "listening http" in log
+        assert "listening text" not in log
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+
+
+def test_two_listeners_on_one_port_fail_before_any_is_bound(tmp_path):
+    bad = ServerProcess(tmp_path / "d", "--stream-port", "23457", "--text-port", "23457")
+    with pytest.raises(RuntimeError):
+        bad.start(timeout=20)
+    assert bad.proc.wait(20) == 2
+    assert "--stream-port and --text-port both name port 23457" in bad.log()
+    assert "listening" not in bad.log()
 
 
 # -------------------------------------------------------------------------------- cross-protocol

@@ -565,3 +565,49 @@ def test_bad_tls_files_exit_2(tmp_path, pki):
         assert code == 2, (flags, err)
         assert "Traceback" not in err and "listening" not in err, (flags, err)
         assert "cannot start" in err and words in err, (flags, err)
+
+
+def test_admin_cli_over_tls_with_tls_ca(server, pki):
+    """``riverbed streams ... --uri rabbitmq-stream+tls://... --tls-ca ca.pem``: the TLS stream port, and
+    the HTTPS JSON API the server names in PeerProperties, both checked against the given CA (no
+    SSL_CERT_FILE); without the CA the certificate is refused with one line, exit 3."""
+    port = server.ports["rabbitmq-stream-tls"]
+    env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "RIVERBED_TLS_CA")}
+
+    def cli(*args, input=None):
+        return subprocess.run([sys.executable, "-m", "riverbed.shells.cli", *args], input=input, capture_output=True,
+                              text=True, timeout=60, env=env)
+    uri = ["--uri", f"rabbitmq-stream+tls://guest:guest@localhost:{port}", "--tls-ca", pki.ca]
+    r = cli("streams", "create", "tls-cli", *uri)
+    assert r.returncode == 0, r.stderr
+    r = cli("publish", "tls-cli", *uri, input="a\nb\n")
+    assert r.returncode == 0, r.stderr
+    r = cli("streams", "ls", "--json", *uri)
+    assert r.returncode == 0, r.stderr
+    assert [s["records"] for s in json.loads(r.stdout) if s["name"] == "tls-cli"] == [2]
+    r = cli("tail", "tls-cli", "--from", "first", "--format", "raw", *uri)
+    assert (r.returncode, r.stdout) == (0, "a\nb\n"), r.stderr
+    r = cli("streams", "ls", "--uri", f"rabbitmq-stream+tls://guest:guest@localhost:{port}")
+    assert r.returncode == 3 and "certificate" in r.stderr.lower() and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_bson_client_connects_over_tls(server, mtls_server, pki):
+    """``BsonClient.connect(..., tls_ca=...)`` (or ``ssl=`` a context) reaches a TLS-only BSON port; the
+    plain client there is refused, and so is one that does not trust the server's CA."""
+    from riverbed.shells.bson_tcp.client import BsonClient
+
+    async def go():
+        port = server.ports["bson"]
+        async with await BsonClient.connect("127.0.0.1", port, tls_ca=pki.ca) as cl:
+            await cl.publish("tls-bson-client", {"k": 1})
+            sub = await cl.subscribe("tls-bson-client", start_pos=0)
+            assert (await sub.get(timeout=5)).event == {"k": 1}
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await BsonClient.connect("127.0.0.1", port, ssl=True, timeout=5)      # the system CAs: not ours
+        with pytest.raises((OSError, asyncio.TimeoutError, ConnectionError)):
+            await BsonClient.connect("127.0.0.1", port, timeout=3)                # plaintext on a TLS port
+        # a server that wants client certificates: the caller's own context carries one
+        async with await BsonClient.connect("127.0.0.1", mtls_server.ports["bson"],
+                                            ssl=pki.client_context(cert=True)) as cl:
+            await cl.publish("tls-bson-client", {"k": 2})
+    run(go())

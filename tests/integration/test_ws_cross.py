@@ -82,9 +82,10 @@ def test_rstream_records_arrive_over_ws(server):
     async def go():
         async with aiohttp.ClientSession() as s:
             ws = await ws_connect(s, server)
-            await ws.send_str(json.dumps({"type": "subscribe", "stream": "x-rs"}))    # creates it
+            await ws.send_str(json.dumps({"type": "subscribe", "stream": "x-rs"}))    # waits for it
             assert (await recv(ws))[1] == 2
             async with Producer("127.0.0.1", server.port, **CREDS) as p:
+                await p.create_stream("x-rs")
                 await p.send_wait("x-rs", b'{"raw": 1}')
                 await p.send_wait("x-rs", AMQPMessage(body=b'{"amqp": 2}',
                                                       properties=Properties(content_type=b"application/json",

@@ -191,6 +191,10 @@ def test_stalled_client_is_dropped(server):
     port = server.ports["ws"]
 
     async def go(s):
+        # the stream exists before anyone subscribes (a publish makes it; a subscribe only waits for it),
+        # so the publishes below reach the subscribers one by one, not as one burst at its creation
+        async with s.post(f"http://127.0.0.1:{port}/api/v1/streams/raw4/data", json={"init": True}) as r:
+            assert r.status == 200, await r.text()
         stalled = socket.socket()
         stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # before connect: a small window
         stalled.connect(("127.0.0.1", port))

@@ -67,7 +67,7 @@ def test_allowed_key_is_served(curve, ctx):
     assert s.recv_multipart() == [b"", b"OK", b"ID", b"s"]
     s.send_multipart([b"", b"PUT", b"TOPIC", t, b"ID", b"p", b"", b"secret"])
     got = [s.recv_multipart() for _ in range(2)]
-    assert [b"", b"OK", b"ID", b"p"] in got and [b"", b"MESSAGE", b"TOPIC", t, b"", b"secret"] in got
+    assert [b"", b"OK", b"ID", b"p"] in got and [b"", b"MESSAGE", b"TOPIC", t, b"X-OFFSET", b"0", b"X-CONTENT-TYPE", b"application/octet-stream", b"", b"secret"] in got
 
 
 def test_unlisted_key_is_refused(curve, ctx):

@@ -101,7 +101,8 @@ def test_connect_sub_put_message(dealer):
     assert pub.call("CONNECT", "ID", "u-1", "TTL", "30000", "VERSION", "0.2") == [b"OK", b"ID", b"u-1"]
     assert sub.call("SUB", "ID", "s", "", t) == [b"OK", b"ID", b"s"]
     assert pub.call("PUT", "TOPIC", t, "X-REPLY-TO", "reply node1", "ID", "p", "", "hello") == [b"OK", b"ID", b"p"]
-    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"X-REPLY-TO", b"reply node1", b"", b"hello"]
+    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"X-REPLY-TO", b"reply node1", b"X-OFFSET", b"0",
+                          b"X-CONTENT-TYPE", b"application/octet-stream", b"", b"hello"]
     assert pub.silent()        # a publisher gets its own message only if subscribed
 
 
@@ -111,7 +112,7 @@ def test_sub_and_put_without_connect_and_without_id(dealer):
     sub.req("SUB", "", t)
     sub.call("NOOP", "ID", "sync")       # the SUB took effect before this OK
     pub.req("PUT", "TOPIC", t, "", "a")
-    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"", b"a"]
+    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"X-OFFSET", b"0", b"X-CONTENT-TYPE", b"application/octet-stream", b"", b"a"]
     assert pub.silent()
 
 
@@ -122,7 +123,27 @@ def test_multi_frame_body(dealer):
     body = [b"one", b"", os.urandom(10 * 1024), b"\x00", b"four", bytes(range(256)), b"", b"last"]
     assert len(body) == 8
     pub.call("PUT", "TOPIC", t, "X-A", "1", "X-B", "\xff", "ID", "2", "", *body)
-    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"X-A", b"1", b"X-B", "\xff".encode(), b"", *body]
+    assert sub.recv() == [b"MESSAGE", b"TOPIC", t.encode(), b"X-A", b"1", b"X-B", "\xff".encode(), b"X-OFFSET", b"0",
+                          b"X-CONTENT-TYPE", b"application/octet-stream", b"", *body]
+
+
+def test_message_headers_say_offset_and_content_type_and_a_reader_resumes(dealer):
+    """Each MESSAGE carries its record's offset (X-OFFSET) and content type (X-CONTENT-TYPE), so a reader
+    that stops can resume after the last one it saw (SUB X-OFFSET n+1) with no gap and no duplicate."""
+    t = topic("resume")
+    pub, first = dealer(), dealer()
+    for i in range(3):
+        pub.call("PUT", "TOPIC", t, "ID", f"p{i}", "", f"m{i}")
+    first.call("SUB", "ID", "s", "X-OFFSET", "0", "", t)
+    got = [first.recv() for _ in range(2)]
+    headers = [dict(zip(m[1:m.index(b"", 1):2], m[2:m.index(b"", 1):2])) for m in got]
+    assert [h[b"X-OFFSET"] for h in headers] == [b"0", b"1"]
+    assert {h[b"X-CONTENT-TYPE"] for h in headers} == {b"application/octet-stream"}
+    first.close()
+    again = dealer()
+    again.call("SUB", "ID", "s2", "X-OFFSET", str(int(headers[-1][b"X-OFFSET"]) + 1), "", t)
+    m = again.recv()
+    assert m[-1] == b"m2" and m[m.index(b"X-OFFSET") + 1] == b"2"
 
 
 def test_exact_topic_match(dealer):
@@ -347,8 +368,10 @@ def test_rstream_publish_is_delivered_as_message(server, dealer):
             await p.send_wait(t, b"raw payload")
             await p.send_wait(t, AMQPMessage(body=b"amqp payload", application_properties={"X-K": "v"}))
     run(scenario())
-    assert sub.recv(timeout=5) == [b"MESSAGE", b"TOPIC", t.encode(), b"", b"raw payload"]
-    assert sub.recv(timeout=5) == [b"MESSAGE", b"TOPIC", t.encode(), b"X-K", b"v", b"", b"amqp payload"]
+    assert sub.recv(timeout=5) == [b"MESSAGE", b"TOPIC", t.encode(), b"X-OFFSET", b"0", b"X-CONTENT-TYPE", b"application/octet-stream", b"",
+                                   b"raw payload"]
+    assert sub.recv(timeout=5) == [b"MESSAGE", b"TOPIC", t.encode(), b"X-K", b"v", b"X-OFFSET", b"1", b"X-CONTENT-TYPE", b"application/octet-stream",
+                                   b"", b"amqp payload"]
 
 
 # -------------------------------------------------------------------------------- bad input

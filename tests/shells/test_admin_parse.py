@@ -10,10 +10,28 @@ from riverbed.shells.admin.streams import parse_size, partition_names, stream_ar
 from riverbed.shells.admin.tail import parse_from
 
 
-def test_uri_defaults_are_guest_on_local_5552_and_http_15692():
+def test_uri_defaults_are_guest_on_local_5552_and_http_asked_of_the_server():
     t = parse_uri("rabbitmq-stream://localhost")
     assert (t.host, t.port, t.username, t.password, t.vhost) == ("localhost", 5552, "guest", "guest", "/")
-    assert t.http == "http://localhost:15692"
+    assert t.http is None and t.ssl is None      # the HTTP port comes from PeerProperties (http_base)
+
+
+def test_tls_uri_defaults_to_5551_and_checks_the_certificate(tmp_path):
+    import ssl
+    t = parse_uri("rabbitmq-stream+tls://u:p@broker.example")
+    assert (t.host, t.port) == ("broker.example", 5551)
+    assert isinstance(t.ssl, ssl.SSLContext) and t.ssl.verify_mode == ssl.CERT_REQUIRED and t.ssl.check_hostname
+    assert parse_uri("rabbitmq-stream+tls://h:6551").port == 6551
+    assert parse_uri("rabbitmq-stream://h", tls_ca=None).ssl is None
+
+
+def test_bad_tls_ca_is_a_usage_error(tmp_path):
+    bad = tmp_path / "ca.pem"
+    bad.write_text("not a certificate\n")
+    for path in (str(bad), str(tmp_path / "missing.pem")):
+        with pytest.raises(AdminError) as e:
+            parse_uri("rabbitmq-stream+tls://h", tls_ca=path)
+        assert e.value.code == EXIT_USAGE and "--tls-ca" in str(e.value)
 
 
 def test_uri_user_password_port_vhost_percent_decoded():
@@ -23,8 +41,9 @@ def test_uri_user_password_port_vhost_percent_decoded():
 
 
 def test_uri_ipv6_host_is_bracketed_in_the_http_url():
-    t = parse_uri("rabbitmq-stream://[::1]:5552")
-    assert t.host == "::1" and t.http == "http://[::1]:15692"
+    from riverbed.shells.admin import client
+    assert parse_uri("rabbitmq-stream://[::1]:5552").host == "::1"
+    assert client._url_host("::1") == "[::1]"       # how http_base writes the discovered URL's host
 
 
 def test_http_uri_overrides_and_drops_credentials_and_trailing_slash():

@@ -31,15 +31,28 @@ def test_precedence_flags_over_env_over_file(tmp_path):
 
 
 @pytest.mark.parametrize("flags,env,text", [
-    ({"stream_port": "70000"}, {}, "stream_port"),
+    ({"stream_port": "70000"}, {}, "--stream-port"),
     ({}, {"RIVERBED_STREAM_PORT": "abc"}, "RIVERBED_STREAM_PORT"),
     ({"fsync": "sometimes"}, {}, "fsync"),
-    ({"advertised_port": "0"}, {}, "advertised_port"),
-    ({"heartbeat": "-1"}, {}, "heartbeat"),
+    ({"advertised_port": "0"}, {}, "--advertised-port"),
+    ({"heartbeat": "-1"}, {}, "--heartbeat"),
 ])
 def test_bad_values_name_the_setting(flags, env, text):
     with pytest.raises(config.ConfigError, match=text):
         config.load(flags, env=env)
+
+
+@pytest.mark.parametrize("opt", [o for o in config.OPTIONS
+                                 if o.parse not in (str, config._opt_str, config.parse_bool)])
+def test_every_numeric_flag_says_which_flag_and_what_it_wants(opt):
+    """``--stream-port abc`` once said "invalid literal for int() with base 10": every port and number
+    flag names itself and says in words what it expects."""
+    flag = "--" + opt.name.replace("_", "-")
+    with pytest.raises(config.ConfigError) as e:
+        config.load({opt.name: "abc"}, env={})
+    message = str(e.value)
+    assert flag in message, message
+    assert "literal" not in message and "could not convert" not in message and "base 10" not in message, message
 
 
 def test_bad_config_file(tmp_path):

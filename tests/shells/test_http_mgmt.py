@@ -93,7 +93,10 @@ def test_authentication_failures():
     broker = FakeBroker(auth.Authenticator(), [FakeSession("a", "guest", 1)])
 
     async def scenario(http):
-        for headers in ({}, basic("guest", "wrong"), basic("nobody", "guest"), {"Authorization": "Basic !!"},
+        # no header at all is guest on loopback without a users file (DESIGN.md "Auth"); a bad one is refused
+        async with http.get("/api/connections") as r:
+            assert r.status == 200
+        for headers in (basic("guest", "wrong"), basic("nobody", "guest"), {"Authorization": "Basic !!"},
                         {"Authorization": "Bearer x"}):
             for method, path in (("GET", "/api/connections"), ("GET", "/api/connections/a"),
                                  ("DELETE", "/api/connections/a")):
@@ -116,6 +119,8 @@ def test_users_file_permissions(tmp_path):
     async def scenario(http):
         async with http.get("/api/connections", headers=basic("guest", "guest")) as r:
             assert r.status == 401                      # no built-in guest once there is a users file
+        async with http.get("/api/connections") as r:
+            assert r.status == 401                      # and no login-free loopback either
         async with http.get("/api/connections", headers=basic("admin", "s3cret")) as r:
             assert sorted(c["name"] for c in await r.json()) == ["admin-conn", "alice-conn"]
         async with http.get("/api/connections", headers=basic("alice", "pw")) as r:

@@ -270,8 +270,11 @@ def test_api_keys(tmp_path):
         c.send({"type": "publish", "stream": "pub1", "msg": "{}", "authKey": wk})   # may not create it
         assert c.frames() == [[0, 7, "", "Stream pub1 not found."]]
         assert not h.eng.has_stream("pub1")
-        c.send({"type": "subscribe", "stream": "pub1", "authKey": ak})              # admin creates it
+        c.send({"type": "subscribe", "stream": "pub1", "authKey": ak})   # answered; waits, creates nothing
         assert c.frames() == [[0, 2, "", {"stream": "pub1", "partition": 0}]]
+        assert not h.eng.has_stream("pub1")
+        c.send({"type": "publish", "stream": "pub1", "msg": '{"n":0}', "authKey": ak})   # admin creates it
+        assert [f[3][8] for f in c.frames()] == ['{"n":0}']     # the waiting subscription got it
         c.send({"type": "publish", "stream": "pub1", "msg": '{"n":1}', "authKey": rk})
         assert c.frames() == [[0, 7, "", "Not authorized to publish to stream pub1"]]
         c.send({"type": "publish", "stream": "pub1", "msg": '{"n":2}', "authKey": wk})
@@ -279,12 +282,31 @@ def test_api_keys(tmp_path):
         c.send({"type": "resend", "stream": "pub1", "sub": "1", "resend_all": True, "authKey": wk})
         assert c.frames() == [[0, 7, "", "Not authorized to request resend from stream pub1 and partition 0"]]
         c.send({"type": "resend", "stream": "pub1", "sub": "1", "resend_all": True, "authKey": rk})
-        assert [f[1] for f in c.frames()] == [4, 1, 5]
+        assert [f[1] for f in c.frames()] == [4, 1, 1, 5]
         assert h.broker.auth.user_for_api_key(ak).name == "admin"
         assert h.broker.auth.check_password("admin", "pw", False).outcome == _auth.OK
         assert h.broker.auth.check_password("reader", "", False).outcome != _auth.OK
     finally:
         h.close()
+
+
+def test_subscribe_to_a_missing_stream_waits_and_creates_nothing(h):
+    """A misspelled stream id used to be created by the subscribe. Only publishes (and explicit creation)
+    make streams: the subscribe is answered, the stream stays missing, and once anyone creates it the
+    subscriber gets everything in it from the first record; unsubscribing a waiting one works."""
+    c, other = Client(h), Client(h)
+    c.send({"type": "subscribe", "stream": "ordrs"})
+    assert c.frames() == [[0, 2, "", {"stream": "ordrs", "partition": 0}]]
+    h.settle()
+    assert not h.eng.has_stream("ordrs")
+    other.send({"type": "publish", "stream": "ordrs", "msg": '{"n":1}'})
+    other.send({"type": "publish", "stream": "ordrs", "msg": '{"n":2}'})
+    h.settle()
+    assert [f[3][8] for f in c.frames()] == ['{"n":1}', '{"n":2}']
+    c.send({"type": "subscribe", "stream": "never"})
+    c.send({"type": "unsubscribe", "stream": "never"})
+    assert [f[1] for f in c.frames()] == [2, 3]
+    assert not h.eng.has_stream("never")
 
 
 def test_no_users_file_refuses_remote(h):
@@ -331,3 +353,17 @@ def test_publisher_paused_while_appends_pile_up(h):
     h.settle()
     assert c.io.resumed == 1 and c.s.pending_ops == 0
     assert h.eng.stream_info("s").committed_chunk_id >= 0
+
+
+def test_subscribe_behind_own_publishes_that_create_the_stream_gets_none_of_them(h):
+    """Publishes that create a stream, then a subscribe while the creation is in flight: the subscription
+    starts after them (as on an existing stream), never replays what this client sent before it."""
+    c = Client(h)
+    for i in range(5):      # one read's worth: nothing settles in between, the creation is in flight
+        c.s.text_received(json.dumps({"type": "publish", "stream": "own", "msg": json.dumps({"i": i})}))
+    c.s.text_received(json.dumps({"type": "subscribe", "stream": "own"}))
+    h.settle()
+    assert [f[1] for f in c.frames()] == [2]
+    c.send({"type": "publish", "stream": "own", "msg": '{"i":5}'})
+    h.settle()
+    assert [f[3][8] for f in c.frames()] == ['{"i":5}']

@@ -70,21 +70,33 @@ def test_put_record_round_trip():
     assert rec.amqp and rec.content_type == record.CT_OCTET
     assert rec.app_properties == {"X-REPLY-TO": "r", "X-BIN": b"\xff\x00"}
     assert rec.sections == body
-    assert codec.record_message(b"t", raw) == [b"", b"MESSAGE", b"TOPIC", b"t", b"X-REPLY-TO", b"r",
-                                               b"X-BIN", b"\xff\x00", b"", *body]
+    assert codec.record_message(b"t", raw, 7) == [b"", b"MESSAGE", b"TOPIC", b"t", b"X-REPLY-TO", b"r",
+                                                  b"X-BIN", b"\xff\x00", b"X-OFFSET", b"7", b"X-CONTENT-TYPE", b"application/octet-stream", b"", *body]
 
 
 def test_put_record_keeps_header_order_when_topic_is_not_first():
     raw = codec.put_record([(b"X-A", b"1"), (b"TOPIC", b"t")], [b"b"])
-    assert codec.record_message(b"t", raw) == [b"", b"MESSAGE", b"X-A", b"1", b"TOPIC", b"t", b"", b"b"]
+    assert codec.record_message(b"t", raw, 0) == [b"", b"MESSAGE", b"X-A", b"1", b"TOPIC", b"t", b"X-OFFSET", b"0",
+                                                  b"X-CONTENT-TYPE", b"application/octet-stream", b"", b"b"]
 
 
 def test_other_protocols_records():
     raw = b"raw bytes from rstream"
-    assert codec.record_message(b"s", raw) == [b"", b"MESSAGE", b"TOPIC", b"s", b"", raw]
+    assert codec.record_message(b"s", raw, 3) == [b"", b"MESSAGE", b"TOPIC", b"s", b"X-OFFSET", b"3", b"X-CONTENT-TYPE", b"application/octet-stream",
+                                                  b"", raw]
     raw = record.encode_record([b'{"a":1}'], record.CT_JSON, 123, {"pkey": "k", "n": "5"})
-    assert codec.record_message(b"s", raw) == [b"", b"MESSAGE", b"TOPIC", b"s", b"pkey", b"k", b"n", b"5",
-                                               b"", b'{"a":1}']
+    assert codec.record_message(b"s", raw, 4) == [b"", b"MESSAGE", b"TOPIC", b"s", b"pkey", b"k", b"n", b"5",
+                                                  b"X-OFFSET", b"4", b"X-CONTENT-TYPE", b"application/json",
+                                                  b"", b'{"a":1}']
+    # a raw JSON object and a BSON document say what they are; a PUT's own X-OFFSET is not repeated
+    import bson
+    doc = bson.encode({"id": 1})
+    frames = codec.record_message(b"s", record.encode_record([doc], record.CT_BSON), 6)
+    assert frames[-4:] == [b"X-CONTENT-TYPE", b"application/bson", b"", doc]
+    frames = codec.record_message(b"s", b'{"raw":true}', 5)
+    assert frames[-4:] == [b"X-CONTENT-TYPE", b"application/json", b"", b'{"raw":true}']
+    frames = codec.record_message(b"s", codec.put_record([(b"X-OFFSET", b"99")], [b"x"]), 8)
+    assert frames.count(b"X-OFFSET") == 1 and frames[frames.index(b"X-OFFSET") + 1] == b"8"
 
 
 def test_numbers_and_topics():

@@ -55,8 +55,9 @@ def h(tmp_path):
     harness.close()
 
 
-def msg(topic, body, *hdrs):
-    return [b"", b"MESSAGE", b"TOPIC", topic, *hdrs, b"", *body]
+def msg(topic, body, *hdrs, offset=0):
+    return [b"", b"MESSAGE", b"TOPIC", topic, *hdrs, b"X-OFFSET", b"%d" % offset,
+            b"X-CONTENT-TYPE", b"application/octet-stream", b"", *body]
 
 
 
@@ -82,7 +83,7 @@ def test_waiting_subscription_and_exact_match(h):
         h.req(b"P", "PUT", "TOPIC", "t2", "", f"x{i}")
         h.req(b"P", "PUT", "TOPIC", "tt", "", f"y{i}")
     h.settle()
-    assert h.io.take(b"S") == [msg(b"t", [f"m{i}".encode()]) for i in range(5)]
+    assert h.io.take(b"S") == [msg(b"t", [f"m{i}".encode()], offset=i) for i in range(5)]
     assert h.io.take(b"P") == []
 
 

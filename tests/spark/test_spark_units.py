@@ -163,3 +163,43 @@ def test_document_batches_from_core_buffers():
     assert batch.column("offset").to_pylist() == list(range(100, 100 + len(recs)))
     assert batch.column("id").to_pylist() == [1, 2, 3, 4, 5, 6, None, None]
     assert batch.column("stream").to_pylist() == ["mixed"] * len(recs)
+
+
+def test_a_too_deep_record_loads_raw_and_the_next_one_loads():
+    """Issue 21: a record nested deeper than the depth limit (here a 600-deep BSON event and JSON text,
+    and a raw AMQP value 600 lists deep) loads as the raw form, {"base64"} / {"data"}, and the records
+    after it load as usual; a ``decode=json`` read never fails on it."""
+    import bson
+
+    from riverbed.engine import record
+    from riverbed.spark import amqp
+    doc = {"x": 1}
+    for _ in range(599):
+        doc = {"a": doc}
+    deep_bson = bson.encode(doc)
+    deep_json = ('{"a":' * 599 + '{"x":1}' + "}" * 599).encode()
+    value = b"\x40"
+    for _ in range(600):
+        value = b"\xd0" + (4 + len(value)).to_bytes(4, "big") + (1).to_bytes(4, "big") + value
+    deep_amqp = b"\x00\x53\x77" + value
+    records = [record.from_bson(deep_bson), record.from_bson({"id": 1}), record.from_json_text(deep_json),
+               record.from_json_text('{"id": 2}'), deep_amqp, b'{"id": 3}']
+    fields = [pa.field("id", pa.int64()), pa.field("base64", pa.string()), pa.field("data", pa.binary())]
+    body = pa.array(records, pa.binary())
+    ids, b64, _ = amqp.decode_documents(body, "json", fields)
+    assert ids.to_pylist() == [None, 1, None, 2, None, 3]
+    import base64
+    assert [b64.to_pylist()[i] for i in (0, 2, 4)] == [base64.b64encode(p).decode()
+                                                       for p in (deep_bson, deep_json, deep_amqp)]
+    ids, _, raw = amqp.decode_documents(body, "bson", fields)
+    assert ids.to_pylist() == [None, 1, None, 2, None, 3]
+    assert [raw.to_pylist()[i] for i in (0, 2, 4)] == [deep_bson, deep_json, deep_amqp]
+
+
+def test_a_deep_descriptor_chain_loads_as_raw_bytes():
+    """A record of 5,000 nested descriptors (``00 00 00 ...``) is not a message: its body is its bytes."""
+    from riverbed.spark import amqp
+    chain = b"\x00\x53\x77" + b"\x00" * 5000 + b"\x40" * 5001
+    bodies, props = amqp.decode_batch(pa.array([chain, b"\x00\x53\x75\xa0\x02hi"], pa.binary()),
+                                      pa.map_(pa.string(), pa.string()))
+    assert bodies.to_pylist() == [chain, b"hi"] and props.to_pylist()[0] is None

@@ -45,7 +45,6 @@ from asyncio, ``await asyncio.wrap_future(f)``. Once a write's future is done, e
 
 import json
 import threading
-import weakref
 from collections import namedtuple
 from collections.abc import Mapping
 
@@ -180,7 +179,12 @@ class _Coll:
 
 class _Shared:
     """State shared by every DocStore of one engine: the committed collections (kept current by the
-    writer's on-commit callbacks) and the writer's per-transaction state."""
+    writer's on-commit callbacks) and the writer's per-transaction state.
+
+    It must be one per engine, not one per DocStore: a writable store answers reads from ``committed``
+    alone, so a store that did not hear of another's create or drop would miss a collection, or read a
+    dropped one's successor under its old id. It lives on the engine (``engine._doc_shared``, made by
+    the first DocStore), beside the engine's own committed stream table, and dies with it."""
 
     def __init__(self, engine):
         self.lock = threading.Lock()
@@ -207,8 +211,7 @@ class _Shared:
             self.committed = d
 
 
-_SHARED = weakref.WeakKeyDictionary()
-_SHARED_LOCK = threading.Lock()
+_SHARED_LOCK = threading.Lock()    # makes an engine's _Shared once when two threads open stores at once
 
 
 class _TxnState:
@@ -232,9 +235,11 @@ class _TxnState:
 
 
 class DocStore:
-    """Collections of documents in ``engine``'s environment. Cheap to create: every DocStore of one
-    engine shares its state, so any number may be made. Read-only engines can read (and see what
-    another process commits); their writes raise RiverbedError.
+    """Collections of documents in ``engine``'s environment. Whoever creates one owns it: in a server
+    that is the broker (``broker.docs``, one per broker); ``riverbed dump`` and tests make their own.
+    Every DocStore of one engine shares that engine's state (see ``_Shared``), so a second one on the
+    same engine sees exactly what the first writes; stores of different engines share nothing.
+    Read-only engines can read (and see what another process commits); their writes raise RiverbedError.
 
     Ids are ints (-2**63..2**63-1) or strs (1..255 bytes of UTF-8); collection names are 1..255 bytes of
     UTF-8; documents are dicts storable as BSON (pymongo's ``bson``; a RawBSONDocument is stored as is).
@@ -254,9 +259,9 @@ class DocStore:
         self._db_colls = engine._db_collections
         self._writable = not engine.readonly
         with _SHARED_LOCK:
-            shared = _SHARED.get(engine)
+            shared = engine._doc_shared
             if shared is None:
-                shared = _SHARED[engine] = _Shared(engine)
+                shared = engine._doc_shared = _Shared(engine)
         self._shared = shared
         self._parsed = {}            # read-only engines: record bytes -> _Coll
 

@@ -211,6 +211,7 @@ class Engine(SuperStreamBindings):
         self._create_listeners = []
         self._trusted_from = {}              # sid -> first chunk id written by this process (read_chunks)
         self._verified = {}                  # sid -> [first, last] chunk ids of a run already CRC-checked
+        self._doc_shared = None              # the document store's committed collections (docstore._Shared)
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None

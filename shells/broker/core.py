@@ -26,6 +26,8 @@ What lives here, protocol-neutral:
 * reading: offset specs, chunks, watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
   (tailing subscriptions with per-chunk credit or a byte window);
 * consumer offsets and named durable positions;
+* the one document store of the engine (``docs``) and transactions over it and the log (``transact``);
+* monitoring reads of the engine's committed state (``stream_states``, ``engine_stats``, ...);
 * the session registry (every protocol's connections, for the management API and shutdown).
 
 Loop-thread only, except :meth:`post`-ed completions, which arrive from the writer thread.
@@ -41,6 +43,8 @@ import time
 from riverbed.engine import OffsetSpec
 from riverbed.engine import format as fmt
 from riverbed.engine import core
+from riverbed.engine import stats as _engine_stats
+from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
@@ -61,6 +65,10 @@ class Broker:
     seconds (monotonic; heartbeats and timeouts), ``wall_clock`` in ms since the epoch. ``data_dir``,
     when given, is searched once for a legacy ``rmq-super-streams.json`` to import into the engine.
 
+    ``docs`` is the one :class:`~riverbed.engine.docstore.DocStore` of ``engine``, made here: every
+    shell reads and writes documents through it (its reads may run on any thread; its writes go through
+    :meth:`transact` or its own futures, handed to :meth:`then`). Shells never touch ``engine`` itself.
+
     Callbacks given to the methods below run on the loop thread, possibly before the method returns
     (when the answer is known at once), never in the middle of another callback.
     """
@@ -68,6 +76,7 @@ class Broker:
     def __init__(self, engine, *, post, post_local=None, auth=None, clock=time.monotonic, wall_clock=None,
                  data_dir=None):
         self.engine = engine
+        self.docs = DocStore(engine)
         self.post = post
         # ``post_local`` (the loop's call_soon) is ``post`` without the wake-up, for use on the loop
         # thread itself: an inline commit (fsync=never) completes there
@@ -524,6 +533,24 @@ class Broker:
         self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb,
                        sum(map(len, records)))
 
+    def append_or_create(self, stream, records, cb):
+        """Append ``records`` as :meth:`append_records` does, creating ``stream`` with default arguments
+        first when it does not exist (:meth:`ensure_stream`): the one way a shell publishes to a stream
+        that may not exist yet. ``cb(AppendResult, exc)`` after the commit; exc is the creation's error
+        when the stream could not be made (InvalidArgument for a bad name, ...), else the append's.
+        Appends to one stream are submitted in call order, also across a creation in flight. Permission
+        checks (write, and configure for the creation) are the caller's."""
+        if stream not in self._creating and self.has_stream(stream):
+            self.append_records(stream, records, cb)
+            return
+
+        def ready(exc):
+            if exc is not None:
+                cb(None, exc)
+            else:
+                self.append_records(stream, records, cb)
+        self.ensure_stream(stream, ready)
+
     def write_refusal(self):
         """The StorageFull every publish gets now (the disk alarm is on: disk.py), or None. A shell that
         writes records without :meth:`append` and its siblings (a transaction) asks this first."""
@@ -598,4 +625,41 @@ class Broker:
         def drop(ctx):
             if ctx.has_stream(stream):
                 ctx.delete_offset(stream, reference)
-        self._call(lambda: self.engine.transact(drop), lambda res, exc: cb and cb(exc))
+        self.transact(drop, lambda res, exc: cb and cb(exc))
+
+    # ---------------------------------------------------------------------------- transactions
+
+    def transact(self, stage, cb):
+        """Run ``stage(ctx)`` on the engine's writer thread inside one transaction of the log and the
+        document store (:meth:`riverbed.engine.Engine.transact`): ``ctx.append``, ``ctx.store_offset``
+        and ``self.docs.stage_*`` staged there commit together or not at all. ``cb(result, exc)`` runs on
+        the loop thread after the commit and the fsync the policy asks for (a success means stored),
+        with ``stage``'s return value; if ``stage`` raises, nothing it staged is kept and ``exc`` is
+        what it raised. An error known at once (a closed engine: RiverbedError) goes to ``cb`` too.
+
+        ``stage`` may run more than once (a retried transaction when the map grows) and on another
+        thread: it must touch nothing but ``ctx`` and the document store's ``stage_*`` functions."""
+        self._call(lambda: self.engine.transact(stage), cb)
+
+    # ---------------------------------------------------------------------- monitoring (read only)
+
+    def stream_states(self):
+        """The committed state of every stream (engine ``layout._Stream`` objects: ``name``, ``sid``,
+        ``records``, ``bytes``, ``chunks``, ``first_chunk``, ``next_offset``), as a new list. Memory
+        only, never blocks; any thread. [] on a read-only engine."""
+        return _engine_stats.stream_states(self.engine)
+
+    @property
+    def engine_stats(self):
+        """The engine's group-commit counters and latencies, and ``opened_at`` (stream id -> next offset
+        when the engine opened): a :class:`riverbed.engine.stats.EngineStats`. Read it, never write it."""
+        return self.engine.stats
+
+    def writer_alive(self):
+        """Whether the engine's writer thread runs and takes writes (False after a fatal error, during
+        shutdown, and for a read-only engine). Any thread."""
+        return _engine_stats.writer_alive(self.engine)
+
+    def map_usage(self):
+        """``(LMDB map size, bytes in use)``, or None once the engine is closed. Any thread."""
+        return _engine_stats.map_usage(self.engine)

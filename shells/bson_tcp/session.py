@@ -21,7 +21,7 @@ Behaviour where the protocol leaves a choice:
   channel; a resumed subscription starts at ``lastAcked + 1``. While ACKEV writes are in flight, replies
   to later frames are held back until they commit.
 * Transactions are kept in memory per (connection, sessID), at most 256 MiB per connection; COMMITTX
-  appends them in one engine transaction (``append_records`` for one channel, ``engine.transact`` with
+  appends them in one engine transaction (``append_records`` for one channel, ``broker.transact`` with
   one staged append per channel for several).
 * The connection stops being read while 10,000 of its engine operations are pending or its transport's
   write buffer is over its high mark; RECEVs stop with it.
@@ -505,18 +505,7 @@ class BsonSession(AdminCommands):
                     log.warning("%s: append to %r failed: %s", self.peer, channel, exc)
                 for rid in rids:
                     self._reply(c.response(rid, False, code, f"append failed: {exc}"))
-        done = self._later(done)
-        shell = self.shell
-        if not shell.channel_pending(channel) and self.broker.has_stream(channel):
-            self.broker.append_records(channel, records, done)
-            return
-
-        def created(exc):
-            if exc is not None:
-                done(None, exc)
-            else:
-                self.broker.append_records(channel, records, done)
-        shell.ensure_channel(channel, created)
+        self.broker.append_or_create(channel, records, self._later(done))
 
     # ------------------------------------------------------------------------------- transactions
 
@@ -581,12 +570,7 @@ class BsonSession(AdminCommands):
             if refused is not None:
                 done(None, refused)
                 return
-            try:
-                fut = self.broker.engine.transact(stage)
-            except RiverbedError as e:
-                done(None, e)
-                return
-            self.broker.then(fut, done)
+            self.broker.transact(stage, done)
 
         if not missing:
             commit()

@@ -5,7 +5,6 @@ projections."""
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from riverbed.engine.docstore import DocStore
 from riverbed.shells.bson_tcp.projections import Projections
 
 log = logging.getLogger("riverbed.bson")
@@ -19,7 +18,7 @@ class BsonShell:
     def __init__(self, broker, *, idle_timeout=DEFAULT_IDLE_TIMEOUT):
         self.broker = broker
         self.idle_timeout = idle_timeout
-        self.docs = DocStore(broker.engine)
+        self.docs = broker.docs
         self.projections = Projections(broker, self.docs)
         self._readers = None
 

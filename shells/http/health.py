@@ -26,7 +26,6 @@ Both answer on the loop thread from memory; neither touches LMDB.
 
 from aiohttp import web
 
-from riverbed.engine.stats import writer_alive
 from riverbed.shells.http.server import BROKER
 
 ACCEPTING, CLOSED, UNKNOWN = "accepting", "closed", "unknown"
@@ -64,7 +63,7 @@ def listener_state(server):
 def check(broker):
     """``(healthy, body)`` for ``broker``: see the module docstring for the body. Loop thread."""
     reasons = []
-    alive = writer_alive(broker.engine)
+    alive = broker.writer_alive()
     if not alive:
         reasons.append("the engine's writer thread has stopped: no write can commit (see the server log)")
     states = {}

@@ -66,7 +66,6 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from riverbed.engine.record import render_fallbacks
-from riverbed.engine.stats import map_usage, stream_states, writer_alive
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import READ
 from riverbed.shells.broker import limits as _limits
@@ -110,7 +109,7 @@ def _label_value(text):
 def render_streams(broker, can_read=None):
     """The per-stream families of ``broker`` in Prometheus' text format 0.0.4 (str), streams sorted by
     name; only those ``can_read(name)`` accepts when it is given. Memory only. Loop thread."""
-    states = stream_states(broker.engine)
+    states = broker.stream_states()
     total = len(states)
     if can_read is not None:
         states = [s for s in states if can_read(s.name)]
@@ -122,7 +121,7 @@ def render_streams(broker, can_read=None):
         out.append(f"# HELP {name} {doc}\n# TYPE {name} {kind}\n")
         out.extend([f"{name}{label}{value(s)}\n" for s, label in zip(states, labels)])
     name, doc = PUBLISHED
-    opened_at = broker.engine.stats.opened_at       # published_since_open, inlined: 1,000 calls saved
+    opened_at = broker.engine_stats.opened_at       # published_since_open, inlined: 1,000 calls saved
     out.append(f"# HELP {name} {doc}\n# TYPE {name} counter\n")
     out.extend([f"{name}{label}{s.next_offset - opened_at.get(s.sid, 0)}\n" for s, label in zip(states, labels)])
     name, doc = DELIVERED
@@ -197,10 +196,10 @@ class BrokerCollector:
                                       "in-flight budget.", value=budget.paused_total)
 
     def _engine(self):
-        engine = self.broker.engine
-        es = engine.stats
+        broker = self.broker
+        es = broker.engine_stats
         yield GaugeMetricFamily("riverbed_engine_writer_up", "1 while the engine's writer thread runs.",
-                                value=1 if writer_alive(engine) else 0)
+                                value=1 if broker.writer_alive() else 0)
         yield CounterMetricFamily("riverbed_engine_group_commits", "Group commits (write transactions).",
                                   value=es.group_commits)
         yield CounterMetricFamily("riverbed_engine_operations", "Operations applied by group commits.",
@@ -213,7 +212,7 @@ class BrokerCollector:
                  "LMDB's commit alone, which includes the fsync the policy asks for.")):
             buckets, total = hist.snapshot()
             yield HistogramMetricFamily(metric, doc, buckets=buckets, sum_value=total)
-        usage = map_usage(engine)
+        usage = broker.map_usage()
         if usage is not None:
             yield GaugeMetricFamily("riverbed_engine_map_size_bytes", "Size of the LMDB map (grows by doubling).",
                                     value=usage[0])

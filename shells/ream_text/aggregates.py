@@ -1,8 +1,8 @@
 """REAM aggregates: JSON documents by id in the engine's document store. An aggregate NAME is the
 collection NAME (a mewbase binder of the same name is the same data; DESIGN.md, one document namespace).
 
-Every operation answers through ``cb(result, exc)`` on the loop thread: writes through the engine's
-futures (``broker.then``), reads at once (single-document reads are one short LMDB lookup).
+Every operation answers through ``cb(result, exc)`` on the loop thread: writes through the broker's
+transactions (``broker.transact``), reads at once (single-document reads are one short LMDB lookup).
 """
 
 from riverbed.engine.errors import RiverbedError
@@ -12,23 +12,18 @@ SCHEMA_COLLECTION = "_ream_projections"   # projection schemas (declared fields)
 
 
 class Aggregates:
-    """Aggregate operations over ``docs`` (a DocStore). ``then(future, cb)`` is ``broker.then``.
-    Loop-thread only."""
+    """Aggregate operations over ``docs`` (the broker's DocStore). ``transact(stage, cb)`` is
+    ``broker.transact``. Loop-thread only."""
 
-    def __init__(self, docs, then):
+    def __init__(self, docs, transact):
         self.docs = docs
-        self.then = then
+        self.transact = transact
 
     def _is_projection(self, ctx, name):
         return self.docs.stage_get(ctx, SCHEMA_COLLECTION, name) is not None
 
     def _submit(self, fn, cb):
-        try:
-            fut = self.docs.engine.transact(fn)
-        except RiverbedError as e:
-            cb(None, e)
-            return
-        self.then(fut, cb)
+        self.transact(fn, cb)
 
     def set(self, name, doc_id, doc, cb):
         """Store ``doc`` (a dict) as aggregate ``doc_id`` of ``name``, replacing it; ``cb(doc_id, exc)``.

@@ -8,13 +8,13 @@ the store itself records only indexes. Every declared field is required in a SET
 
 SELECT, UPDATE and DELETE compile their expression to the predicate tree (:mod:`.expr`), so the store's
 planner reads the ``+``/``*`` indexes. Reads of possibly many rows (SELECT) run through ``offload``
-(a worker thread in the server); writes are engine transactions answered through ``then``.
+(a worker thread in the server); writes are broker transactions (``transact``).
 Every operation answers ``cb(result, exc)`` on the loop thread; ReamError/ExprError/RiverbedError
 reasons go to the client. Loop-thread only.
 """
 
 from riverbed.engine import predicate as P
-from riverbed.engine.errors import InvalidArgument, RiverbedError, UniqueViolation
+from riverbed.engine.errors import InvalidArgument, UniqueViolation
 from riverbed.shells.ream_text.aggregates import SCHEMA_COLLECTION
 from riverbed.shells.ream_text.codec import FIELD_RE, ReamError
 
@@ -52,16 +52,17 @@ def parse_fields(count_word, words):
 
 
 class Projections:
-    """Projection operations over ``docs`` (a DocStore). ``then(future, cb)`` is ``broker.then``;
+    """Projection operations over ``docs`` (the broker's DocStore). ``transact(stage, cb)`` is
+    ``broker.transact``;
     ``offload(fn, cb)`` runs ``fn()`` off the loop and ``cb(result, exc)`` on it.
 
     A projection exists when its schema document does (written in one transaction with the collection),
     and every write checks that inside its own engine transaction, so writes pipelined behind a CREATE or
     a DROP see it, and a concurrent DROP cannot leave a half-made collection behind."""
 
-    def __init__(self, docs, then, offload):
+    def __init__(self, docs, transact, offload):
         self.docs = docs
-        self.then = then
+        self.transact = transact
         self.offload = offload
 
     # ------------------------------------------------------------------------------------ schema
@@ -78,12 +79,7 @@ class Projections:
         return doc["fields"]
 
     def _submit(self, fn, cb):
-        try:
-            fut = self.docs.engine.transact(fn)
-        except RiverbedError as e:
-            cb(None, e)
-            return
-        self.then(fut, cb)
+        self.transact(fn, cb)
 
     def create(self, name, fields, cb):
         """Create projection ``name`` from ``parse_fields`` output; ``cb(created, exc)``; the same spec

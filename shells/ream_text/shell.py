@@ -6,7 +6,6 @@ Loop-thread only.
 
 import logging
 
-from riverbed.engine.docstore import DocStore
 from riverbed.shells.ream_text.aggregates import Aggregates
 from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
 from riverbed.shells.ream_text.projections import Projections
@@ -38,9 +37,9 @@ class ReamShell:
         self.max_payload = max_payload
         self.text_user = text_user
         self.offload = offload or _run_now
-        self.docs = DocStore(broker.engine)
-        self.aggregates = Aggregates(self.docs, broker.then)
-        self.projections = Projections(self.docs, broker.then, self.offload)
+        self.docs = broker.docs
+        self.aggregates = Aggregates(self.docs, broker.transact)
+        self.projections = Projections(self.docs, broker.transact, self.offload)
         self.sessions = set()
 
     def user_for(self, peer_loopback):
@@ -61,14 +60,5 @@ class ReamShell:
     def publish(self, stream, records, cb):
         """Append ``records`` to ``stream`` (created when missing), ``cb(AppendResult, exc)``. Appends of
         one stream are submitted in call order, also across a creation in flight."""
-        if not self.broker.creating(stream) and self.broker.has_stream(stream):
-            self.broker.append_records(stream, records, cb)
-            return
-
-        def ready(exc):
-            if exc is not None:
-                cb(None, exc)
-                return
-            self.broker.append_records(stream, records, cb)
         # subscriptions waiting for a new stream hear of it from the broker (Broker.stream_created)
-        self.broker.ensure_stream(stream, ready)
+        self.broker.append_or_create(stream, records, cb)

@@ -177,6 +177,34 @@ def test_restart_keeps_documents_indexes_and_collections(tmp_path):
         assert ds.check_collection("p") == [] and ds.check_collection("b") == []
 
 
+def test_two_stores_of_one_engine_see_each_others_collections(eng):
+    # a writable store answers reads from its engine's committed collections in memory: a store that
+    # missed another's create, or its drop and re-create (a new collection id), would answer wrongly
+    first, second = DocStore(eng), DocStore(eng)
+    first.create_collection("p", ["n"]).result()
+    first.put("p", 1, {"n": 1}).result()
+    assert second.list_collections() == ["p"] and second.get("p", 1) == {"n": 1}
+    first.drop_collection("p").result()
+    first.create_collection("p", [("n", True)]).result()
+    first.put("p", 2, {"n": 2}).result()
+    assert second.get("p", 1) is None and second.get("p", 2) == {"n": 2}
+    assert second.collection_info("p") == ("p", None, [("n", True)], 1)
+    with pytest.raises(UniqueViolation):
+        second.put("p", 3, {"n": 2}).result()
+
+
+def test_stores_of_two_engines_share_nothing(tmp_path):
+    with Engine(tmp_path / "a", fsync="never") as a, Engine(tmp_path / "b", fsync="never") as b:
+        da, db = DocStore(a), DocStore(b)
+        da.create_collection("p", ["n"]).result()
+        da.put("p", 1, {"n": "a"}).result()
+        assert db.list_collections() == [] and db.get("p", 1) is None
+        db.put("p", 1, {"n": "b"}).result()
+        da.drop_collection("p").result()
+        assert db.get("p", 1) == {"n": "b"} and da.get("p", 1) is None
+        assert DocStore(b).get("p", 1) == {"n": "b"}
+
+
 def test_a_read_only_engine_reads_and_refuses_writes(tmp_path):
     path = tmp_path / "data"
     with Engine(path) as eng:

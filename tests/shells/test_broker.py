@@ -5,7 +5,7 @@ test (the ``post`` queue of the harness) instead of an event loop."""
 import pytest
 
 from riverbed.engine import Engine, OffsetSpec, core
-from riverbed.engine.errors import StreamExists, StreamNotFound
+from riverbed.engine.errors import RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells.broker import MODE_WINDOW, Broker, Tail
 
 from .harness import Loop
@@ -257,3 +257,79 @@ def test_every_session_hears_of_a_new_stream_whoever_created_it(lp):
     lp.settle()
     assert heard == [("hook", "made-elsewhere"), ("session", "made-elsewhere"), ("hook", "made-here"),
                      ("session", "made-here")]
+
+
+def _records_of(broker, stream):
+    return [r for _, raw in broker.read_chunks(stream, 0, 100) for r in chunk_records(raw)]
+
+
+def test_append_or_create_creates_once_and_keeps_call_order(lp):
+    got = []
+    for i in range(3):
+        lp.broker.append_or_create("auto", [b"r%d" % i], lambda res, exc, i=i: got.append((i, exc)))
+    assert lp.broker.creating("auto")          # the second and third queue behind the one creation
+    lp.settle()
+    lp.broker.append_or_create("auto", [b"r3"], lambda res, exc: got.append((3, exc)))   # exists: no creation
+    assert not lp.broker.creating("auto")
+    lp.settle()
+    assert got == [(0, None), (1, None), (2, None), (3, None)] and lp.eng.list_streams() == ["auto"]
+    assert _records_of(lp.broker, "auto") == [b"r0", b"r1", b"r2", b"r3"]
+    lp.broker.append_or_create("", [b"x"], lambda res, exc: got.append(("bad", res, type(exc).__name__)))
+    lp.settle()
+    assert got[-1] == ("bad", None, "InvalidArgument")
+
+
+def test_transact_commits_documents_and_records_together_or_not_at_all(lp):
+    docs = lp.broker.docs
+    lp.eng.create_stream("s").result()
+    got = []
+
+    def stage(ctx):
+        docs.stage_put(ctx, "c", 1, {"n": 1})
+        ctx.append("s", [b"a", b"b"])
+        return "staged"
+    # what the callback sees is what a client's confirm promises: both are stored
+    lp.broker.transact(stage, lambda res, exc: got.append((res, exc, docs.get("c", 1), _records_of(lp.broker, "s"))))
+    assert got == []                       # answered after the commit, on the loop (the test's post queue)
+    lp.settle()
+    assert got == [("staged", None, {"n": 1}, [b"a", b"b"])]
+
+    def broken(ctx):
+        docs.stage_put(ctx, "c", 2, {"n": 2})
+        ctx.append("s", [b"lost"])
+        raise ValueError("refused by the caller")
+    lp.broker.transact(broken, lambda res, exc: got.append((res, repr(exc))))
+    lp.settle()
+    assert got[-1] == (None, "ValueError('refused by the caller')")
+    assert docs.get("c", 2) is None and _records_of(lp.broker, "s") == [b"a", b"b"]
+    assert docs.collection_info("c").count == 1
+
+    lp.eng.close()                         # a closed engine's refusal reaches the callback too
+    lp.broker.transact(stage, lambda res, exc: got.append((res, isinstance(exc, RiverbedError))))
+    while not lp.q.empty():
+        fn, args = lp.q.get_nowait()
+        fn(*args)
+    assert got[-1] == (None, True)
+
+
+def test_two_brokers_on_two_engines_keep_separate_document_stores(tmp_path):
+    a, b = Loop(tmp_path / "a"), Loop(tmp_path / "b")
+    try:
+        assert a.broker.docs is not b.broker.docs
+        a.broker.docs.create_collection("c", ["n"]).result(10)
+        a.broker.docs.put("c", 1, {"n": "from a"}).result(10)
+        assert b.broker.docs.list_collections() == [] and b.broker.docs.get("c", 1) is None
+        b.broker.docs.create_collection("c", [("n", True)]).result(10)     # same name, another spec: its own
+        b.broker.docs.put("c", 1, {"n": "from b"}).result(10)
+        a.broker.docs.drop_collection("c").result(10)
+        assert a.broker.docs.list_collections() == [] and a.broker.docs.get("c", 1) is None
+        assert b.broker.docs.get("c", 1) == {"n": "from b"}
+        assert b.broker.docs.collection_info("c") == ("c", None, [("n", True)], 1)
+        got = []
+        b.broker.transact(lambda ctx: b.broker.docs.stage_put(ctx, "c", 2, {"n": "b2"}),
+                          lambda res, exc: got.append((res, exc)))
+        b.settle()
+        assert got == [(2, None)] and a.broker.docs.get("c", 2) is None and b.broker.docs.count("c") == 2
+    finally:
+        a.close()
+        b.close()

@@ -231,6 +231,14 @@ def test_websocket_publish_below_the_disk_free_limit_gets_an_error_message_and_r
                 return json.loads((await ws.receive(timeout)).data)
 
             await pub.send_json({"type": "publish", "stream": "ws", "msg": json.dumps({"m": "ws-0"})})
+            # a Streamr publish has no answer: wait until ws-0 is stored, so the live subscription (from
+            # the end) starts after it whatever the order the two connections are served in
+            last = f"http://127.0.0.1:{disk.srv.ports['ws']}/api/v1/streams/ws/data/partitions/0/last"
+            for _ in range(100):
+                async with s.get(last) as r:
+                    if r.status == 200 and await r.json():
+                        break
+                await asyncio.sleep(0.05)
             await sub.send_json({"type": "subscribe", "stream": "ws"})
             assert (await recv(sub))[1] == 2                   # subscribed
             await pub.send_json({"type": "publish", "stream": "ws", "msg": json.dumps({"m": "ws-1"})})

@@ -103,7 +103,7 @@ def _positive_int(value):
 
 def _depth(value):
     from riverbed.engine.record import MAX_DEPTH_CAP
-    v = int(value)
+    v = _whole_number(value, f"a whole number 1..{MAX_DEPTH_CAP}")
     if not 1 <= v <= MAX_DEPTH_CAP:
         raise ValueError(f"must be 1..{MAX_DEPTH_CAP}")
     return v

@@ -127,6 +127,9 @@ _last_log = {}          # (listener, reason) -> clock of its last log line
 _suppressed = {}        # (listener, reason) -> refusals not logged since that line
 
 
+LOG_DETAIL_MAX = 200       # characters of a refusal's detail that reach the log
+
+
 def reject(listener, reason, detail="", peer=None, clock=time.monotonic):
     """Count one refusal by a limit: ``riverbed_rejected_total{listener,reason}`` goes up by one, and a
     warning is logged unless one of the same (listener, reason) was logged in the last
@@ -138,6 +141,10 @@ def reject(listener, reason, detail="", peer=None, clock=time.monotonic):
     key = (listener, reason)
     _rejected[key] = _rejected.get(key, 0) + 1
     now = clock()
+    detail = str(detail)
+    if len(detail) > LOG_DETAIL_MAX:
+        # the detail may quote hostile input (a 10 MB topic name): the log gets its head only
+        detail = f"{detail[:LOG_DETAIL_MAX]}... ({len(detail)} characters)"
     last = _last_log.get(key)
     if last is not None and now - last < LOG_INTERVAL:
         _suppressed[key] = _suppressed.get(key, 0) + 1

@@ -238,16 +238,19 @@ class McServer:
         size = 0
         refused = None
         while sock.getsockopt(zmq.RCVMORE):
-            part = sock.recv(zmq.NOBLOCK, copy=False)
             if refused is not None:
+                sock.recv(zmq.NOBLOCK, copy=False)      # drained, never copied
                 continue
+            # copied straight into bytes, as recv_multipart does: a zero-copy Frame and then its .bytes
+            # held two copies of a big part at once, and malloc kept more of them from round to round
+            part = sock.recv(zmq.NOBLOCK)
             size += len(part)
             if len(msg) > lim.zmq_max_parts:        # the identity is not a part of the client's message
                 refused = (_limits.REASON_PARTS, f"message of more than {lim.zmq_max_parts} parts")
             elif size > lim.zmq_max_message:
                 refused = (_limits.REASON_FRAME_SIZE, f"message of more than {lim.zmq_max_message} bytes")
             else:
-                msg.append(part.bytes)
+                msg.append(part)
         if refused is None:
             return msg
         _limits.reject("zmq", refused[0], refused[1], msg[0].hex())

@@ -402,9 +402,10 @@ def test_random_frames_and_big_frames(server, dealer):
         if rnd_round == 1:      # malloc keeps a few 10 MB buffers after the first rounds: flat from there
             before = server.anon_kb()
     after = server.anon_kb()
-    # 4 more rounds sent 120 MB of bad frames: flat means less than one round's worth retained (malloc may
-    # keep a 10 MB buffer or two from round to round, more under load)
-    assert after - before < 24 * 1024, (before, after)     # KiB
+    # 4 more rounds sent 120 MB of bad frames: flat means less than the rounds' worth retained. malloc may
+    # keep up to three 10 MB buffers from round to round (+30 MB seen in about 1 run of 4 since the
+    # listener's bounded receive); a leak of even one frame a round would be 40 MB or more.
+    assert after - before < 36 * 1024, (before, after)     # KiB
     assert server.proc.poll() is None
 
 

@@ -13,8 +13,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def dry_run(target, tmp_path):
-    r = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    # a clean make: under `make test` the parent's MAKEFLAGS/MAKELEVEL would add "Entering directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     return r.stdout.splitlines()
 

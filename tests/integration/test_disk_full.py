@@ -100,12 +100,13 @@ class Disk:
 @pytest.fixture(scope="module")
 def disk():
     with small_tmpfs("48m") as fs:
-        srv = ServerProcess(os.path.join(fs.path, "data"), *ALL_LISTENERS, "--disk-free-limit", "8MiB").start()
+        d = Disk(fs, ServerProcess(os.path.join(fs.path, "data"), *ALL_LISTENERS, "--disk-free-limit",
+                                   "8MiB").start())
         try:
-            yield Disk(fs, srv)
+            yield d
         finally:
             fs.unfill()
-            srv.kill()
+            d.srv.kill()        # the restart test replaces d.srv: the server running now is the one to stop
 
 
 # ------------------------------------------------------------------------------------ RabbitMQ Stream

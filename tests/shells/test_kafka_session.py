@@ -1,0 +1,211 @@
+"""The Kafka session as a sans-I/O state machine over a real engine: version negotiation, bad input
+(closes this connection only), topics as streams and super streams, Produce (CRC checked before
+anything is stored), Fetch with long polling, ListOffsets, answers in request order."""
+
+import pytest
+
+from riverbed.shells.kafka import codec as C
+from riverbed.shells.kafka.session import KafkaSession
+from riverbed.shells.kafka.shell import KafkaShell
+
+from .harness import Loop
+
+
+class Harness(Loop):
+    def __init__(self, tmp_path):
+        super().__init__(tmp_path)
+        self.timers = []
+        self.shell = KafkaShell(self.broker, call_later=self._call_later)
+
+    def _call_later(self, delay, fn):
+        entry = [delay, fn]
+        self.timers.append(entry)
+        return lambda: entry.__setitem__(1, None)
+
+    def fire_timers(self):
+        timers, self.timers = self.timers, []
+        for _, fn in timers:
+            if fn is not None:
+                fn()
+
+    def connect(self):
+        io = self.new_io()
+        return Client(self, KafkaSession(self.shell, io, peer="test", local=("127.0.0.1", 9092),
+                                         remote=("127.0.0.1", 5555), peer_loopback=True), io)
+
+
+class Client:
+    def __init__(self, h, s, io):
+        self.h, self.s, self.io = h, s, io
+        self.corr = 0
+
+    def send(self, key, version, body, *, raw=None):
+        self.corr += 1
+        self.s.data_received(raw if raw is not None else C.encode_request(key, version, self.corr, "t", body))
+        return self.corr
+
+    def answers(self, key, version):
+        self.h.settle()
+        frames, used = C.split_frames(bytes(self.io.out))
+        del self.io.out[:used]
+        return [C.decode_response(key, version, bytes(f)) for f in frames]
+
+    def call(self, key, version, body):
+        corr = self.send(key, version, body)
+        (got,) = self.answers(key, version)
+        assert got[0] == corr
+        return got[1]
+
+
+@pytest.fixture
+def h(tmp_path):
+    harness = Harness(tmp_path)
+    yield harness
+    harness.eng.close()
+
+
+def produce_body(topic, partition, batch, acks=-1):
+    return {"transactional_id": None, "acks": acks, "timeout_ms": 1000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": partition, "records": batch}]}]}
+
+
+def fetch_body(topic, partition, offset, max_wait=0, min_bytes=1):
+    return {"max_wait_ms": max_wait, "min_bytes": min_bytes, "max_bytes": 1 << 20, "isolation_level": 0,
+            "topics": [{"topic": topic, "partitions": [{"partition": partition, "fetch_offset": offset,
+                                                         "partition_max_bytes": 1 << 20}]}],
+            "forgotten_topics_data": []}
+
+
+def create(c, name, n):
+    return c.call(C.API_CREATE_TOPICS, 5, {"topics": [{"name": name, "num_partitions": n, "replication_factor": -1,
+                                                       "assignments": [], "configs": []}], "timeout_ms": 1000})
+
+
+def test_api_versions_advertises_exactly_what_is_served(h):
+    c = h.connect()
+    for v in (0, 3):
+        res = c.call(C.API_API_VERSIONS, v, {"client_software_name": "x", "client_software_version": "1"})
+        assert res["error_code"] == 0
+        assert {k["api_key"]: (k["min_version"], k["max_version"]) for k in res["api_keys"]} == C.SERVED
+
+
+def test_api_versions_above_the_range_answers_35_with_ranges(h):
+    c = h.connect()
+    corr = c.send(C.API_API_VERSIONS, 4, {"client_software_name": "x", "client_software_version": "1"})
+    ((got_corr, res),) = c.answers(C.API_API_VERSIONS, 0)
+    assert got_corr == corr and res["error_code"] == C.ERR_UNSUPPORTED_VERSION
+    assert {k["api_key"] for k in res["api_keys"]} == set(C.SERVED)
+    assert not c.io.closed
+
+
+def test_unknown_api_key_and_unsupported_version_close_only_that_connection(h):
+    a, b, d = h.connect(), h.connect(), h.connect()
+    frame = bytearray(C.encode_request(C.API_METADATA, 1, 1, "x", {"topics": None}))
+    frame[4:6] = (999).to_bytes(2, "big")
+    a.s.data_received(bytes(frame))
+    assert a.io.closed
+    b.send(C.API_METADATA, 10, {"topics": None})        # Metadata 10 brings topic ids: not served
+    assert b.io.closed
+    assert d.call(C.API_METADATA, 1, {"topics": None})["brokers"][0]["port"] == 9092
+    assert not d.io.closed
+
+
+def test_truncated_frames_wait_oversized_and_unparsable_close(h):
+    c = h.connect()
+    frame = C.encode_request(C.API_METADATA, 1, 1, "x", {"topics": None})
+    for i in range(len(frame) - 1):
+        c.s.data_received(frame[i:i + 1])
+    assert not c.io.out and not c.io.closed
+    c.s.data_received(frame[-1:])
+    assert len(c.answers(C.API_METADATA, 1)) == 1
+    c.s.data_received((C.MAX_FRAME + 1).to_bytes(4, "big"))
+    assert c.io.closed
+    d = h.connect()
+    d.s.data_received(b"\x00\x00\x00\x0a" + C._HEAD.pack(3, 1, 1) + b"\x00\x05a")   # client id past the end
+    assert d.io.closed
+
+
+def test_topics_are_streams_and_super_streams(h):
+    c = h.connect()
+    assert create(c, "solo", 1)["topics"][0]["error_code"] == 0
+    assert create(c, "multi", 3)["topics"][0]["error_code"] == 0
+    assert create(c, "multi", 3)["topics"][0]["error_code"] == C.ERR_TOPIC_ALREADY_EXISTS
+    assert h.broker.has_stream("solo") and h.broker.partitions("multi") == ["multi-0", "multi-1", "multi-2"]
+    md = c.call(C.API_METADATA, 9, {"topics": None, "allow_auto_topic_creation": False})
+    topics = {t["name"]: len(t["partitions"]) for t in md["topics"]}
+    assert topics == {"solo": 1, "multi": 3}        # a super stream's partitions are not topics of their own
+    md = c.call(C.API_METADATA, 9, {"topics": [{"name": "auto"}], "allow_auto_topic_creation": True})
+    assert md["topics"][0]["error_code"] == 0 and h.broker.has_stream("auto")
+    md = c.call(C.API_METADATA, 9, {"topics": [{"name": "nope"}], "allow_auto_topic_creation": False})
+    assert md["topics"][0]["error_code"] == C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_produce_fetch_round_trip_and_list_offsets(h):
+    c = h.connect()
+    create(c, "t", 2)
+    batch = C.encode_batch(0, [(1000 + i, b"k%d" % i, b"v%d" % i, [("h", b"x")]) for i in range(5)],
+                           compression=C.COMPRESSION_ZSTD)
+    res = c.call(C.API_PRODUCE, 9, produce_body("t", 1, batch))
+    part = res["responses"][0]["partition_responses"][0]
+    assert (part["error_code"], part["base_offset"]) == (0, 0)
+    res = c.call(C.API_PRODUCE, 9, produce_body("t", 1, C.encode_batch(0, [(2000, None, b"late", [])])))
+    assert res["responses"][0]["partition_responses"][0]["base_offset"] == 5
+    res = c.call(C.API_FETCH, 12, fetch_body("t", 1, 2))
+    p = res["responses"][0]["partitions"][0]
+    assert p["error_code"] == 0 and p["high_watermark"] == 6 and p["log_start_offset"] == 0
+    got = [(b.base_offset, r) for b in C.decode_batches(p["records"], 1 << 20) for r in b.records]
+    assert got[0] == (2, (1002, b"k2", b"v2", [("h", b"x")])) and got[-1][1][2] == b"late"
+    assert sum(1 + b.last_offset_delta for b in C.decode_batches(p["records"], 1 << 20)) == 4
+
+    def lo(ts):
+        r = c.call(C.API_LIST_OFFSETS, 6, {"replica_id": -1, "isolation_level": 0, "topics": [
+            {"name": "t", "partitions": [{"partition_index": 1, "timestamp": ts}]}]})
+        return r["topics"][0]["partitions"][0]
+    assert lo(-2)["offset"] == 0 and lo(-1)["offset"] == 6
+    assert (lo(1003)["offset"], lo(1003)["timestamp"]) == (3, 1003)
+    assert lo(1500)["offset"] == 5 and lo(9999)["offset"] == 6
+    assert c.call(C.API_FETCH, 12, fetch_body("t", 1, 7))["responses"][0]["partitions"][0]["error_code"] == \
+        C.ERR_OFFSET_OUT_OF_RANGE
+    assert c.call(C.API_FETCH, 12, fetch_body("t", 5, 0))["responses"][0]["partitions"][0]["error_code"] == \
+        C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_wrong_crc_is_corrupt_message_and_nothing_is_stored(h):
+    c = h.connect()
+    create(c, "t", 1)
+    bad = bytearray(C.encode_batch(0, [(1, None, b"v", [])]))
+    bad[-1] ^= 0x40
+    res = c.call(C.API_PRODUCE, 7, produce_body("t", 0, bytes(bad)))
+    assert res["responses"][0]["partition_responses"][0]["error_code"] == C.ERR_CORRUPT_MESSAGE
+    assert h.shell.offsets("t") == (0, 0)
+    assert not c.io.closed
+
+
+def test_fetch_long_polls_and_answers_stay_in_order(h):
+    c = h.connect()
+    create(c, "t", 1)
+    waiting = c.send(C.API_FETCH, 12, fetch_body("t", 0, 0, max_wait=500))
+    after = c.send(C.API_METADATA, 1, {"topics": None})
+    assert c.answers(C.API_FETCH, 12) == []            # the Fetch waits, and the Metadata after it with it
+    assert h.timers and h.timers[0][0] == 0.5
+    p = h.connect()
+    p.call(C.API_PRODUCE, 9, produce_body("t", 0, C.encode_batch(0, [(1, None, b"wake", [])])))
+    h.settle()
+    frames, used = C.split_frames(bytes(c.io.out))
+    assert len(frames) == 2
+    corr, res = C.decode_response(C.API_FETCH, 12, bytes(frames[0]))
+    assert corr == waiting
+    (b,) = C.decode_batches(res["responses"][0]["partitions"][0]["records"], 1 << 20)
+    assert b.records[0][2] == b"wake"
+    assert C.decode_response(C.API_METADATA, 1, bytes(frames[1]))[0] == after
+    assert h.timers[0][1] is None                      # the timer was cancelled
+
+
+def test_empty_fetch_answers_when_max_wait_expires(h):
+    c = h.connect()
+    create(c, "t", 1)
+    c.send(C.API_FETCH, 12, fetch_body("t", 0, 0, max_wait=200))
+    assert c.answers(C.API_FETCH, 12) == []
+    h.fire_timers()
+    ((_, res),) = c.answers(C.API_FETCH, 12)
+    assert res["responses"][0]["partitions"][0]["records"] == b""

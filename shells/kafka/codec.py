@@ -62,6 +62,15 @@ SERVED = {
     API_METADATA: (0, 9),
     API_API_VERSIONS: (0, 3),
     API_CREATE_TOPICS: (0, 5),
+    API_FIND_COORDINATOR: (0, 3),  # 4 brings the batched form
+    API_JOIN_GROUP: (0, 9),
+    API_SYNC_GROUP: (0, 5),
+    API_HEARTBEAT: (0, 4),
+    API_LEAVE_GROUP: (0, 5),
+    API_OFFSET_COMMIT: (0, 8),     # 9 is the KIP-848 consumer protocol's
+    API_OFFSET_FETCH: (0, 7),      # 8 brings the batched form
+    API_LIST_GROUPS: (0, 5),
+    API_DESCRIBE_GROUPS: (0, 5),
 }
 
 MAX_FRAME = 100 << 20           # bytes of one request (Kafka's socket.request.max.bytes is 100 MiB)
@@ -159,6 +168,8 @@ class Reader:
 def _read_string(r, flexible, nullable):
     n = r.uvarint() - 1 if flexible else r.i16()
     if n < 0:
+        if not nullable:
+            raise DecodeError("null in a non-nullable string")
         return None
     try:
         return r.raw(n).decode("utf-8")
@@ -193,7 +204,10 @@ def _read_value(r, f, typ, v, flexible):
     if typ == "string":
         return _read_string(r, flexible, f.nullable(v))
     if typ in ("bytes", "records"):
-        return _read_bytes(r, flexible)
+        b = _read_bytes(r, flexible)
+        if b is None and typ == "bytes" and not f.nullable(v):
+            raise DecodeError("null in non-nullable bytes")
+        return b
     raise DecodeError(f"unknown type {typ}")
 
 
@@ -237,6 +251,8 @@ def _decode_field(r, f, v, flexible):
     if t == "[]" or f.item is not None:
         n = _read_array_len(r, flexible)
         if n < 0:
+            if not f.nullable(v):
+                raise DecodeError("null in a non-nullable array")
             return None
         if f.item is not None:
             return [_read_value(r, f, f.item, v, flexible) for _ in range(n)]
@@ -280,6 +296,9 @@ def _w_bytes(out, b, flexible):
     out += b
 
 
+_NOT_NULL = {"string": "", "bytes": b"", "int8": 0, "int16": 0, "int32": 0, "int64": 0, "uint16": 0, "bool": False,
+             "uuid": b"\0" * 16, "float64": 0.0}
+
 _PRIM_WRITE = {
     "int8": _I8.pack, "int16": _I16.pack, "int32": _I32.pack, "int64": _I64.pack, "uint16": _U16.pack,
     "bool": lambda b: b"\x01" if b else b"\x00", "uuid": lambda u: bytes(u), "float64": _F64.pack,
@@ -304,6 +323,8 @@ def encode_struct(fields, obj, v, flexible, out):
         if not f.present(v):
             continue
         val = obj.get(f.name, f.default) if obj is not None else f.default
+        if val is None and not f.nullable(v) and f.type != "records":
+            val = _NOT_NULL.get(f.type, []) if f.type != "{}" else {}     # null only where the version allows
         if f.tag is not None and flexible:
             if val is not None and val != f.default:
                 buf = bytearray()

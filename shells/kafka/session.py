@@ -24,6 +24,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.kafka import codec as C
+from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
 from riverbed.shells.kafka.shell import CLUSTER_ID, MAX_DECOMPRESSED, NODE_ID, retention_arguments
 
@@ -43,7 +44,7 @@ class _Slot:
         self.data = None
 
 
-class KafkaSession:
+class KafkaSession(GroupCommands):
     """One Kafka connection (see the module docstring). Loop-thread only; bad input never raises out."""
 
     def __init__(self, shell, io, *, peer="?", local=("", 0), remote=("", 0), peer_loopback=True):
@@ -100,7 +101,7 @@ class KafkaSession:
         self.io.resume_reading()
 
     def tick(self, now):
-        pass
+        self.shell.groups.tick(now)
 
     def begin_shutdown(self):
         self._shutting_down = True
@@ -591,6 +592,15 @@ COMMANDS = {
     C.API_PRODUCE: KafkaSession.produce,
     C.API_FETCH: KafkaSession.fetch,
     C.API_LIST_OFFSETS: KafkaSession.list_offsets,
+    C.API_FIND_COORDINATOR: KafkaSession.find_coordinator,
+    C.API_JOIN_GROUP: KafkaSession.join_group,
+    C.API_SYNC_GROUP: KafkaSession.sync_group,
+    C.API_HEARTBEAT: KafkaSession.heartbeat,
+    C.API_LEAVE_GROUP: KafkaSession.leave_group,
+    C.API_OFFSET_COMMIT: KafkaSession.offset_commit,
+    C.API_OFFSET_FETCH: KafkaSession.offset_fetch,
+    C.API_LIST_GROUPS: KafkaSession.list_groups,
+    C.API_DESCRIBE_GROUPS: KafkaSession.describe_groups,
 }
 """API key -> handler(session, header, request dict). What is here is what ApiVersions advertises."""
 

@@ -4,6 +4,7 @@ super stream of that name, partitions ``<topic>-<i>``), and a timer for Fetch lo
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError
+from riverbed.shells.kafka.groups import Coordinator
 
 NODE_ID = 0
 CLUSTER_ID = "riverbed"
@@ -44,6 +45,7 @@ class KafkaShell:
         self.advertised_port = advertised_port
         self.listen_port = 0
         self.call_later = call_later
+        self.groups = Coordinator(broker.clock)
 
     # ------------------------------------------------------------------------------ the topic view
 

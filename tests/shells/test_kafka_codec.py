@@ -174,3 +174,11 @@ def test_record_mapping_round_trip_and_other_protocols():
     doc = from_bson({"y": 3})
     assert R.from_stored(doc, 9)[2] == decode_record(doc).payload
     assert R.from_stored(b"\x01raw", 9) == (9, None, b"\x01raw", [])
+
+
+def test_null_where_the_version_forbids_it_is_written_empty():
+    # JoinGroup's protocol_name is nullable from v7 only: an error answer at v5 must still carry a string
+    body = {"error_code": 79, "member_id": "m", "protocol_name": None}
+    _, v5 = C.decode_response(11, 5, C.encode_response(11, 5, 1, body)[4:])
+    _, v7 = C.decode_response(11, 7, C.encode_response(11, 7, 1, body)[4:])
+    assert v5["protocol_name"] == "" and v7["protocol_name"] is None

@@ -209,3 +209,73 @@ def test_empty_fetch_answers_when_max_wait_expires(h):
     h.fire_timers()
     ((_, res),) = c.answers(C.API_FETCH, 12)
     assert res["responses"][0]["partitions"][0]["records"] == b""
+
+
+def join_body(group, member_id="", protocols=(("range", b"meta"),)):
+    return {"group_id": group, "session_timeout_ms": 6000, "rebalance_timeout_ms": 6000, "member_id": member_id,
+            "group_instance_id": None, "protocol_type": "consumer",
+            "protocols": [{"name": n, "metadata": m} for n, m in protocols]}
+
+
+def test_group_join_sync_heartbeat_and_session_timeout(h):
+    a, b = h.connect(), h.connect()
+    first = a.call(C.API_JOIN_GROUP, 5, join_body("g"))
+    assert first["error_code"] == 79 and first["member_id"]        # MEMBER_ID_REQUIRED (KIP-394)
+    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", first["member_id"]))
+    assert (ja["error_code"], ja["generation_id"], ja["leader"]) == (0, 1, first["member_id"])
+    mb = b.call(C.API_JOIN_GROUP, 5, join_body("g"))["member_id"]
+    b.send(C.API_JOIN_GROUP, 5, join_body("g", mb))                  # a rebalance: waits for a to join again
+    assert b.answers(C.API_JOIN_GROUP, 5) == []
+    hb = {"group_id": "g", "generation_id": 1, "member_id": ja["member_id"], "group_instance_id": None}
+    assert a.call(C.API_HEARTBEAT, 3, hb)["error_code"] == 27       # REBALANCE_IN_PROGRESS: join again
+    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", ja["member_id"], (("range", b"ma"), ("roundrobin", b"r"))))
+    ((_, jb),) = b.answers(C.API_JOIN_GROUP, 5)
+    assert ja["generation_id"] == jb["generation_id"] == 2 and ja["protocol_name"] == "range"
+    assert sorted(m["member_id"] for m in ja["members"]) == sorted([ja["member_id"], mb]) and jb["members"] == []
+    b.send(C.API_SYNC_GROUP, 3, {"group_id": "g", "generation_id": 2, "member_id": mb, "assignments": []})
+    assert b.answers(C.API_SYNC_GROUP, 3) == []                      # waits for the leader's assignment
+    sa = a.call(C.API_SYNC_GROUP, 3, {"group_id": "g", "generation_id": 2, "member_id": ja["member_id"],
+                                      "assignments": [{"member_id": ja["member_id"], "assignment": b"A"},
+                                                      {"member_id": mb, "assignment": b"B"}]})
+    assert sa["assignment"] == b"A" and b.answers(C.API_SYNC_GROUP, 3)[0][1]["assignment"] == b"B"
+    d = a.call(C.API_DESCRIBE_GROUPS, 5, {"groups": ["g", "nope"]})["groups"]
+    assert d[0]["group_state"] == "Stable" and len(d[0]["members"]) == 2 and d[1]["group_state"] == "Dead"
+    # b stops heart-beating: removed after its session timeout (6 s), and a must join again
+    h.now += 3
+    assert a.call(C.API_HEARTBEAT, 3, dict(hb, generation_id=2))["error_code"] == 0
+    h.now += 4
+    a.s.tick(h.now)
+    assert a.call(C.API_HEARTBEAT, 3, dict(hb, generation_id=2))["error_code"] == 27
+    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", ja["member_id"]))
+    assert ja["generation_id"] == 3 and [m["member_id"] for m in ja["members"]] == [ja["member_id"]]
+    assert a.call(C.API_LEAVE_GROUP, 3, {"group_id": "g", "members": [{"member_id": ja["member_id"]}]})[
+        "members"][0]["error_code"] == 0
+    assert c_groups(a) == {"g": "Empty"}
+
+
+def c_groups(c):
+    return {g["group_id"]: g["group_state"] for g in c.call(C.API_LIST_GROUPS, 4, {"states_filter": []})["groups"]}
+
+
+def test_offset_commit_is_the_stream_offset_minus_one(h):
+    c = h.connect()
+    create(c, "t", 2)
+    commit = {"group_id": "grp", "generation_id_or_member_epoch": -1, "member_id": "", "topics": [
+        {"name": "t", "partitions": [{"partition_index": 0, "committed_offset": 42, "committed_metadata": ""},
+                                     {"partition_index": 1, "committed_offset": 0, "committed_metadata": ""}]}]}
+    res = c.call(C.API_OFFSET_COMMIT, 8, commit)
+    assert [p["error_code"] for p in res["topics"][0]["partitions"]] == [0, 0]
+    got = []
+    h.broker.query_offset("t-0", "grp", lambda off, exc: got.append(off))
+    h.broker.query_offset("t-1", "grp", lambda off, exc: got.append(off))
+    assert got == [41, None]
+    h.broker.store_offset("t-1", "grp", 6)       # as RabbitMQ Stream's StoreOffset does
+    h.settle()
+    fetched = c.call(C.API_OFFSET_FETCH, 7, {"group_id": "grp", "topics": [{"name": "t", "partition_indexes": [0, 1]}]})
+    assert [p["committed_offset"] for p in fetched["topics"][0]["partitions"]] == [42, 7]
+    every = c.call(C.API_OFFSET_FETCH, 7, {"group_id": "grp", "topics": None})
+    assert {(t["name"], p["partition_index"], p["committed_offset"]) for t in every["topics"]
+            for p in t["partitions"]} == {("t", 0, 42), ("t", 1, 7)}
+    # a commit with a generation of a group it is not a member of
+    bad = dict(commit, generation_id_or_member_epoch=3, member_id="ghost")
+    assert c.call(C.API_OFFSET_COMMIT, 8, bad)["topics"][0]["partitions"][0]["error_code"] == 25

@@ -71,6 +71,10 @@ SERVED = {
     API_OFFSET_FETCH: (0, 7),      # 8 brings the batched form
     API_LIST_GROUPS: (0, 5),
     API_DESCRIBE_GROUPS: (0, 5),
+    API_DELETE_TOPICS: (0, 5),     # 6 names topics by id
+    API_CREATE_PARTITIONS: (0, 3),
+    API_DESCRIBE_CONFIGS: (0, 4),
+    API_INIT_PRODUCER_ID: (0, 4),  # 5 is for transactions (KIP-890)
 }
 
 MAX_FRAME = 100 << 20           # bytes of one request (Kafka's socket.request.max.bytes is 100 MiB)

@@ -24,6 +24,7 @@ from riverbed.engine import format as fmt
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.kafka import codec as C
+from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
 from riverbed.shells.kafka.shell import CLUSTER_ID, MAX_DECOMPRESSED, NODE_ID, retention_arguments
@@ -44,7 +45,7 @@ class _Slot:
         self.data = None
 
 
-class KafkaSession(GroupCommands):
+class KafkaSession(GroupCommands, AdminCommands):
     """One Kafka connection (see the module docstring). Loop-thread only; bad input never raises out."""
 
     def __init__(self, shell, io, *, peer="?", local=("", 0), remote=("", 0), peer_loopback=True):
@@ -333,9 +334,9 @@ class KafkaSession(GroupCommands):
             answer()
             return
 
-        def stored(res, result, exc):
+        def stored(res, result, exc, known):
             if exc is None:
-                res["base_offset"] = result.first_offset
+                res["base_offset"] = result.first_offset if result.first_offset >= 0 else known()
             elif isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
             else:
@@ -345,11 +346,18 @@ class KafkaSession(GroupCommands):
             if left[0] == 0:
                 answer()
         self.pending_ops += len(waits)
-        for res, stream, recs in waits:
-            def cb(result, exc, res=res):
+        for res, stream, recs, ids, publisher in waits:
+            def cb(result, exc, res=res, stream=stream, ids=ids, publisher=publisher):
                 self.pending_ops -= 1
-                stored(res, result, exc)
-            self.broker.append_records(stream, recs, cb)
+                if exc is None and ids is not None and result.first_offset >= 0:
+                    self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
+                stored(res, result, exc, lambda: self.shell.batch_offset(stream, publisher, ids[0]))
+            if ids is None:
+                self.broker.append_records(stream, recs, cb)
+            else:
+                # an idempotent producer: the engine's publisher sequences drop a retried batch
+                self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
+                                   num_entries=len(recs), num_records=len(recs))
 
     def _produce_partition(self, topic, p, res, refusal, waits):
         """Check and decode one partition's batches; queue its append in ``waits``. Returns (error code,
@@ -371,13 +379,25 @@ class KafkaSession(GroupCommands):
         except C.UnsupportedCompression as e:
             return C.ERR_UNSUPPORTED_COMPRESSION_TYPE, str(e)
         recs = []
+        ids = []
+        publisher = None
         for b in batches:
             if b.attributes & C.ATTR_CONTROL:
                 continue
+            if b.attributes & C.ATTR_TRANSACTIONAL:
+                return C.ERR_INVALID_RECORD, "transactions are not served"
+            if b.producer_id >= 0 and b.base_sequence >= 0:
+                ref = producer_reference(b.producer_id, b.producer_epoch)
+                if publisher is not None and ref != publisher:
+                    return C.ERR_INVALID_RECORD, "batches of two producers in one partition"
+                publisher = ref
+                ids.extend(b.base_sequence + i for i in range(len(b.records)))
+            elif publisher is not None:
+                return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
             for ts, key, value, headers in b.records:
                 recs.append(R.to_stored(key, value, headers, ts))
         if recs:
-            waits.append((res, stream, recs))
+            waits.append((res, stream, recs, ids if publisher is not None else None, publisher))
         return None
 
     # --------------------------------------------------------------------------------------------- Fetch
@@ -601,6 +621,10 @@ COMMANDS = {
     C.API_OFFSET_FETCH: KafkaSession.offset_fetch,
     C.API_LIST_GROUPS: KafkaSession.list_groups,
     C.API_DESCRIBE_GROUPS: KafkaSession.describe_groups,
+    C.API_DELETE_TOPICS: KafkaSession.delete_topics,
+    C.API_CREATE_PARTITIONS: KafkaSession.create_partitions,
+    C.API_DESCRIBE_CONFIGS: KafkaSession.describe_configs,
+    C.API_INIT_PRODUCER_ID: KafkaSession.init_producer_id,
 }
 """API key -> handler(session, header, request dict). What is here is what ApiVersions advertises."""
 

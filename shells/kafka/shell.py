@@ -9,6 +9,8 @@ from riverbed.shells.kafka.groups import Coordinator
 NODE_ID = 0
 CLUSTER_ID = "riverbed"
 MAX_DECOMPRESSED = 64 << 20       # bytes one batch's records may decompress to
+RECENT_PRODUCERS = 10000          # (partition, producer) pairs whose recent batches are remembered
+RECENT_BATCHES = 8                # per producer and partition: Kafka keeps 5 (max.in.flight)
 
 
 def partition_name(topic, i):
@@ -46,6 +48,21 @@ class KafkaShell:
         self.listen_port = 0
         self.call_later = call_later
         self.groups = Coordinator(broker.clock)
+        self._batches = {}      # (stream, publisher) -> {base sequence: base offset} of its last batches
+
+    def remember_batch(self, stream, publisher, base_sequence, base_offset):
+        """Keep where an idempotent producer's batch was stored, so its retry (dropped as a duplicate)
+        is answered with the same offset, as Kafka does for a producer's last 5 batches."""
+        if (stream, publisher) not in self._batches and len(self._batches) >= RECENT_PRODUCERS:
+            del self._batches[next(iter(self._batches))]     # the oldest producer's memory goes first
+        seen = self._batches.setdefault((stream, publisher), {})
+        seen[base_sequence] = base_offset
+        while len(seen) > RECENT_BATCHES:
+            del seen[next(iter(seen))]
+
+    def batch_offset(self, stream, publisher, base_sequence):
+        """The base offset of a recent batch of that producer, or -1 when it is not remembered."""
+        return self._batches.get((stream, publisher), {}).get(base_sequence, -1)
 
     # ------------------------------------------------------------------------------ the topic view
 

@@ -279,3 +279,52 @@ def test_offset_commit_is_the_stream_offset_minus_one(h):
     # a commit with a generation of a group it is not a member of
     bad = dict(commit, generation_id_or_member_epoch=3, member_id="ghost")
     assert c.call(C.API_OFFSET_COMMIT, 8, bad)["topics"][0]["partitions"][0]["error_code"] == 25
+
+
+def test_idempotent_producer_retry_is_stored_once_with_its_offset(h):
+    c = h.connect()
+    create(c, "t", 1)
+    ip = c.call(C.API_INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout_ms": 1000,
+                                             "producer_id": -1, "producer_epoch": -1})
+    assert ip["error_code"] == 0 and ip["producer_id"] >= 0 and ip["producer_epoch"] == 0
+    pid = ip["producer_id"]
+
+    def batch(seq, n):
+        return C.encode_batch(0, [(1, None, b"%d" % (seq + i), []) for i in range(n)], producer_id=pid,
+                              producer_epoch=0, base_sequence=seq)
+
+    def send(data):
+        return c.call(C.API_PRODUCE, 9, produce_body("t", 0, data))["responses"][0]["partition_responses"][0]
+    assert send(batch(0, 3))["base_offset"] == 0
+    assert send(batch(3, 2))["base_offset"] == 3
+    retry = send(batch(3, 2))                       # the broker's answer was lost: the client sends it again
+    assert (retry["error_code"], retry["base_offset"]) == (0, 3)
+    assert send(batch(5, 1))["base_offset"] == 5
+    assert h.shell.offsets("t") == (0, 6)           # stored once
+    txn = c.call(C.API_INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout_ms": 1000,
+                                              "producer_id": -1, "producer_epoch": -1})
+    assert txn["error_code"] == 53                  # transactions are out of scope
+
+
+def test_create_partitions_grows_a_stream_into_a_super_stream_and_delete_topics(h):
+    c = h.connect()
+    create(c, "t", 1)
+    c.call(C.API_PRODUCE, 9, produce_body("t", 0, C.encode_batch(0, [(1, None, b"kept", [])])))
+    res = c.call(C.API_CREATE_PARTITIONS, 3, {"topics": [{"name": "t", "count": 3, "assignments": None}],
+                                               "timeout_ms": 1000, "validate_only": False})
+    assert res["results"][0]["error_code"] == 0
+    assert h.broker.partitions("t") == ["t", "t-1", "t-2"]     # partition 0 is the stream it was
+    p0 = c.call(C.API_FETCH, 12, fetch_body("t", 0, 0))["responses"][0]["partitions"][0]
+    assert C.decode_batches(p0["records"], 1 << 20)[0].records[0][2] == b"kept"
+    res = c.call(C.API_CREATE_PARTITIONS, 3, {"topics": [{"name": "t", "count": 2, "assignments": None}],
+                                               "timeout_ms": 1000, "validate_only": False})
+    assert res["results"][0]["error_code"] == C.ERR_INVALID_PARTITIONS
+    cfg = c.call(C.API_DESCRIBE_CONFIGS, 4, {"resources": [{"resource_type": 2, "resource_name": "t",
+                                                             "configuration_keys": None}]})
+    assert {x["name"] for x in cfg["results"][0]["configs"]} == {"retention.ms", "retention.bytes", "cleanup.policy"}
+    res = c.call(C.API_DELETE_TOPICS, 5, {"topic_names": ["t", "nope"], "timeout_ms": 1000})
+    assert [r["error_code"] for r in res["responses"]] == [0, C.ERR_UNKNOWN_TOPIC_OR_PARTITION]
+    assert h.shell.partitions("t") is None and not h.broker.has_stream("t-1")
+    # a Fetch of the deleted topic is a Kafka error, not a crash
+    assert c.call(C.API_FETCH, 12, fetch_body("t", 0, 0))["responses"][0]["partitions"][0]["error_code"] == \
+        C.ERR_UNKNOWN_TOPIC_OR_PARTITION

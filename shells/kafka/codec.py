@@ -75,6 +75,8 @@ SERVED = {
     API_CREATE_PARTITIONS: (0, 3),
     API_DESCRIBE_CONFIGS: (0, 4),
     API_INIT_PRODUCER_ID: (0, 4),  # 5 is for transactions (KIP-890)
+    API_SASL_HANDSHAKE: (1, 1),    # 1: tokens in SaslAuthenticate (v0's raw token frames are not served)
+    API_SASL_AUTHENTICATE: (0, 2),
 }
 
 MAX_FRAME = 100 << 20           # bytes of one request (Kafka's socket.request.max.bytes is 100 MiB)

@@ -22,6 +22,7 @@ from riverbed.engine import OffsetSpec
 from riverbed.engine import core
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.kafka import codec as C
 from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
@@ -32,6 +33,10 @@ from riverbed.shells.kafka.shell import CLUSTER_ID, MAX_DECOMPRESSED, NODE_ID, r
 log = logging.getLogger("riverbed.kafka")
 
 TS_LATEST, TS_EARLIEST = -1, -2
+ERR_ILLEGAL_SASL_STATE = 34
+ERR_UNSUPPORTED_SASL_MECHANISM = 33
+ERR_SASL_AUTHENTICATION_FAILED = 58
+_BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
 READ_CHUNKS = 16            # chunks read per step of a Fetch
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
 
@@ -64,6 +69,7 @@ class KafkaSession(GroupCommands, AdminCommands):
         self._closed = False
         self._shutting_down = False
         self._fetches = set()           # Fetches waiting for data (long polling)
+        self._mechanism = None          # the SASL mechanism a SaslHandshake chose, until SaslAuthenticate
         self.pending_ops = 0
         broker.register(self)
 
@@ -164,8 +170,8 @@ class KafkaSession(GroupCommands, AdminCommands):
         except C.DecodeError as e:
             self._fatal(f"API {hdr.api_key} v{hdr.version} does not parse: {e}")
             return
-        if self.user is None and hdr.api_key != C.API_API_VERSIONS:
-            self._fatal("not authenticated")
+        if self.user is None and hdr.api_key not in _BEFORE_AUTH:
+            self._fatal("not authenticated")      # with --users: nothing is served before SASL
             return
         handler(self, hdr, req)
 
@@ -199,6 +205,32 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     def api_versions(self, hdr, req):
         self._reply(hdr, {"error_code": C.ERR_NONE, "api_keys": _api_keys(), "throttle_time_ms": 0})
+
+    # ------------------------------------------------------------------------------------------ SASL
+
+    def sasl_handshake(self, hdr, req):
+        mechanisms = [m for m in self.broker.auth.mechanisms() if m == "PLAIN"]
+        ok = req["mechanism"] in mechanisms and self.user is None
+        self._mechanism = req["mechanism"] if ok else None
+        self._reply(hdr, {"error_code": 0 if ok else (ERR_UNSUPPORTED_SASL_MECHANISM if self.user is None
+                                                      else ERR_ILLEGAL_SASL_STATE), "mechanisms": mechanisms})
+
+    def sasl_authenticate(self, hdr, req):
+        if self._mechanism is None:
+            self._reply(hdr, {"error_code": ERR_ILLEGAL_SASL_STATE, "error_message": "SaslHandshake first",
+                              "auth_bytes": b""})
+            self._fatal("SaslAuthenticate without SaslHandshake")
+            return
+        res = self.broker.auth.authenticate(self._mechanism, req["auth_bytes"] or b"", self.peer_loopback)
+        self._mechanism = None
+        if res.outcome != _auth.OK:
+            log.info("%s: Kafka SASL %s refused: %s", self.peer, res.username, res.reason)
+            self._reply(hdr, {"error_code": ERR_SASL_AUTHENTICATION_FAILED,
+                              "error_message": "Authentication failed: invalid credentials", "auth_bytes": b""})
+            self._fatal("authentication failed")      # Kafka closes the connection after a failed SASL
+            return
+        self.user = res.user
+        self._reply(hdr, {"error_code": 0, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0})
 
     # ------------------------------------------------------------------------------------------ Metadata
 
@@ -625,6 +657,8 @@ COMMANDS = {
     C.API_CREATE_PARTITIONS: KafkaSession.create_partitions,
     C.API_DESCRIBE_CONFIGS: KafkaSession.describe_configs,
     C.API_INIT_PRODUCER_ID: KafkaSession.init_producer_id,
+    C.API_SASL_HANDSHAKE: KafkaSession.sasl_handshake,
+    C.API_SASL_AUTHENTICATE: KafkaSession.sasl_authenticate,
 }
 """API key -> handler(session, header, request dict). What is here is what ApiVersions advertises."""
 

@@ -554,39 +554,80 @@ def compress(code, data):
     raise UnsupportedCompression(f"compression code {code}")
 
 
-def _read_records(r, count, base_ts):
+def _zz(buf, pos, end):
+    """A zigzag varint at ``pos`` of bytes ``buf`` (not past ``end``): (value, next position)."""
+    if pos >= end:
+        raise DecodeError("truncated varint")
+    b = buf[pos]
+    if b < 0x80:                     # the common case: one byte
+        return (b >> 1) ^ -(b & 1), pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        if pos >= end or shift > 63:
+            raise DecodeError("bad varint")
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def _read_records(buf, count, base_ts):
+    """``count`` records from bytes ``buf``: [(timestamp, key, value, headers)]. Raises DecodeError."""
     out = []
+    pos = 0
+    n = len(buf)
+    zz = _zz
     for _ in range(count):
-        length = r.varint()
-        if length < 0:
-            raise DecodeError("negative record length")
-        end = r.pos + length
-        if end > r.end:
-            raise DecodeError("record past the batch")
-        rr = Reader(r.buf, r.pos, end)
-        rr.i8()                              # attributes: unused
-        ts = base_ts + rr.varint()
-        rr.varint()                          # offset delta: records are contiguous here
-        klen = rr.varint()
-        key = rr.raw(klen) if klen >= 0 else None
-        vlen = rr.varint()
-        value = rr.raw(vlen) if vlen >= 0 else None
+        length, pos = zz(buf, pos, n)
+        end = pos + length
+        if length < 1 or end > n:
+            raise DecodeError("record length out of range")
+        pos += 1                                  # attributes: unused
+        ts, pos = zz(buf, pos, end)
+        _, pos = zz(buf, pos, end)                # offset delta: records are contiguous here
+        klen, pos = zz(buf, pos, end)
+        if klen >= 0:
+            if pos + klen > end:
+                raise DecodeError("key past the record")
+            key = buf[pos:pos + klen]
+            pos += klen
+        else:
+            key = None
+        vlen, pos = zz(buf, pos, end)
+        if vlen >= 0:
+            if pos + vlen > end:
+                raise DecodeError("value past the record")
+            value = buf[pos:pos + vlen]
+            pos += vlen
+        else:
+            value = None
+        nh, pos = zz(buf, pos, end)
         headers = []
-        for _ in range(rr.varint()):
-            hk = rr.varint()
-            if hk < 0:
-                raise DecodeError("null header key")
+        for _ in range(nh):
+            hk, pos = zz(buf, pos, end)
+            if hk < 0 or pos + hk > end:
+                raise DecodeError("bad header key")
             try:
-                name = rr.raw(hk).decode("utf-8")
+                name = buf[pos:pos + hk].decode("utf-8")
             except UnicodeDecodeError:
                 raise DecodeError("header key is not UTF-8") from None
-            hv = rr.varint()
-            headers.append((name, rr.raw(hv) if hv >= 0 else None))
-        if rr.pos != end:
+            pos += hk
+            hv, pos = zz(buf, pos, end)
+            if hv >= 0:
+                if pos + hv > end:
+                    raise DecodeError("header value past the record")
+                headers.append((name, buf[pos:pos + hv]))
+                pos += hv
+            else:
+                headers.append((name, None))
+        if pos != end:
             raise DecodeError("record length mismatch")
-        r.pos = end
-        out.append((ts, key, value, headers))
-    return out
+        out.append((base_ts + ts, key, value, headers))
+    return out, pos
 
 
 def decode_batches(data, limit):
@@ -615,9 +656,9 @@ def decode_batches(data, limit):
         if code != COMPRESSION_NONE:
             body = decompress(code, body, limit)
         try:
-            r = Reader(body)
-            records = _read_records(r, count, base_ts)
-            if r.pos != r.end:
+            body = bytes(body)
+            records, used = _read_records(body, count, base_ts)
+            if used != len(body):
                 raise DecodeError("bytes after the last record")
         except DecodeError as e:
             raise CorruptBatch(str(e)) from None
@@ -626,32 +667,39 @@ def decode_batches(data, limit):
     return batches
 
 
+_SMALL = [bytes((n << 1,)) for n in range(64)]     # zigzag varints of 0..63: one byte each
+_NULL = b"\x01"           # zigzag -1: a null key, value or header value
+
+
+def _vi(n):
+    return _SMALL[n] if 0 <= n < 64 else varint(n)
+
+
 def encode_record(offset_delta, ts_delta, key, value, headers):
     """One record of a batch v2 (length prefix included)."""
-    body = bytearray(b"\x00")
-    body += varint(ts_delta)
-    body += varint(offset_delta)
+    parts = [b"\x00", _vi(ts_delta), _vi(offset_delta)]
     if key is None:
-        body += b"\x01"
+        parts.append(_NULL)
     else:
-        body += varint(len(key))
-        body += key
+        parts.append(_vi(len(key)))
+        parts.append(key)
     if value is None:
-        body += b"\x01"
+        parts.append(_NULL)
     else:
-        body += varint(len(value))
-        body += value
-    body += varint(len(headers))
+        parts.append(_vi(len(value)))
+        parts.append(value)
+    parts.append(_vi(len(headers)))
     for name, val in headers:
         nb = name.encode("utf-8")
-        body += varint(len(nb))
-        body += nb
+        parts.append(_vi(len(nb)))
+        parts.append(nb)
         if val is None:
-            body += b"\x01"
+            parts.append(_NULL)
         else:
-            body += varint(len(val))
-            body += val
-    return varint(len(body)) + body
+            parts.append(_vi(len(val)))
+            parts.append(val)
+    body = b"".join(parts)
+    return _vi(len(body)) + body
 
 
 def encode_batch(base_offset, records, *, compression=COMPRESSION_NONE, producer_id=-1, producer_epoch=-1,

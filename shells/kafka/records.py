@@ -16,7 +16,8 @@ Pure functions; thread-safe.
 
 import struct
 
-from riverbed.engine.record import CT_OCTET, decode_record, encode_record
+from riverbed.engine import core
+from riverbed.engine.record import CT_OCTET, encode_record
 
 ANNOTATION_KEY = b"x-key"
 PKEY = "pkey"
@@ -54,10 +55,15 @@ def to_stored(key, value, headers, timestamp):
 def from_stored(raw, chunk_ts):
     """A stored record as a Kafka record: (timestamp ms, key, value, headers). Never raises for
     bytes-like input (a record that is not AMQP is a raw payload)."""
-    rec = decode_record(raw)
-    key = _annotation_key(raw) if rec.amqp else None
+    # the payload is all a Kafka consumer gets: what kind it is (JSON, BSON) does not matter here, so the
+    # core's message decoder is enough (decode_record would sniff the payload too)
+    msg = core.decode_message(raw)
+    if msg is None:
+        return chunk_ts, None, raw if type(raw) is bytes else bytes(raw), []
+    _ctype, creation_time, props, sections, _body = msg
+    key = _annotation_key(raw)
     headers = []
-    for name, val in rec.app_properties.items():
+    for name, val in (props or {}).items():
         if isinstance(val, str):
             val = val.encode("utf-8")
         elif not isinstance(val, (bytes, bytearray)):
@@ -65,8 +71,8 @@ def from_stored(raw, chunk_ts):
         headers.append((str(name), bytes(val)))
         if key is None and name == PKEY:
             key = bytes(val)
-    ts = rec.creation_time if rec.creation_time is not None else chunk_ts
-    return ts, key, rec.payload, headers
+    payload = sections[0] if len(sections) == 1 else b"".join(sections)
+    return (creation_time if creation_time is not None else chunk_ts), key, payload, headers
 
 
 # ---- reading the x-key annotation: just enough of AMQP 1.0's encoding to walk to it ----------------------
@@ -107,7 +113,14 @@ def _descriptor(buf, pos):
     return None
 
 
+_OWN_KEY = b"\xa3\x05x-key\xb0"      # the map this module writes: x-key first, a vbin32 value
+
+
 def _annotation_key(raw):
+    if raw[:4] == _MA_HEAD and raw[12:20] == _OWN_KEY and len(raw) >= 24:
+        n = _U32.unpack_from(raw, 20)[0]        # the layout to_stored writes: no walk needed
+        if 24 + n <= len(raw):
+            return bytes(raw[24:24 + n])
     try:
         pos = 0
         n = len(raw)

@@ -27,7 +27,7 @@ def fresh(prefix="k"):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0").start()
+    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0").start()
     yield s
     assert s.stop() == 0, s.log()
 
@@ -197,6 +197,32 @@ def test_rstream_record_read_by_kafka_and_kafka_record_read_by_rstream(srv, boot
         (0, b"kk", b'{"from":"kafka"}', [("who", b"kafka")]),
         (1, None, b"from rstream", [("who", b"rstream")]),
         (2, None, b"raw bytes", None)]
+
+
+def test_ream_json_event_read_by_kafka_and_kafka_json_read_by_ream(srv, bootstrap):
+    from confluent_kafka import Producer
+    topic = fresh("ream")
+    sock = socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)
+    f = sock.makefile("rb")
+    f.readline()                                          # the banner
+    event = b'{"from":"ream","n":1}'
+    sock.sendall(b"EVENT PUBLISH %s %d\n%s\n" % (topic.encode(), len(event), event))
+    assert f.readline().startswith(b"EVENT PUBLISHED")
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+    p.produce(topic, key=b"kk", value=b'{"from":"kafka"}', headers=[("h", b"v")])
+    assert p.flush(15) == 0
+    (first, second) = consume_assigned(bootstrap, topic, 1, 2)
+    assert (first.key(), first.value()) == (None, event)            # JSON as its text
+    assert first.timestamp()[1] > 0
+    # the Kafka record is JSON to REAM (its value sniffed as a JSON object)
+    sock.sendall(b"EVENT SUBSCRIBE %s 1\n" % topic.encode())
+    assert f.readline().startswith(b"EVENT SUBSCRIBED")
+    got = []
+    while len(got) < 2:
+        line = f.readline().split()
+        got.append(f.read(int(line[-1]) + 1)[:-1])
+    assert got == [event, b'{"from":"kafka"}']
+    sock.close()
 
 
 # ------------------------------------------------------------------------------------------ bad input

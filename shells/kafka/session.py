@@ -39,6 +39,8 @@ ERR_SASL_AUTHENTICATION_FAILED = 58
 _BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
 READ_CHUNKS = 16            # chunks read per step of a Fetch
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
+PENDING_HIGH = 1000         # requests waiting for their answer before the connection stops being read ...
+PENDING_LOW = 500           # ... until this few are left (clients keep 5 in flight: only a flood hits it)
 
 
 class _Slot:
@@ -70,6 +72,9 @@ class KafkaSession(GroupCommands, AdminCommands):
         self._shutting_down = False
         self._fetches = set()           # Fetches waiting for data (long polling)
         self._mechanism = None          # the SASL mechanism a SaslHandshake chose, until SaslAuthenticate
+        self._held = False              # reading paused: too many answers pending
+        self._write_paused = False
+        self._budget_held = False       # reading paused by the broker-wide in-flight budget
         self.pending_ops = 0
         broker.register(self)
 
@@ -93,6 +98,9 @@ class KafkaSession(GroupCommands, AdminCommands):
             self._request(f)
             if self._closed:
                 return
+        if len(self._slots) >= PENDING_HIGH and not self._held:
+            self._held = True
+            self.io.pause_reading()
 
     def connection_lost(self):
         self._closed = True
@@ -102,10 +110,13 @@ class KafkaSession(GroupCommands, AdminCommands):
         self.broker.unregister(self)
 
     def pause_writing(self):
+        self._write_paused = True
         self.io.pause_reading()
 
     def resume_writing(self):
-        self.io.resume_reading()
+        self._write_paused = False
+        if not self._held and not self._budget_held and not self._shutting_down:
+            self.io.resume_reading()
 
     def tick(self, now):
         self.shell.groups.tick(now)
@@ -193,6 +204,10 @@ class KafkaSession(GroupCommands, AdminCommands):
             out.append(slots.popleft().data)
         if out and not self._closed:
             self.io.writelines(out)
+        if self._held and len(slots) <= PENDING_LOW and not self._closed:
+            self._held = False
+            if not self._write_paused and not self._budget_held and not self._shutting_down:
+                self.io.resume_reading()
 
     def _reply(self, hdr, body):
         """Answer ``hdr``'s request at once with ``body``."""
@@ -390,6 +405,14 @@ class KafkaSession(GroupCommands, AdminCommands):
                 # an idempotent producer: the engine's publisher sequences drop a retried batch
                 self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
                                    num_entries=len(recs), num_records=len(recs))
+        # the broker-wide in-flight budget: stop reading this client until appends drain
+        if not self._budget_held:
+            self._budget_held = self.broker.hold_if_over_budget(self, self.io.pause_reading, self._budget_resume)
+
+    def _budget_resume(self):
+        self._budget_held = False
+        if not self._held and not self._write_paused and not self._shutting_down and not self._closed:
+            self.io.resume_reading()
 
     def _produce_partition(self, topic, p, res, refusal, waits):
         """Check and decode one partition's batches; queue its append in ``waits``. Returns (error code,

@@ -328,3 +328,15 @@ def test_create_partitions_grows_a_stream_into_a_super_stream_and_delete_topics(
     # a Fetch of the deleted topic is a Kafka error, not a crash
     assert c.call(C.API_FETCH, 12, fetch_body("t", 0, 0))["responses"][0]["partitions"][0]["error_code"] == \
         C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_a_flood_of_waiting_requests_stops_reading_until_answers_drain(h):
+    from riverbed.shells.kafka import session as S
+    c = h.connect()
+    create(c, "t", 1)
+    waiting = C.encode_request(C.API_FETCH, 12, 1, "t", fetch_body("t", 0, 0, max_wait=500))
+    c.s.data_received(waiting * S.PENDING_HIGH)
+    assert not c.io.reading
+    h.fire_timers()
+    h.settle()
+    assert c.io.reading and len(C.split_frames(bytes(c.io.out))[0]) == S.PENDING_HIGH

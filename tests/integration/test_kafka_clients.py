@@ -27,7 +27,8 @@ def fresh(prefix="k"):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0").start()
+    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0",
+                      "--ws-port", "0").start()
     yield s
     assert s.stop() == 0, s.log()
 
@@ -223,6 +224,35 @@ def test_ream_json_event_read_by_kafka_and_kafka_json_read_by_ream(srv, bootstra
         got.append(f.read(int(line[-1]) + 1)[:-1])
     assert got == [event, b'{"from":"kafka"}']
     sock.close()
+
+
+def test_websocket_publish_with_pkey_read_by_kafka_and_kafka_record_over_websocket(srv, bootstrap):
+    import json
+
+    import aiohttp
+    from confluent_kafka import Producer
+    topic = fresh("ws")
+
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            ws = await s.ws_connect(f"http://127.0.0.1:{srv.ports['ws']}/api/v1/ws")
+            await ws.send_str(json.dumps({"type": "subscribe", "stream": topic}))     # live from here on
+            assert json.loads((await ws.receive(timeout=5)).data)[1] == 2
+            await ws.send_str(json.dumps({"type": "publish", "stream": topic, "msg": '{"temp": 21.5}',
+                                          "ts": 1533924184016, "pkey": "dev-7"}))
+            first = json.loads((await ws.receive(timeout=5)).data)[3]
+            p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+            p.produce(topic, key=b"k", value=b'{"from": "kafka"}', timestamp=1600000000000)
+            assert p.flush(15) == 0
+            second = json.loads((await ws.receive(timeout=5)).data)[3]
+            await ws.close()
+            return first, second
+    first, second = asyncio.run(asyncio.wait_for(go(), 30))
+    assert first[8] == '{"temp": 21.5}'
+    assert (second[8], second[3]) == ('{"from": "kafka"}', 1600000000000)    # JSON, with its creation time
+    (m,) = consume_assigned(bootstrap, topic, 1, 2)[:1]
+    assert (m.key(), m.value(), m.headers(), m.timestamp()[1]) == (b"dev-7", b'{"temp": 21.5}', [("pkey", b"dev-7")],
+                                                                   1533924184016)
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -28,7 +28,7 @@ def fresh(prefix="k"):
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0",
-                      "--ws-port", "0").start()
+                      "--ws-port", "0", "--bson-port", "0").start()
     yield s
     assert s.stop() == 0, s.log()
 
@@ -253,6 +253,29 @@ def test_websocket_publish_with_pkey_read_by_kafka_and_kafka_record_over_websock
     (m,) = consume_assigned(bootstrap, topic, 1, 2)[:1]
     assert (m.key(), m.value(), m.headers(), m.timestamp()[1]) == (b"dev-7", b'{"temp": 21.5}', [("pkey", b"dev-7")],
                                                                    1533924184016)
+
+
+def test_bson_event_read_by_kafka_as_its_bytes_and_kafka_json_read_by_bson(srv, bootstrap):
+    import bson
+
+    from confluent_kafka import Producer
+
+    from riverbed.shells.bson_tcp.client import BsonClient
+    topic = fresh("bson")
+
+    async def go():
+        async with await BsonClient.connect("127.0.0.1", srv.ports["bson"]) as cl:
+            await cl.publish(topic, {"from": "bson", "n": 1})
+            p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+            p.produce(topic, value=b'{"from": "kafka", "n": 2}')
+            assert p.flush(15) == 0
+            sub = await cl.subscribe(topic, start_pos=0)
+            return [(await sub.get(timeout=10)).event for _ in range(2)]
+    events = asyncio.run(asyncio.wait_for(go(), 30))
+    assert [{k: v for k, v in e.items() if k != "_id"} for e in events] == [{"from": "bson", "n": 1},
+                                                                             {"from": "kafka", "n": 2}]
+    first = consume_assigned(bootstrap, topic, 1, 2)[0]
+    assert bson.decode(first.value()) == {"from": "bson", "n": 1}          # BSON as its bytes
 
 
 # ------------------------------------------------------------------------------------------ bad input

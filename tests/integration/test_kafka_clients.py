@@ -28,7 +28,7 @@ def fresh(prefix="k"):
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0",
-                      "--ws-port", "0", "--bson-port", "0").start()
+                      "--ws-port", "0", "--bson-port", "0", "--zmq-port", "0").start()
     yield s
     assert s.stop() == 0, s.log()
 
@@ -276,6 +276,37 @@ def test_bson_event_read_by_kafka_as_its_bytes_and_kafka_json_read_by_bson(srv, 
                                                                              {"from": "kafka", "n": 2}]
     first = consume_assigned(bootstrap, topic, 1, 2)[0]
     assert bson.decode(first.value()) == {"from": "bson", "n": 1}          # BSON as its bytes
+
+
+def test_zeromq_put_with_headers_read_by_kafka_and_kafka_record_over_zeromq(srv, bootstrap):
+    import zmq
+
+    from confluent_kafka import Producer
+    topic = fresh("zmq")
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(f"tcp://127.0.0.1:{srv.ports['zmq']}")
+
+        def call(*frames):
+            sock.send_multipart([b""] + [f if isinstance(f, bytes) else f.encode() for f in frames])
+            assert sock.poll(10000)
+            return sock.recv_multipart()[1:]
+        assert call("PUT", "TOPIC", topic, "X-REPLY-TO", "node1", "ID", "p", "", "hello zmq")[0] == b"OK"
+        p = Producer({"bootstrap.servers": bootstrap, "acks": "all"})
+        p.produce(topic, key=b"k", value=b"from kafka", headers=[("X-TRACE", b"t1")])
+        assert p.flush(15) == 0
+        assert call("SUB", "ID", "s", "X-OFFSET", "0", "", topic)[0] == b"OK"
+        msgs = []
+        while len(msgs) < 2:
+            assert sock.poll(10000)
+            msgs.append(sock.recv_multipart()[1:])
+        assert msgs[1][-1] == b"from kafka" and msgs[1][msgs[1].index(b"X-TRACE") + 1] == b"t1"
+    finally:
+        ctx.destroy(linger=0)
+    first = consume_assigned(bootstrap, topic, 1, 2)[0]
+    assert (first.value(), first.headers()) == (b"hello zmq", [("X-REPLY-TO", b"node1")])
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -272,12 +272,17 @@ def _decode_field(r, f, v, flexible):
 
 def uvarint(n):
     """The unsigned varint of ``n`` (>= 0) as bytes."""
+    if n < 0x80:
+        return _ONE_BYTE[n]
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+_ONE_BYTE = [bytes((i,)) for i in range(0x80)]
 
 
 def varint(n):
@@ -667,12 +672,12 @@ def decode_batches(data, limit):
     return batches
 
 
-_SMALL = [bytes((n << 1,)) for n in range(64)]     # zigzag varints of 0..63: one byte each
+_SMALL = [varint(n) for n in range(8192)]     # zigzag varints of 0..8191 (one or two bytes), made once
 _NULL = b"\x01"           # zigzag -1: a null key, value or header value
 
 
 def _vi(n):
-    return _SMALL[n] if 0 <= n < 64 else varint(n)
+    return _SMALL[n] if 0 <= n < 8192 else varint(n)
 
 
 def encode_record(offset_delta, ts_delta, key, value, headers):

@@ -53,8 +53,12 @@ def test_metadata_v1_classic_and_v9_flexible_round_trip():
     for v in (1, 9):
         frame = C.encode_response(3, v, 5, body)
         corr, back = C.decode_response(3, v, frame[4:])
-        assert corr == 5 and back["brokers"][0]["host"] == "h" and back["topics"][0]["partitions"][0]["isr_nodes"] == [0]
-    assert C.encode_response(3, 1, 5, body)[8:10] == b"\x00\x00\x00\x01"[0:2]   # int32 array count, classic
+        assert corr == 5 and back["brokers"][0]["host"] == "h"
+        assert back["topics"][0]["partitions"][0]["isr_nodes"] == [0]
+    # v1: no header tags, no throttle time, the brokers array counted in an int32
+    assert C.encode_response(3, 1, 5, body)[8:12] == b"\x00\x00\x00\x01"
+    # v9: header tagged fields (none), throttle time, then a compact array: count + 1
+    assert C.encode_response(3, 9, 5, body)[8:14] == b"\x00" + b"\x00\x00\x00\x00" + b"\x02"
 
 
 def test_tagged_fields_written_only_when_set_and_skipped_when_unknown():

@@ -100,6 +100,14 @@ class CorruptBatch(ValueError):
     """A record batch with a wrong CRC, magic or framing: answered CORRUPT_MESSAGE, never stored."""
 
 
+class BatchTooLarge(CorruptBatch):
+    """A record batch whose records decompress past the limit: answered MESSAGE_TOO_LARGE."""
+
+
+class FrameTooLarge(DecodeError):
+    """A frame size over the limit (or negative): the connection closes."""
+
+
 class UnsupportedCompression(ValueError):
     """A record batch with a compression code Kafka does not define (5-7)."""
 
@@ -457,7 +465,7 @@ def split_frames(buf, max_frame=MAX_FRAME):
     while n - pos >= LEN_SIZE:
         size = _I32.unpack_from(buf, pos)[0]
         if size < 0 or size > max_frame:
-            raise DecodeError(f"frame size {size} out of range")
+            raise FrameTooLarge(f"frame size {size} out of range 0..{max_frame}")
         if n - pos - LEN_SIZE < size:
             break
         frames.append(mv[pos + LEN_SIZE:pos + LEN_SIZE + size])
@@ -538,7 +546,7 @@ def decompress(code, body, limit):
     except _fmt.UnsupportedCompression:
         raise UnsupportedCompression(f"compression code {code}") from None
     except _fmt.DecompressionLimit:
-        raise CorruptBatch(f"records decompress to more than {limit} bytes") from None
+        raise BatchTooLarge(f"records decompress to more than {limit} bytes") from None
     except Exception as e:  # noqa: BLE001 - zlib.error, ValueError, ZstdError, cramjam errors ...
         raise CorruptBatch(f"records do not decompress ({type(e).__name__})") from None
 

@@ -8,11 +8,12 @@ Requests are answered in the order they came, as Kafka clients require of a conn
 waits (Produce until its records are stored, Fetch until data or ``max_wait_ms``) holds back the ones
 after it. ``COMMANDS`` maps each served API key to its handler.
 
-Bad input, as Kafka treats it: a frame over :data:`~riverbed.shells.kafka.codec.MAX_FRAME` or with a
-negative size, an unknown API key, a version outside the served range (but ApiVersions), or a body that
+Bad input, as Kafka treats it: a frame over ``max_frame_size`` (limits.py, 64 MiB) or with a negative
+size (counted in ``riverbed_rejected_total``), an unknown API key, a version outside the served range (but ApiVersions), or a body that
 does not parse closes this connection and only this one. An ApiVersions above the served versions is
 answered UNSUPPORTED_VERSION (35) with the served ranges, at version 0. A record batch with a wrong CRC
-is answered CORRUPT_MESSAGE and nothing of that partition is stored.
+is answered CORRUPT_MESSAGE and nothing of that partition is stored; one whose records decompress past
+``max_decompressed_size`` is answered MESSAGE_TOO_LARGE (counted too), decompression stopped there.
 """
 
 import collections
@@ -24,13 +25,15 @@ from riverbed.engine import format as fmt
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
+from riverbed.shells.broker import limits as _limits
 from riverbed.shells.kafka import codec as C
 from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
-from riverbed.shells.kafka.shell import CLUSTER_ID, MAX_DECOMPRESSED, NODE_ID, retention_arguments
+from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
 
 log = logging.getLogger("riverbed.kafka")
+LISTENER = "kafka"          # the listener label of riverbed_rejected_total
 
 TS_LATEST, TS_EARLIEST = -1, -2
 ERR_ILLEGAL_SASL_STATE = 34
@@ -76,6 +79,7 @@ class KafkaSession(GroupCommands, AdminCommands):
         self._write_paused = False
         self._budget_held = False       # reading paused by the broker-wide in-flight budget
         self.pending_ops = 0
+        self.limits = broker.limits     # the named limits, as they were when it connected
         broker.register(self)
 
     # ------------------------------------------------------------------------------- the listener's side
@@ -85,8 +89,9 @@ class KafkaSession(GroupCommands, AdminCommands):
             return
         self._buf += data
         try:
-            frames, used = C.split_frames(self._buf)
-        except C.DecodeError as e:
+            frames, used = C.split_frames(self._buf, self.limits.max_frame_size)
+        except C.FrameTooLarge as e:
+            _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(e), self.peer)
             self._fatal(f"bad frame: {e}")
             return
         if not frames:
@@ -428,7 +433,10 @@ class KafkaSession(GroupCommands, AdminCommands):
         if not data:
             return None
         try:
-            batches = C.decode_batches(data, MAX_DECOMPRESSED)
+            batches = C.decode_batches(data, self.limits.max_decompressed_size)
+        except C.BatchTooLarge as e:
+            _limits.reject(LISTENER, _limits.REASON_DECOMPRESSED_SIZE, str(e), self.peer)
+            return C.ERR_MESSAGE_TOO_LARGE, str(e)
         except C.CorruptBatch as e:
             return C.ERR_CORRUPT_MESSAGE, str(e)
         except C.UnsupportedCompression as e:

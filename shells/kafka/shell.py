@@ -8,7 +8,6 @@ from riverbed.shells.kafka.groups import Coordinator
 
 NODE_ID = 0
 CLUSTER_ID = "riverbed"
-MAX_DECOMPRESSED = 64 << 20       # bytes one batch's records may decompress to
 RECENT_PRODUCERS = 10000          # (partition, producer) pairs whose recent batches are remembered
 RECENT_BATCHES = 8                # per producer and partition: Kafka keeps 5 (max.in.flight)
 

@@ -118,7 +118,7 @@ def test_truncated_frames_wait_oversized_and_unparsable_close(h):
     assert not c.io.out and not c.io.closed
     c.s.data_received(frame[-1:])
     assert len(c.answers(C.API_METADATA, 1)) == 1
-    c.s.data_received((C.MAX_FRAME + 1).to_bytes(4, "big"))
+    c.s.data_received((h.broker.limits.max_frame_size + 1).to_bytes(4, "big"))
     assert c.io.closed
     d = h.connect()
     d.s.data_received(b"\x00\x00\x00\x0a" + C._HEAD.pack(3, 1, 1) + b"\x00\x05a")   # client id past the end
@@ -340,3 +340,16 @@ def test_a_flood_of_waiting_requests_stops_reading_until_answers_drain(h):
     h.fire_timers()
     h.settle()
     assert c.io.reading and len(C.split_frames(bytes(c.io.out))[0]) == S.PENDING_HIGH
+
+
+def test_a_batch_that_inflates_past_the_limit_is_message_too_large_and_counted(h):
+    from riverbed.shells.broker import limits
+    c = h.connect()
+    create(c, "t", 1)
+    before = limits.rejected_count("kafka", limits.REASON_DECOMPRESSED_SIZE)
+    bomb = C.encode_batch(0, [(1, None, b"\0" * (h.broker.limits.max_decompressed_size + 1), [])],
+                          compression=C.COMPRESSION_ZSTD)
+    res = c.call(C.API_PRODUCE, 9, produce_body("t", 0, bomb))
+    assert res["responses"][0]["partition_responses"][0]["error_code"] == C.ERR_MESSAGE_TOO_LARGE
+    assert limits.rejected_count("kafka", limits.REASON_DECOMPRESSED_SIZE) == before + 1
+    assert h.shell.offsets("t") == (0, 0)

@@ -26,6 +26,7 @@ ERR_MEMBER_ID_REQUIRED = 79
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 MIN_SESSION_TIMEOUT_MS = 1000        # Kafka's group.min.session.timeout.ms is 6 s; clients' tests use less
 MAX_SESSION_TIMEOUT_MS = 30 * 60 * 1000
+EMPTY_GROUP_KEPT = 600.0             # seconds an Empty group stays listed (its committed offsets stay in the log)
 
 
 class Member:
@@ -55,7 +56,7 @@ class Member:
 
 class Group:
     __slots__ = ("group_id", "state", "generation", "protocol_type", "protocol", "leader", "members", "pending",
-                 "rebalance_deadline")
+                 "rebalance_deadline", "emptied_at")
 
     def __init__(self, group_id):
         self.group_id = group_id
@@ -67,6 +68,7 @@ class Group:
         self.members = {}                 # member id -> Member, in join order
         self.pending = set()              # member ids handed out with MEMBER_ID_REQUIRED, not joined yet
         self.rebalance_deadline = None
+        self.emptied_at = None
 
 
 class Coordinator:
@@ -95,6 +97,7 @@ class Coordinator:
         g = self.groups.get(gid)
         if g is None:
             g = self.groups[gid] = Group(gid)
+            g.emptied_at = self.clock()
         names = [p["name"] for p in req["protocols"]]
         if not names or (g.members and (req["protocol_type"] != g.protocol_type
                                         or not self._common(g, names, req["member_id"]))):
@@ -196,6 +199,7 @@ class Coordinator:
         return max(order, key=lambda n: (votes.get(n, 0), -order.index(n)))
 
     def _empty(self, g):
+        g.emptied_at = self.clock()
         g.state = EMPTY
         g.leader = None
         g.protocol = None
@@ -296,6 +300,9 @@ class Coordinator:
             return
         self._next_sweep = now + 0.1
         for g in list(self.groups.values()):
+            if g.state == EMPTY and not g.members and now - (g.emptied_at or now) > EMPTY_GROUP_KEPT:
+                del self.groups[g.group_id]       # memory stays bounded by the live groups
+                continue
             if g.state == PREPARING and g.rebalance_deadline is not None and now >= g.rebalance_deadline:
                 self._maybe_complete_join(g, force=True)
                 continue

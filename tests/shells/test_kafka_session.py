@@ -353,3 +353,15 @@ def test_a_batch_that_inflates_past_the_limit_is_message_too_large_and_counted(h
     assert res["responses"][0]["partition_responses"][0]["error_code"] == C.ERR_MESSAGE_TOO_LARGE
     assert limits.rejected_count("kafka", limits.REASON_DECOMPRESSED_SIZE) == before + 1
     assert h.shell.offsets("t") == (0, 0)
+
+
+def test_an_empty_group_is_forgotten_after_a_while(h):
+    from riverbed.shells.kafka import groups as G
+    c = h.connect()
+    mid = c.call(C.API_JOIN_GROUP, 5, join_body("gone"))["member_id"]
+    c.call(C.API_JOIN_GROUP, 5, join_body("gone", mid))
+    c.call(C.API_LEAVE_GROUP, 3, {"group_id": "gone", "members": [{"member_id": mid}]})
+    assert c_groups(c) == {"gone": "Empty"}
+    h.now += G.EMPTY_GROUP_KEPT + 1
+    c.s.tick(h.now)
+    assert c_groups(c) == {}

@@ -42,6 +42,8 @@ ERR_SASL_AUTHENTICATION_FAILED = 58
 _BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
 READ_CHUNKS = 16            # chunks read per step of a Fetch
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
+TIME_SKEW_MS = 60_000       # ListOffsets by time: how much later than stored a record's creation time may be
+TIME_SCAN_BUDGET = 200_000  # ListOffsets by time: records decoded per request at most
 PENDING_HIGH = 1000         # requests waiting for their answer before the connection stops being read ...
 PENDING_LOW = 500           # ... until this few are left (clients keep 5 in flight: only a flood hits it)
 
@@ -472,6 +474,7 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     def list_offsets(self, hdr, req):
         topics = []
+        budget = [TIME_SCAN_BUDGET]
         for t in req["topics"]:
             parts = []
             topics.append({"name": t["name"], "partitions": parts})
@@ -495,17 +498,23 @@ class KafkaSession(GroupCommands, AdminCommands):
                     elif ts < 0:
                         res["error_code"] = C.ERR_INVALID_REQUEST
                     else:
-                        res["offset"], res["timestamp"] = self._offset_for_time(stream, ts)
+                        res["offset"], res["timestamp"] = self._offset_for_time(stream, ts, budget)
                 except StreamNotFound:
                     res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
                 except RiverbedError:
                     res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
         self._reply(hdr, {"throttle_time_ms": 0, "topics": topics})
 
-    def _offset_for_time(self, stream, ts):
+    def _offset_for_time(self, stream, ts, budget):
         """The first record whose timestamp is at or after ``ts``, record by record: (offset, its
-        timestamp), or (high watermark, -1) when there is none."""
-        pos = self.broker.resolve(stream, OffsetSpec.first())
+        timestamp), or (high watermark, -1) when there is none.
+
+        A record's timestamp is its creation time, set by the producer before the broker stored it, so
+        the scan starts at the first chunk stored at or after ``ts - TIME_SKEW_MS`` (the engine's index;
+        a record created more than that after it was stored is not looked for earlier). ``budget`` (a
+        one-item list) bounds the records decoded per request: once spent, the answer is the first chunk
+        stored at or after ``ts`` (chunk precision), so no ListOffsets can hold the loop for long."""
+        pos = self.broker.resolve(stream, OffsetSpec.timestamp(max(0, ts - TIME_SKEW_MS)))
         while True:
             chunks = self.broker.read_chunks(stream, pos, READ_CHUNKS)
             if not chunks:
@@ -517,6 +526,9 @@ class KafkaSession(GroupCommands, AdminCommands):
                     for i, rec in enumerate(core.chunk_records(raw)):
                         if chunk_id + i < pos:
                             continue
+                        budget[0] -= 1
+                        if budget[0] < 0:
+                            return self.broker.resolve(stream, OffsetSpec.timestamp(ts)), -1
                         rts = R.from_stored(rec, chunk_ts)[0]
                         if rts >= ts:
                             return chunk_id + i, rts

@@ -365,3 +365,21 @@ def test_an_empty_group_is_forgotten_after_a_while(h):
     h.now += G.EMPTY_GROUP_KEPT + 1
     c.s.tick(h.now)
     assert c_groups(c) == {}
+
+
+def test_list_offsets_by_time_decodes_a_bounded_number_of_records(h, monkeypatch):
+    from riverbed.shells.kafka import session as S
+    c = h.connect()
+    create(c, "t", 1)
+    for k in range(3):
+        c.call(C.API_PRODUCE, 9, produce_body("t", 0, C.encode_batch(0, [(100 * k + i, None, b"v", [])
+                                                                           for i in range(10)])))
+    body = {"replica_id": -1, "isolation_level": 0, "topics": [{"name": "t", "partitions": [
+        {"partition_index": 0, "timestamp": 205}, {"partition_index": 0, "timestamp": 105}]}]}
+    parts = c.call(C.API_LIST_OFFSETS, 6, body)["topics"][0]["partitions"]
+    assert [(p["offset"], p["timestamp"]) for p in parts] == [(25, 205), (15, 105)]
+    # the first lookup decodes 26 records; the second runs out of the request's budget and answers with
+    # the first chunk stored at or after its time (every chunk here was stored now: the first one)
+    monkeypatch.setattr(S, "TIME_SCAN_BUDGET", 30)
+    parts = c.call(C.API_LIST_OFFSETS, 6, body)["topics"][0]["partitions"]
+    assert [(p["offset"], p["timestamp"]) for p in parts] == [(25, 205), (0, -1)]

@@ -42,6 +42,7 @@ ERR_SASL_AUTHENTICATION_FAILED = 58
 _BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
 READ_CHUNKS = 16            # chunks read per step of a Fetch
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
+FETCH_MAX_BYTES = 55 << 20  # record bytes of one Fetch answer at most (Kafka's default fetch.max.bytes)
 TIME_SKEW_MS = 60_000       # ListOffsets by time: how much later than stored a record's creation time may be
 TIME_SCAN_BUDGET = 200_000  # ListOffsets by time: records decoded per request at most
 PENDING_HIGH = 1000         # requests waiting for their answer before the connection stops being read ...
@@ -587,7 +588,8 @@ class _Fetch:
 
     def _read(self):
         s, req = self.s, self.req
-        budget = req["max_bytes"] if self.hdr.version >= 3 else 0x7FFFFFFF
+        # the broker caps what one answer holds whatever the client asks (Kafka's fetch.max.bytes)
+        budget = min(req["max_bytes"], FETCH_MAX_BYTES)
         size = 0
         waits = []
         responses = []

@@ -621,9 +621,9 @@ class _Fetch:
                 if off == hw:
                     waits.append((stream, off))
                     continue
-                limit = p["partition_max_bytes"]
+                limit = min(p["partition_max_bytes"], budget - size)
                 # Kafka returns at least one batch whatever the limits, so a consumer always progresses
-                data = _read_batches(s.broker, stream, off, min(limit, budget - size) if size else max(min(limit, budget), 1))
+                data = _read_batches(s.broker, stream, off, limit if size else max(limit, 1))
                 res["records"] = data
                 size += len(data)
         body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}

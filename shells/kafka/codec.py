@@ -63,7 +63,7 @@ SERVED = {
     API_API_VERSIONS: (0, 3),
     API_CREATE_TOPICS: (0, 5),
     API_FIND_COORDINATOR: (0, 3),  # 4 brings the batched form
-    API_JOIN_GROUP: (0, 9),
+    API_JOIN_GROUP: (0, 4),        # 5 brings static membership (group.instance.id), not served
     API_SYNC_GROUP: (0, 5),
     API_HEARTBEAT: (0, 4),
     API_LEAVE_GROUP: (0, 5),

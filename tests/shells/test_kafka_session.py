@@ -219,17 +219,17 @@ def join_body(group, member_id="", protocols=(("range", b"meta"),)):
 
 def test_group_join_sync_heartbeat_and_session_timeout(h):
     a, b = h.connect(), h.connect()
-    first = a.call(C.API_JOIN_GROUP, 5, join_body("g"))
+    first = a.call(C.API_JOIN_GROUP, 4, join_body("g"))
     assert first["error_code"] == 79 and first["member_id"]        # MEMBER_ID_REQUIRED (KIP-394)
-    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", first["member_id"]))
+    ja = a.call(C.API_JOIN_GROUP, 4, join_body("g", first["member_id"]))
     assert (ja["error_code"], ja["generation_id"], ja["leader"]) == (0, 1, first["member_id"])
-    mb = b.call(C.API_JOIN_GROUP, 5, join_body("g"))["member_id"]
-    b.send(C.API_JOIN_GROUP, 5, join_body("g", mb))                  # a rebalance: waits for a to join again
-    assert b.answers(C.API_JOIN_GROUP, 5) == []
+    mb = b.call(C.API_JOIN_GROUP, 4, join_body("g"))["member_id"]
+    b.send(C.API_JOIN_GROUP, 4, join_body("g", mb))                  # a rebalance: waits for a to join again
+    assert b.answers(C.API_JOIN_GROUP, 4) == []
     hb = {"group_id": "g", "generation_id": 1, "member_id": ja["member_id"], "group_instance_id": None}
     assert a.call(C.API_HEARTBEAT, 3, hb)["error_code"] == 27       # REBALANCE_IN_PROGRESS: join again
-    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", ja["member_id"], (("range", b"ma"), ("roundrobin", b"r"))))
-    ((_, jb),) = b.answers(C.API_JOIN_GROUP, 5)
+    ja = a.call(C.API_JOIN_GROUP, 4, join_body("g", ja["member_id"], (("range", b"ma"), ("roundrobin", b"r"))))
+    ((_, jb),) = b.answers(C.API_JOIN_GROUP, 4)
     assert ja["generation_id"] == jb["generation_id"] == 2 and ja["protocol_name"] == "range"
     assert sorted(m["member_id"] for m in ja["members"]) == sorted([ja["member_id"], mb]) and jb["members"] == []
     b.send(C.API_SYNC_GROUP, 3, {"group_id": "g", "generation_id": 2, "member_id": mb, "assignments": []})
@@ -246,7 +246,7 @@ def test_group_join_sync_heartbeat_and_session_timeout(h):
     h.now += 4
     a.s.tick(h.now)
     assert a.call(C.API_HEARTBEAT, 3, dict(hb, generation_id=2))["error_code"] == 27
-    ja = a.call(C.API_JOIN_GROUP, 5, join_body("g", ja["member_id"]))
+    ja = a.call(C.API_JOIN_GROUP, 4, join_body("g", ja["member_id"]))
     assert ja["generation_id"] == 3 and [m["member_id"] for m in ja["members"]] == [ja["member_id"]]
     assert a.call(C.API_LEAVE_GROUP, 3, {"group_id": "g", "members": [{"member_id": ja["member_id"]}]})[
         "members"][0]["error_code"] == 0
@@ -358,8 +358,8 @@ def test_a_batch_that_inflates_past_the_limit_is_message_too_large_and_counted(h
 def test_an_empty_group_is_forgotten_after_a_while(h):
     from riverbed.shells.kafka import groups as G
     c = h.connect()
-    mid = c.call(C.API_JOIN_GROUP, 5, join_body("gone"))["member_id"]
-    c.call(C.API_JOIN_GROUP, 5, join_body("gone", mid))
+    mid = c.call(C.API_JOIN_GROUP, 4, join_body("gone"))["member_id"]
+    c.call(C.API_JOIN_GROUP, 4, join_body("gone", mid))
     c.call(C.API_LEAVE_GROUP, 3, {"group_id": "gone", "members": [{"member_id": mid}]})
     assert c_groups(c) == {"gone": "Empty"}
     h.now += G.EMPTY_GROUP_KEPT + 1

@@ -69,10 +69,72 @@ def chunk_messages(chunk_id, raw, start, stop=None):
     return out
 
 
+def read_messages(broker, log_stream, pos, hi, chunks=RESEND_CHUNKS):
+    """One bounded step of a read of offsets ``pos..hi`` (inclusive) of ``log_stream``: at most ``chunks``
+    stored chunks. Returns ``(messages, next_pos)``: ``(offset, timestamp_ms, json_text)`` as
+    :func:`chunk_messages` gives them, and the offset the next step starts at; the read is over when no
+    message came back and ``next_pos`` did not move, or ``next_pos > hi``. Chunks that hold no user
+    records (tracking) are skipped. The one record walk of the resends and the REST reads.
+    Raises RiverbedError from the broker's read."""
+    out = []
+    for chunk_id, raw in broker.read_chunks(log_stream, pos, chunks):
+        if raw[1] == fmt.CHUNK_USER:
+            out += chunk_messages(chunk_id, raw, pos, hi)
+        pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+        if pos > hi:
+            break
+    return out, pos
+
+
 def previous_offset(offset):
     """The offset of the record before ``offset`` in its log stream (offsets are contiguous there), None
     for the first record."""
     return offset - 1 if offset > 0 else None
+
+
+def authenticate(auth, key, peer_loopback):
+    """The user a request acts as, the one rule of the WebSocket requests and the REST API: without a
+    users file the implicit user (by ``peer_loopback``); else the user of API key ``key`` (None: no key
+    given, the request acts as nobody and returns None). Raises RequestError(ERR_AUTH_FAILED) for a key
+    that is wrong or, for a loopback-only user, used from another host."""
+    if auth.open_to_loopback:
+        return auth.implicit_user(peer_loopback)
+    if key is None:
+        return None
+    user = auth.user_for_api_key(key)
+    if user is None or (user.loopback_only and not peer_loopback):
+        raise RequestError(codec.ERR_AUTH_FAILED)
+    return user
+
+
+def publish_target(broker, user, stream, pkey):
+    """The log stream a publish of ``user`` to stream id ``stream`` (routed by ``pkey``, may be None)
+    goes to, the one rule of the WebSocket and REST publishes. A missing one is fine when ``user`` may
+    create it (configure permission; the append creates it: ``broker.append_or_create``); a missing
+    partition of a super stream never is. Raises RequestError("Stream ... not found.") otherwise. The
+    write permission is the caller's check (its denial text differs)."""
+    logs = log_streams(broker, stream)
+    log_stream = logs[partition_for_key(pkey, len(logs)) if pkey is not None else 0]
+    if not broker.has_stream(log_stream) and (len(logs) > 1 or not broker.allowed(user, CONFIGURE, stream)):
+        raise RequestError(f"Stream {stream} not found.")
+    return log_stream
+
+
+def publish_record(broker, json_text, ts, pkey):
+    """The stored record of one published message: ``json_text`` with creation time ``ts`` (ms; None:
+    now) and the ``pkey`` property when given."""
+    return _record.from_json_text(json_text, broker.wall_clock() if ts is None else ts,
+                                  {"pkey": pkey} if pkey is not None else None)
+
+
+def publish_error(broker, stream, log_stream, exc, was_missing, count=None):
+    """``(created, text)`` for a publish that ``broker.append_or_create`` failed: ``created`` when it was
+    the creation that failed (``log_stream`` was missing at submission, ``was_missing``, and still is),
+    and the client-facing text (``count``, when given, says how many messages were lost)."""
+    if was_missing and not broker.has_stream(log_stream) and not isinstance(exc, StreamNotFound):
+        lost = f" ({count} message(s) not published)" if count is not None else ""
+        return True, f"Cannot create stream {stream}: {exc}{lost}"
+    return False, f"Stream {log_stream} not found." if isinstance(exc, StreamNotFound) else f"Publish failed: {exc}"
 
 
 class WsShell:
@@ -93,11 +155,6 @@ class WsShell:
         if f is None or f.log_stream != log_stream:
             f = self.fanouts[key] = Fanout(self, stream_id, partition, log_stream, from_first)
         return f
-
-    def ensure_stream(self, name, cb):
-        """``cb(exc)`` once the log stream ``name`` exists (created with default arguments if missing;
-        concurrent callers share one creation; a stream created meanwhile by anyone counts)."""
-        self.broker.ensure_stream(name, cb)
 
 
 class Fanout:
@@ -230,30 +287,25 @@ class ResendJob:
             s.io.call_later(RESEND_RETRY, self.step)
             return
         try:
-            chunks = s.shell.broker.read_chunks(self.log_stream, self.pos, RESEND_CHUNKS)
+            messages, pos = read_messages(s.shell.broker, self.log_stream, self.pos, self.hi)
         except RiverbedError:
-            chunks = []
+            messages, pos = [], self.pos
+        moved = pos != self.pos
+        self.pos = pos
         out = []
         sub, prefix, min_ts = self.sub, self.prefix, self.min_ts
-        for chunk_id, raw in chunks:
-            if raw[1] != fmt.CHUNK_USER:
-                self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+        for offset, ts, text in messages:
+            if min_ts is not None and ts < min_ts:
                 continue
-            for offset, ts, text in chunk_messages(chunk_id, raw, self.pos, self.hi):
-                if min_ts is not None and ts < min_ts:
-                    continue
-                if not self.sent_any:
-                    self.sent_any = True
-                    out.append(codec.ws_text_frame(codec.encode_frame(
-                        codec.TYPE_RESENDING, codec.stream_payload(self.stream_id, self.partition, sub))))
-                msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
-                out.append(codec.ws_text_frame(codec.unicast_frame(msg, sub)))
-            self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-            if self.pos > self.hi:
-                break
+            if not self.sent_any:
+                self.sent_any = True
+                out.append(codec.ws_text_frame(codec.encode_frame(
+                    codec.TYPE_RESENDING, codec.stream_payload(self.stream_id, self.partition, sub))))
+            msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
+            out.append(codec.ws_text_frame(codec.unicast_frame(msg, sub)))
         if out:
             s.io.write(b"".join(out))
-        if not chunks or self.pos > self.hi:
+        if not moved or self.pos > self.hi:
             self._finish()
         else:
             s.io.defer(self.step)
@@ -288,8 +340,7 @@ class WsSession:
         self.waiting = {}              # (stream id, partition) -> log stream: subscribed, the stream not there yet
         self.resends = set()
         self.last_user = None          # for connection_info
-        self._outbox = {}              # log stream -> [records] waiting for the next flush
-        self._blocked = set()          # log streams being created: their records wait
+        self._outbox = {}              # log stream -> (stream id, [records]) waiting for the next flush
         self._flush_scheduled = False
         self._in_flight = 0            # appends sent to the broker, not yet committed
         self._budget_paused = False    # reading paused by the broker-wide in-flight budget
@@ -358,15 +409,7 @@ class WsSession:
 
     def _user(self, req):
         """The user a request acts as, or None (no key given). Raises RequestError for a wrong key."""
-        if self.auth.open_to_loopback:
-            user = self.auth.implicit_user(self.peer_loopback)
-        else:
-            key = req.get("authKey")
-            if key is None or key == "":
-                return None
-            user = self.auth.user_for_api_key(key)
-            if user is None or (user.loopback_only and not self.peer_loopback):
-                raise RequestError(codec.ERR_AUTH_FAILED)
+        user = authenticate(self.auth, req.get("authKey") or None, self.peer_loopback)
         if user is not None:
             self.last_user = user
         return user
@@ -391,10 +434,12 @@ class WsSession:
             self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         log_stream = logs[p]
-        if log_stream in self._blocked or self.broker.creating(log_stream):
+        if log_stream in self._outbox:
+            self._flush()      # this connection's publishes first: they may be what creates the stream
+        if self.broker.creating(log_stream):
             # a publish (this connection's or another's) is making it: once made, the subscription starts
             # at the next record, so it never gets back what was published before it subscribed
-            self.shell.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
+            self.broker.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
             return
         if not self.broker.has_stream(log_stream):
             if len(logs) > 1:
@@ -446,44 +491,26 @@ class WsSession:
     def _publish(self, req):
         stream, msg, ts, pkey = codec.check_publish(req)
         user = self._require(req, WRITE, stream, f"Not authorized to publish to stream {stream}")
-        logs = log_streams(self.broker, stream)
-        log_stream = logs[partition_for_key(pkey, len(logs)) if pkey is not None else 0]
-        rec = _record.from_json_text(msg, self.broker.wall_clock() if ts is None else ts,
-                                     {"pkey": pkey} if pkey is not None else None)
-        if log_stream not in self._blocked and not self.broker.has_stream(log_stream):
-            if len(logs) > 1 or not self.broker.allowed(user, CONFIGURE, stream):
-                raise RequestError(f"Stream {stream} not found.")
-            self._blocked.add(log_stream)
-            self.shell.ensure_stream(log_stream, lambda exc: self._created(stream, log_stream, exc))
-        self._outbox.setdefault(log_stream, []).append(rec)
-        if not self._flush_scheduled and log_stream not in self._blocked:
+        log_stream = publish_target(self.broker, user, stream, pkey)
+        rec = publish_record(self.broker, msg, ts, pkey)
+        self._outbox.setdefault(log_stream, (stream, []))[1].append(rec)
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self.io.defer(self._flush)
 
-    def _created(self, stream, log_stream, exc):
-        self._blocked.discard(log_stream)
-        if exc is not None:
-            dropped = self._outbox.pop(log_stream, [])
-            if self.state != ST_CLOSED:
-                self.send_error(f"Cannot create stream {stream}: {exc} ({len(dropped)} message(s) not published)")
-            self._in_flight += 1
-            self._appended(log_stream, 0, None)     # release read-your-writes waiters
-            return
-        self._flush()
-
     def _flush(self):
-        """Append each stream's waiting records in one broker call (one commit, in publish order)."""
+        """Append each stream's waiting records in one broker call (one commit, in publish order; a
+        missing stream is created first, ``broker.append_or_create``)."""
         self._flush_scheduled = False
-        for log_stream in list(self._outbox):
-            if log_stream in self._blocked:
-                continue
-            records = self._outbox.pop(log_stream)
+        outbox, self._outbox = self._outbox, {}
+        for log_stream, (stream, records) in outbox.items():
             self._in_flight += 1
             if self._in_flight == MAX_IN_FLIGHT:
                 self.io.pause_reading()
             self.published += len(records)
-            self.broker.append_records(log_stream, records,
-                                       lambda res, exc, s=log_stream, n=len(records): self._appended(s, n, exc))
+            missing = not self.broker.has_stream(log_stream)
+            self.broker.append_or_create(log_stream, records, lambda res, exc, s=stream, ls=log_stream,
+                                         n=len(records), m=missing: self._appended(s, ls, n, exc, m))
         if not self._budget_paused:
             self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
 
@@ -496,7 +523,7 @@ class WsSession:
         if self._in_flight < MAX_IN_FLIGHT:
             self.io.resume_reading()
 
-    def _appended(self, log_stream, n, exc):
+    def _appended(self, stream, log_stream, n, exc, was_missing=False):
         self._in_flight -= 1
         if self._in_flight == MAX_IN_FLIGHT - 1 and not self._budget_paused:
             self.io.resume_reading()
@@ -507,8 +534,7 @@ class WsSession:
         if exc is not None and self.state != ST_CLOSED:
             if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
                 log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
-            self.send_error(f"Stream {log_stream} not found." if isinstance(exc, StreamNotFound)
-                            else f"Publish failed: {exc}")
+            self.send_error(publish_error(self.broker, stream, log_stream, exc, was_missing, n)[1])
 
     def _resend(self, req):
         stream = codec.request_stream(req)
@@ -566,7 +592,7 @@ class WsSession:
     @property
     def pending_ops(self):
         """Publishes accepted and not yet committed (graceful shutdown waits for them)."""
-        return self._in_flight + sum(len(v) for v in self._outbox.values())
+        return self._in_flight + sum(len(v[1]) for v in self._outbox.values())
 
     def begin_shutdown(self):
         """Stop taking requests; what was accepted still commits."""

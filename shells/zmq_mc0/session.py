@@ -37,7 +37,7 @@ from collections import deque
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import core
-from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists
+from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
 from riverbed.shells.broker import limits as _limits
@@ -245,7 +245,6 @@ class McShell:
         self._heap = []
         self._seq = 0
         self._batches = {}            # stream name -> [(record, client, entry), ...] of this loop turn
-        self._creating = {}           # stream name -> batches waiting for its creation
         self._flush_scheduled = False
         # a subscription to a topic that does not exist yet starts when any protocol creates it
         broker.on_stream_created(self._wake_waiting)
@@ -521,48 +520,36 @@ class McShell:
             self.io.defer(self.flush)
 
     def flush(self):
-        """Submit the PUTs of this loop turn: one append per topic (split at BATCH_RECORDS/BATCH_BYTES)."""
+        """Submit the PUTs of this loop turn: one append per topic (split at BATCH_RECORDS/BATCH_BYTES);
+        a missing topic is created first (``broker.append_or_create``) when the turn's first publisher
+        to it may configure it."""
         self._flush_scheduled = False
         batches, self._batches = self._batches, {}
         for name, items in batches.items():
-            if name in self._creating:
-                self._creating[name].append(items)
-            elif self.broker.has_stream(name):
-                self._append(name, items)
-            else:
-                client = items[0][1]
-                if not self.broker.allowed(client.user, CONFIGURE, name):
-                    self._fail(items, f"creating topic {name!r} refused")
-                    continue
-                self._creating[name] = [items]
-                self.pending_ops += 1
-                self.broker.create_stream(name, {}, lambda exc, name=name: self._created(name, exc))
+            missing = not self.broker.has_stream(name)
+            if missing and not self.broker.creating(name) and \
+                    not self.broker.allowed(items[0][1].user, CONFIGURE, name):
+                self._fail(items, f"creating topic {name!r} refused")
+                continue
+            self._append(name, items, missing)
 
-    def _created(self, name, exc):
-        self.pending_ops -= 1
-        waiting = self._creating.pop(name, [])
-        if exc is not None and not isinstance(exc, StreamExists):
-            for items in waiting:
-                self._fail(items, f"cannot create topic {name!r}: {exc}")
-            return
-        for items in waiting:
-            self._append(name, items)
-        self._wake_waiting(name)
-
-    def _append(self, name, items):
+    def _append(self, name, items, missing):
         start, size = 0, 0
         for i, (record, _, _) in enumerate(items):
             size += len(record)
             if i + 1 - start >= BATCH_RECORDS or size >= BATCH_BYTES or i + 1 == len(items):
                 part = items[start:i + 1]
                 self.pending_ops += 1
-                self.broker.append_records(name, [r for r, _, _ in part],
-                                           lambda res, exc, part=part: self._appended(name, part, exc))
+                self.broker.append_or_create(name, [r for r, _, _ in part],
+                                             lambda res, exc, part=part: self._appended(name, part, exc, missing))
                 start, size = i + 1, 0
 
-    def _appended(self, name, items, exc):
+    def _appended(self, name, items, exc, missing=False):
         self.pending_ops -= 1
         if exc is not None:
+            if missing and not self.broker.has_stream(name):     # the creation failed
+                self._fail(items, f"cannot create topic {name!r}: {exc}")
+                return
             if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
                 log.info("zmq: appending to %r failed: %s", name, exc)
             self._fail(items, f"cannot store the message in topic {name!r}: {exc}")

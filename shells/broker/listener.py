@@ -1,20 +1,10 @@
-"""The transport layer every TCP shell shares: asyncio glue around a sans-I/O session, and a listener
-with the lifecycle ``riverbed serve`` drives (start, stop accepting, graceful shutdown).
+"""The TCP adapter of the session kernel's io contract (:mod:`riverbed.shells.broker.session`): asyncio
+glue around a sans-I/O session, and a listener with the lifecycle ``riverbed serve`` drives (start,
+stop accepting, graceful shutdown through the kernel's one :func:`~riverbed.shells.broker.session.drain`).
 
-A session (one per connection, built by the shell's ``session_factory``) takes bytes and flow-control
-signals and writes through its ``io``, which is the :class:`SessionProtocol` here::
-
-    io.write(bytes)  io.writelines(list)  io.close()  io.pause_reading()  io.resume_reading()
-    io.defer(fn, *args)        # run soon on the loop (yield between deliveries)
-
-and offers, for the listener::
-
-    data_received(bytes)  connection_lost()  pause_writing()  resume_writing()
-    tick(now)             # seconds, the broker's clock, every TICK_INTERVAL: heartbeats, timeouts
-    begin_shutdown()      # stop reading; in-flight work still completes
-    pending_ops           # engine operations not completed yet (shutdown waits for 0)
-    close_gracefully(reason)   # say goodbye in the protocol's terms, then close
-    peer                  # "host:port", for logs
+:class:`SessionProtocol` is a session's ``io`` (write, writelines, close, abort, pause_reading,
+resume_reading, defer, call_later) and hands the session bytes and the transport's flow-control signals,
+each under the session's :meth:`~riverbed.shells.broker.session.SessionKernel.guard`.
 """
 
 import asyncio
@@ -22,14 +12,13 @@ import logging
 
 from riverbed.shells import auth as _auth
 from riverbed.shells import tls as _tls
+from riverbed.shells.broker.session import CLOSE_GRACE, TICK_INTERVAL, drain, tick_all  # noqa: F401
 from riverbed.shells.broker.stats import ERR_INTERNAL, ERR_TRANSPORT
 
 log = logging.getLogger("riverbed.broker")
 
-TICK_INTERVAL = 0.25         # seconds between heartbeat/timeout checks of all sessions
 WRITE_BUFFER_HIGH = 4 << 20  # transport write buffer marks, bytes: delivery pauses above the high mark
 WRITE_BUFFER_LOW = 1 << 20
-CLOSE_GRACE = 1.0            # seconds a graceful close may take before the socket is aborted
 
 
 class SessionProtocol(asyncio.Protocol):
@@ -55,19 +44,12 @@ class SessionProtocol(asyncio.Protocol):
         self.listener.protocols.add(self)
         self.listener.stats.connections_total += 1     # metrics
 
-    def _guard(self, fn, *args):
-        try:
-            fn(*args)
-        except Exception:  # a bug must cost this connection only, never the server
-            log.exception("%s: internal error; closing the connection", getattr(self.session, "peer", "?"))
-            self.listener.stats.error(ERR_INTERNAL)       # metrics
-            self.transport.abort()
-
     def data_received(self, data):
         stats = self.listener.stats     # metrics: two int updates per read, no lock (loop thread)
         stats.reads += 1
         stats.bytes_in += len(data)
-        self._guard(self.session.data_received, data)
+        session = self.session
+        session.guard(session.data_received, data)
 
     def eof_received(self):
         return False
@@ -77,13 +59,13 @@ class SessionProtocol(asyncio.Protocol):
         if exc is not None:     # metrics: reset, broken pipe (a close by either side passes None)
             self.listener.stats.error(ERR_TRANSPORT)
         if self.session is not None:
-            self._guard(self.session.connection_lost)
+            self.session.guard(self.session.connection_lost)
 
     def pause_writing(self):
-        self._guard(self.session.pause_writing)
+        self.session.guard(self.session.pause_writing)
 
     def resume_writing(self):
-        self._guard(self.session.resume_writing)
+        self.session.guard(self.session.resume_writing)
 
     # the session's io
     def write(self, data):
@@ -95,6 +77,11 @@ class SessionProtocol(asyncio.Protocol):
     def close(self):
         self.transport.close()
 
+    def abort(self, internal=False):
+        if internal:
+            self.listener.stats.error(ERR_INTERNAL)       # metrics
+        self.transport.abort()
+
     def pause_reading(self):
         if not self.transport.is_closing():
             self.transport.pause_reading()
@@ -104,7 +91,10 @@ class SessionProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
     def defer(self, fn, *args):
-        self.loop.call_soon(self._guard, fn, *args)
+        self.loop.call_soon(self.session.guard, fn, *args)
+
+    def call_later(self, delay, fn, *args):
+        return self.loop.call_later(delay, self.session.guard, fn, *args)
 
 
 class TcpListener:
@@ -152,12 +142,7 @@ class TcpListener:
         return [p.session for p in list(self.protocols) if p.session is not None]
 
     def _tick(self):
-        now = self.broker.clock()
-        for s in self.sessions():
-            try:
-                s.tick(now)
-            except Exception:
-                log.exception("%s: internal error in tick", s.peer)
+        tick_all(self.sessions(), self.broker.clock())
         self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
 
     def stop_accepting(self):
@@ -168,19 +153,7 @@ class TcpListener:
         """Stop accepting, stop reading, let in-flight work complete and be answered (at most
         ``drain_timeout`` seconds), close every session gracefully, wait briefly, abort the rest."""
         self.stop_accepting()
-        for s in self.sessions():
-            s.begin_shutdown()
-        deadline = self.loop.time() + drain_timeout
-        while any(s.pending_ops for s in self.sessions()) and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        for s in self.sessions():
-            try:
-                s.close_gracefully("server shutdown")
-            except Exception:
-                log.exception("%s: error while closing", s.peer)
-        deadline = self.loop.time() + CLOSE_GRACE
-        while self.protocols and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        await drain(self.loop, self.sessions, drain_timeout=drain_timeout, alive=self.protocols.__len__)
         for p in list(self.protocols):
             p.transport.abort()
         if self._ticker is not None:

@@ -40,7 +40,6 @@ class ReamShell:
         self.docs = broker.docs
         self.aggregates = Aggregates(self.docs, broker.transact)
         self.projections = Projections(self.docs, broker.transact, self.offload)
-        self.sessions = set()
 
     def user_for(self, peer_loopback):
         """The user a new connection acts as, or (None, reason) when it is refused."""

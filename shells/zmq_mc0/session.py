@@ -40,8 +40,6 @@ Loop-thread only.
 import heapq
 import logging
 from collections import deque
-from enum import IntEnum
-from typing import Callable, NamedTuple
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import core
@@ -49,6 +47,7 @@ from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.zmq_mc0 import codec
 from riverbed.shells.zmq_mc0.codec import (
     HDR_OFFSET, HDR_TOPIC, HDR_TTL, RequestError, VERB_CONNECT, VERB_DISCONNECT, VERB_NOOP, VERB_PUT, VERB_SUB,
@@ -70,16 +69,6 @@ BATCH_BYTES = 8 << 20        # bytes per append
 UNLIMITED = 1 << 62          # Tail credit: the HWM, not credit, paces a subscriber
 
 ALL_PERMISSIONS = _auth.User("zmq")
-
-
-class State(IntEnum):
-    """Connection states, in order (the session kernel's; a ZeroMQ peer's handshake and auth are ZAP's,
-    done before its first message, so a session starts OPEN)."""
-    HANDSHAKE = 0
-    AUTH = 1
-    OPEN = 2
-    CLOSING = 3
-    CLOSED = 4
 
 
 class Subscription:
@@ -108,14 +97,15 @@ class PeerIO:
     """The io of one routing identity over the ROUTER's io (``router.send(identity, frames) -> SENT |
     BLOCKED | GONE``, ``router.defer(fn)``): a message goes to that identity; a full pipe is the
     session's :meth:`~McSession.pause_writing`, a peer that is gone its :meth:`~McSession.connection_lost`.
-    ZeroMQ owns the peer's TCP connection, so there is nothing to close."""
+    ZeroMQ owns the peer's TCP connection, so there is nothing to close, and a ROUTER cannot stop
+    reading one peer: reading is paused for the whole ROUTER by the listener (the broker's budget)."""
 
     __slots__ = ("router", "identity", "session")
 
-    def __init__(self, router, identity, session):
+    def __init__(self, router, identity):
         self.router = router
         self.identity = identity
-        self.session = session
+        self.session = None
 
     def write(self, frames):
         """Send one message (a list of frames); True when sent. BLOCKED pauses the session's writing,
@@ -123,54 +113,111 @@ class PeerIO:
         status = self.router.send(self.identity, frames)
         if status == SENT:
             return True
+        session = self.session
         if status == BLOCKED:
-            self.session.pause_writing()
+            session.pause_writing()
         else:
-            self.session.connection_lost()
+            session.shell.forget(session, "no route to the peer")
         return False
+
+    def writelines(self, messages):
+        for frames in messages:
+            if not self.write(frames):
+                return
 
     def defer(self, fn, *args):
         self.router.defer(fn, *args)
 
-    def close(self):
+    def close(self, *args):
         """Nothing to close: the peer may send again, and then it is a new session."""
 
+    def abort(self, internal=False):
+        """Forget the session (a bug in it, caught by the kernel's guard)."""
+        self.session.shell.forget(self.session, "internal error" if internal else "aborted")
 
-class McSession:
-    """The session of one routing identity: its requests in order, its subscriptions, its replies and
-    flow (:class:`PeerIO`); registered with the broker (``connection_info``, ``close_by_admin``,
-    ``stream_deleted``). ZAP admitted the peer before its first message, so a session starts OPEN; it is
-    CLOSED once forgotten (DISCONNECT, TTL expiry, peer gone, admin close, idle)."""
+    def pause_reading(self):
+        """Per peer a no-op (see the class doc)."""
+
+    def resume_reading(self):
+        """Per peer a no-op."""
+
+
+class McSession(SessionKernel):
+    """The session of one routing identity on the session kernel: its requests in order, its
+    subscriptions, its replies and flow (:class:`PeerIO`). ZAP admitted the peer before its first
+    message, so a session starts OPEN; it is CLOSED once forgotten (DISCONNECT, TTL expiry, peer gone,
+    admin close, idle). The TTL is the kernel's heartbeat (NOOP after ``NOOP_FACTOR`` x TTL without
+    output) and idle timeout (``EXPIRE_FACTOR`` x TTL without input), ticked when the shell's timer heap
+    says so."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "zmq"
+    INITIAL_STATE = State.OPEN
 
     def __init__(self, shell, identity, now):
-        self.shell = shell
-        self.broker = shell.broker
+        io = PeerIO(shell.io, identity)
+        super().__init__(shell, io, peer=shell.peer_of(identity) or identity.hex())
+        io.session = self
         self.identity = identity
-        self.io = PeerIO(shell.io, identity, self)
-        self.state = State.OPEN
         self.ttl = None               # seconds, or None: never expires, no NOOPs
         self.subs = {}                # topic bytes -> Subscription
         self.queue = deque()          # [done, fn] entries: the client's requests in order
         self.outbox = deque()         # replies waiting while blocked
         self.blocked = False          # the peer's pipe is full (writing paused)
         self.last_recv = now
-        self.last_send = now
+        self.last_sent = now
         self.timer_at = None          # when this client's heap entry fires
-        self.connected_at = shell.broker.wall_clock()
         self.user = shell.user_for(identity)
         self.messages_in = 0
         self.messages_out = 0
-        shell.broker.register(self)
 
     @property
     def gone(self):
         return self.state == State.CLOSED
 
-    # ------------------------------------------------------------------------------- management
-
     @property
-    def peer(self):
-        return self.shell.peer_of(self.identity) or self.identity.hex()
+    def pending_ops(self):
+        """PUTs of this client not committed (or failed) yet: the shutdown drain waits for them."""
+        return sum(1 for entry in self.queue if not entry[0])
+
+    # ------------------------------------------------------------------------------- kernel hooks
+
+    def _on_bytes(self, frames):
+        self.message_received(frames, self.last_recv)
+
+    def _send(self, frames):
+        self.send(frames)
+        self.last_sent = self.shell.now    # even when held: the peer is not reading anyway
+
+    def _heartbeat_interval(self):
+        return self.ttl * NOOP_FACTOR if self.ttl else None
+
+    def _heartbeat_frame(self):
+        return codec.FRAMES_NOOP
+
+    def _idle_timeout(self):
+        return self.ttl * EXPIRE_FACTOR if self.ttl else None
+
+    def _tails(self):
+        return [sub.tail for sub in self.subs.values() if sub.tail is not None]
+
+    def _backlogged(self):
+        return False      # a ROUTER is paused as a whole (PeerIO)
+
+    def _drained(self):
+        return True
+
+    def _on_shutdown(self):
+        self.shell.flush()          # the turn's gathered PUTs go to the engine before the drain
+
+    def _before_close(self):
+        if self.blocked:
+            self.resume_writing()   # what is held still goes out if the pipe took it meanwhile
+
+    def _drop_all(self):
+        self.shell.dropped(self)
+
+    # ------------------------------------------------------------------------------- management
 
     def consumer_infos(self):
         """This client's topic subscriptions (see the RabbitMQ Stream session's): the subscription id is
@@ -228,7 +275,7 @@ class McSession:
 
     def _transmit(self, frames, hold):
         if self.io.write(frames):
-            self.last_send = self.shell.now
+            self.last_sent = self.shell.now
             self.messages_out += 1
             return True
         if hold and self.blocked:
@@ -240,10 +287,8 @@ class McSession:
         :meth:`resume_writing` (the listener's tick retries)."""
         if not self.blocked:
             self.blocked = True
-            for sub in self.subs.values():
-                if sub.tail is not None:
-                    sub.tail.pause()
             self.shell.blocked.add(self)
+            super().pause_writing()
 
     def resume_writing(self):
         """Flush what is held; resume the tails once everything went. Returns True when unblocked."""
@@ -256,17 +301,13 @@ class McSession:
                 return False
             if self.gone:
                 return False
-        self.blocked = False
+        self.blocked = self._write_paused = False
         for sub in list(self.subs.values()):
             if sub.tail is not None:
                 sub.tail.resume()
             if self.blocked or self.gone:
                 return False
         return True
-
-    def connection_lost(self):
-        """No route to the peer any more (it disconnected): forget it."""
-        self.shell.forget(self, "no route to the peer")
 
     def deliver_held(self, sub):
         """Send what is left of ``sub``'s current chunk; False (and the client blocked) when the peer's
@@ -289,7 +330,7 @@ class McSession:
             sub.held[1] = i
             return False
         sub.held = None
-        self.last_send = self.shell.now
+        self.last_sent = self.shell.now
         return True
 
     # ------------------------------------------------------------------------------ request order
@@ -473,16 +514,15 @@ class McSession:
 McClient = McSession     # the name of issue 10's code
 
 
-class _Command(NamedTuple):
-    handler: Callable
-    min_state: State
-    name: str
-
-
-# verb -> (handler, lowest state, name): the one dispatch table of the mc0 session
-COMMANDS = {verb: _Command(getattr(McSession, "_on_" + name.lower()), State.OPEN, name) for verb, name in (
-    (VERB_CONNECT, "CONNECT"), (VERB_DISCONNECT, "DISCONNECT"), (VERB_SUB, "SUB"), (VERB_UNSUB, "UNSUB"),
-    (VERB_PUT, "PUT"), (VERB_NOOP, "NOOP"))}
+# verb -> Command(handler _on_<verb>, lowest state, name): the mc0 session's dispatch table
+COMMANDS = commands(McSession, {
+    VERB_CONNECT: ("CONNECT", State.OPEN),
+    VERB_DISCONNECT: ("DISCONNECT", State.OPEN),
+    VERB_SUB: ("SUB", State.OPEN),
+    VERB_UNSUB: ("UNSUB", State.OPEN),
+    VERB_PUT: ("PUT", State.OPEN),
+    VERB_NOOP: ("NOOP", State.OPEN),
+})
 
 
 class McShell:
@@ -556,7 +596,7 @@ class McShell:
         self.now = now = self.broker.clock()
         session = self.clients.get(identity)
         if session is not None:
-            session.message_received(frames, now)
+            session.guard(session.data_received, frames)      # the kernel's entry point
             return
         try:
             req = self.parse(frames)
@@ -681,12 +721,17 @@ class McShell:
     # ---------------------------------------------------------------------------------- lifecycle
 
     def forget(self, client, reason):
-        """Drop ``client`` with its subscriptions (DISCONNECT, expiry, gone, admin)."""
+        """Drop ``client`` with its subscriptions (DISCONNECT, expiry, gone, admin): the session is
+        lost (the kernel's ``connection_lost``, which releases it: :meth:`dropped`)."""
         if client.gone:
             return
-        client.state = State.CLOSED
         if reason:
             log.info("zmq: forgetting client %s: %s", client.peer, reason)
+        client.connection_lost()
+
+    def dropped(self, client):
+        """A session released (any way: forgotten, a TTL expiry, a close): its subscriptions and
+        place go."""
         for sub in client.subs.values():
             self.drop_sub(sub)
         client.subs.clear()
@@ -694,12 +739,11 @@ class McShell:
         self.blocked.discard(client)
         if self.clients.get(client.identity) is client:
             del self.clients[client.identity]
-        self.broker.unregister(client)
 
     def arm(self, client):
         if client.ttl is None:
             return
-        when = min(client.last_send + client.ttl * NOOP_FACTOR, client.last_recv + client.ttl * EXPIRE_FACTOR)
+        when = min(client.last_sent + client.ttl * NOOP_FACTOR, client.last_recv + client.ttl * EXPIRE_FACTOR)
         if client.timer_at is not None and client.timer_at <= when:
             return
         client.timer_at = when
@@ -710,19 +754,17 @@ class McShell:
         """Fire due TTL timers, retry blocked clients, wake waiting subscriptions, sweep idle clients."""
         self.now = now = self.broker.clock() if now is None else now
         heap = self._heap
+        due = []
         while heap and heap[0][0] <= now:
             when, _, client = heapq.heappop(heap)
             if client.gone or client.timer_at != when or client.ttl is None:
                 continue
             client.timer_at = None
-            ttl = client.ttl
-            if now >= client.last_recv + ttl * EXPIRE_FACTOR:
-                self.forget(client, f"silent for over {EXPIRE_FACTOR} x TTL")
-                continue
-            if now >= client.last_send + ttl * NOOP_FACTOR:
-                client.send(codec.FRAMES_NOOP)
-                client.last_send = now    # even when held: the peer is not reading anyway
-            self.arm(client)
+            client.guard(client.tick, now)        # the kernel's: TTL expiry, then the NOOP heartbeat
+            due.append(client)
+        for client in due:      # re-armed after the loop: a timer due now fires again next tick, not now
+            if not client.gone:
+                self.arm(client)
         for client in list(self.blocked):
             if client.gone:
                 self.blocked.discard(client)
@@ -731,7 +773,7 @@ class McShell:
         if now >= self._next_idle_sweep:
             self._next_idle_sweep = now + IDLE_FORGET / 4
             for client in list(self.clients.values()):
-                if client.idle and now - max(client.last_recv, client.last_send) > IDLE_FORGET:
+                if client.idle and now - max(client.last_recv, client.last_sent) > IDLE_FORGET:
                     self.forget(client, None)
 
     def close(self):

@@ -19,11 +19,14 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import drain
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.http.server import body_limit
 from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json.rest import RestApi, error_response
-from riverbed.shells.ws_json.session import DEFAULT_SEND_BUFFER_MAX, ST_CLOSED, WsSession, WsShell
+from riverbed.shells.ws_json.session import (
+    DEFAULT_SEND_BUFFER_MAX, RESEND_HIGH_WATER, ST_CLOSED, WsSession, WsShell,
+)
 
 log = logging.getLogger("riverbed.ws")
 
@@ -34,16 +37,23 @@ CLOSE_GRACE = 1.0                  # seconds a closing handshake may take at shu
 
 
 class WsIO:
-    """The ``io`` of one session (see session.py): writes go straight to the transport."""
+    """The aiohttp adapter of one session to the kernel's io contract: writes go straight to the
+    transport; when a write takes the transport over its high mark (:data:`RESEND_HIGH_WATER`) the
+    session hears ``pause_writing()``, and ``resume_writing()`` once aiohttp's protocol has drained
+    under the low mark (asyncio's flow control, no polling)."""
 
-    __slots__ = ("ws", "transport", "loop", "close_task", "readable")
+    __slots__ = ("ws", "transport", "protocol", "loop", "close_task", "readable", "session", "_drain_task")
 
-    def __init__(self, ws, transport, loop):
+    def __init__(self, ws, request, loop):
         self.ws = ws
-        self.transport = transport
+        self.transport = request.transport
+        self.protocol = request.protocol
         self.loop = loop
         self.close_task = None
         self.readable = None       # an asyncio.Event while reading is paused
+        self.session = None
+        self._drain_task = None
+        self.transport.set_write_buffer_limits(high=RESEND_HIGH_WATER)
 
     def pause_reading(self):
         if self.readable is None:
@@ -58,28 +68,47 @@ class WsIO:
         t = self.transport
         if t is not None and not t.is_closing():
             t.write(data)
+            if self.protocol.writing_paused and self._drain_task is None and self.session is not None:
+                self.session.pause_writing()
+                self._drain_task = self.loop.create_task(self._drained())
+
+    def writelines(self, parts):
+        self.write(b"".join(parts))
+
+    async def _drained(self):
+        try:
+            # aiohttp's protocol resolves this once asyncio calls its resume_writing (under the low mark)
+            await self.protocol._drain_helper()
+        except (ConnectionError, RuntimeError):
+            self.resume_reading()       # the peer is gone: the handler must see it and end the session
+            return
+        finally:
+            self._drain_task = None
+        s = self.session
+        if s is not None and s.state < ST_CLOSED:
+            s.guard(s.resume_writing)
 
     def buffer_size(self):
         t = self.transport
         return t.get_write_buffer_size() if t is not None else 0
 
-    def close(self, code, reason):
+    def close(self, code=1000, reason=""):
         self.resume_reading()       # the handler must see the close, not wait for commits
         if self.close_task is None and not self.ws.closed:
             self.close_task = self.loop.create_task(
                 self.ws.close(code=code, message=reason.encode("utf-8")[:120]))
 
-    def abort(self, reason):
+    def abort(self, reason=None):
         self.resume_reading()
         t, self.transport = self.transport, None
         if t is not None:
             t.abort()
 
-    def defer(self, fn):
-        self.loop.call_soon(fn)
+    def defer(self, fn, *args):
+        self.loop.call_soon(fn, *args)
 
-    def call_later(self, seconds, fn):
-        self.loop.call_later(seconds, fn)
+    def call_later(self, seconds, fn, *args):
+        return self.loop.call_later(seconds, fn, *args)
 
 
 class WsJsonServer:
@@ -135,17 +164,11 @@ class WsJsonServer:
         """Stop taking requests, let accepted publishes commit (up to ``drain_timeout`` s), close every
         WebSocket with 1001, then stop the HTTP server."""
         self.stop_accepting()
-        for s in list(self.sessions):
-            s.begin_shutdown()
-        deadline = self.loop.time() + drain_timeout
-        while any(s.pending_ops for s in self.sessions) and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        for s in list(self.sessions):
-            s.close_gracefully("server shutdown")
-        tasks = [s.io.close_task for s in self.sessions if s.io.close_task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=CLOSE_GRACE)
-        for s in list(self.sessions):
+        closing = lambda: any(s.io.close_task is not None and not s.io.close_task.done()  # noqa: E731
+                              for s in self.sessions)
+        left = await drain(self.loop, lambda: list(self.sessions), drain_timeout=drain_timeout,
+                           close_grace=CLOSE_GRACE, alive=closing)
+        for s in left:
             s.io.abort("shutdown")
             s.connection_lost()
         if self._runner is not None:
@@ -164,8 +187,9 @@ class WsJsonServer:
             return error_response(503, "server shutting down")
         ws = web.WebSocketResponse(compress=False, max_msg_size=self.max_frame, autoping=True)
         await ws.prepare(request)
-        io = WsIO(ws, request.transport, self.loop)
-        session = WsSession(self.shell, io, peer=tuple(peer[:2]), local=tuple(local[:2]), peer_loopback=loopback)
+        io = WsIO(ws, request, self.loop)
+        session = io.session = WsSession(self.shell, io, peer=tuple(peer[:2]), local=tuple(local[:2]),
+                                         peer_loopback=loopback)
         self.sessions.add(session)
         self.stats.connections_total += 1      # metrics
         try:

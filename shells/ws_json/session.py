@@ -11,15 +11,18 @@ fan-out of live messages.
 * :class:`WsSession` - requests (subscribe, unsubscribe, publish, resend), auth, publishing with
   auto-creation, resends (:class:`ResendJob`, paced by the connection's send buffer).
 
-A session talks to the transport only through ``io``:
+A session is a :class:`~riverbed.shells.broker.session.SessionKernel` (states, lifecycle, flow, drain)
+and talks to the transport through the kernel's io contract:
 
 * ``io.write(data)`` - bytes holding complete WebSocket frames (see ``codec.ws_text_frame``);
-* ``io.buffer_size()`` - bytes written and not yet sent;
 * ``io.close(code, reason)`` - close the WebSocket (a close frame, then the socket);
 * ``io.abort(reason)`` - drop the connection at once (a peer that does not read);
 * ``io.defer(fn)`` / ``io.call_later(seconds, fn)`` - run ``fn()`` on the loop soon / later;
 * ``io.pause_reading()`` / ``io.resume_reading()`` - stop / restart taking client frames (a publisher
-  faster than the log commits waits instead of queueing without limit).
+  faster than the log commits waits instead of queueing without limit);
+* ``io.buffer_size()`` - bytes written and not yet sent: only the memory bound of live delivery
+  (``send_buffer_max``: past it the peer is dropped); flow is the adapter's ``session.pause_writing()``
+  / ``session.resume_writing()`` calls (resends wait in between).
 
 Loop-thread only.
 """
@@ -33,6 +36,7 @@ from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
@@ -41,12 +45,11 @@ log = logging.getLogger("riverbed.ws")
 LISTENER = "ws"
 
 DEFAULT_SEND_BUFFER_MAX = 16 << 20   # bytes a connection may have unsent before it is dropped
-RESEND_HIGH_WATER = 1 << 20          # a resend waits while more than this is unsent
+RESEND_HIGH_WATER = 1 << 20          # unsent bytes past which the transport says pause_writing (resends wait)
 RESEND_CHUNKS = 16                   # chunks one resend step reads before yielding to other work
-RESEND_RETRY = 0.005                 # seconds between send-buffer checks of a waiting resend
 MAX_IN_FLIGHT = 32                   # appends of one connection not yet committed before it stops reading
 
-ST_OPEN, ST_CLOSING, ST_CLOSED = 0, 1, 2
+ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED   # the kernel's states
 
 
 def chunk_messages(chunk_id, raw, start, stop=None):
@@ -234,8 +237,8 @@ class Fanout:
 
 class ResendJob:
     """One resend request: resending, one unicast frame per message in offset order, resent; or only
-    no_resend when nothing matches. Reads a few chunks per step and waits while the connection's send
-    buffer is over :data:`RESEND_HIGH_WATER`."""
+    no_resend when nothing matches. Reads a few chunks per step and waits while the connection's
+    writing is paused (the kernel's ``pause_writing``, until ``resume_writing``)."""
 
     def __init__(self, session, log_stream, stream_id, partition, sub, variant):
         self.session = session
@@ -283,8 +286,8 @@ class ResendJob:
         if self.done or s.state == ST_CLOSED:
             self.done = True
             return
-        if s.io.buffer_size() > RESEND_HIGH_WATER:
-            s.io.call_later(RESEND_RETRY, self.step)
+        if s._write_paused:        # the transport is over its high mark: on until it drains (_on_writable)
+            s.paused_resends.add(self)
             return
         try:
             messages, pos = read_messages(s.shell.broker, self.log_stream, self.pos, self.hi)
@@ -322,31 +325,30 @@ class ResendJob:
         s.send_frame(codec.encode_frame(t, codec.stream_payload(self.stream_id, self.partition, self.sub)))
 
 
-class WsSession:
-    """One WebSocket connection speaking Streamr v28. ``io`` as in the module docstring; ``peer`` and
-    ``local`` are (host, port); ``peer_loopback`` decides the implicit user without a users file."""
+class WsSession(SessionKernel):
+    """One WebSocket connection speaking Streamr v28, on the session kernel (its states, lifecycle,
+    flow and drain). ``io`` as in the module docstring; ``peer`` and ``local`` are (host, port);
+    ``peer_loopback`` decides the implicit user without a users file."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "ws"
+    INITIAL_STATE = State.OPEN          # the HTTP upgrade was the handshake; auth is per request
+    PENDING_OPS_HIGH = MAX_IN_FLIGHT - 1     # appends in flight past which reading pauses ...
+    PENDING_OPS_LOW = MAX_IN_FLIGHT - 1      # ... and under which it resumes
 
     def __init__(self, shell, io, *, peer=("", 0), local=("", 0), peer_loopback=False):
-        self.shell = shell
-        self.broker = shell.broker
+        super().__init__(shell, io, peer=f"{peer[0]}:{peer[1]}", local=tuple(local), remote=tuple(peer),
+                         peer_loopback=peer_loopback)
         self.auth = self.broker.auth
-        self.io = io
-        self.peer = peer
-        self.local = local
-        self.peer_loopback = peer_loopback
-        self.state = ST_OPEN
-        self.connected_at = self.broker.wall_clock()
+        self.paused_resends = set()    # resends waiting for the transport to drain
         self.subscriptions = {}        # (stream id, partition) -> Fanout
         self.waiting = {}              # (stream id, partition) -> log stream: subscribed, the stream not there yet
         self.resends = set()
         self.last_user = None          # for connection_info
         self._outbox = {}              # log stream -> (stream id, [records]) waiting for the next flush
         self._flush_scheduled = False
-        self._in_flight = 0            # appends sent to the broker, not yet committed
-        self._budget_paused = False    # reading paused by the broker-wide in-flight budget
         self._after_writes = []        # run once every publish accepted so far has committed
         self.published = 0
-        self.broker.register(self)
 
     # ------------------------------------------------------------------------------------- output
 
@@ -372,16 +374,18 @@ class WsSession:
     # -------------------------------------------------------------------------------------- input
 
     def text_received(self, text):
-        """One client text frame (str). Every problem is answered with an error frame; the connection
-        stays usable."""
-        if self.state != ST_OPEN:
-            return
+        """One client text frame (str), through the kernel's entry point (ignored once closing)."""
+        self.data_received(text)
+
+    def _on_bytes(self, text):
+        """One client message: parsed, dispatched through :data:`COMMANDS`. Every problem is answered
+        with an error frame; the connection stays usable."""
         try:
             req = codec.parse_request(text)
-            handler = self.HANDLERS.get(req["type"])
-            if handler is None:
+            command = COMMANDS.get(req["type"])
+            if command is None:
                 raise RequestError(f"Unknown request type: {req['type']}")
-            handler(self, req)
+            command.handler(self, req)
         except RequestError as e:
             if e.reason is not None:
                 _limits.reject(LISTENER, e.reason, str(e)[:200], self.peer)
@@ -412,6 +416,7 @@ class WsSession:
         user = authenticate(self.auth, req.get("authKey") or None, self.peer_loopback)
         if user is not None:
             self.last_user = user
+            self.username = user.name
         return user
 
     def _require(self, req, what, stream, denied):
@@ -422,7 +427,7 @@ class WsSession:
 
     # ----------------------------------------------------------------------------------- requests
 
-    def _subscribe(self, req):
+    def _on_subscribe(self, req):
         stream = codec.request_stream(req)
         p = codec.request_partition(req)
         self._require(req, READ, stream, f"Not authorized to subscribe to stream {stream} and partition {p}")
@@ -474,7 +479,7 @@ class WsSession:
                 self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
         fan.add(self, ready)
 
-    def _unsubscribe(self, req):
+    def _on_unsubscribe(self, req):
         stream = req.get("stream")
         try:
             p = codec.request_partition(req)
@@ -488,7 +493,7 @@ class WsSession:
             fan.remove(self)
         self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, p)))
 
-    def _publish(self, req):
+    def _on_publish(self, req):
         stream, msg, ts, pkey = codec.check_publish(req)
         user = self._require(req, WRITE, stream, f"Not authorized to publish to stream {stream}")
         log_stream = publish_target(self.broker, user, stream, pkey)
@@ -504,30 +509,18 @@ class WsSession:
         self._flush_scheduled = False
         outbox, self._outbox = self._outbox, {}
         for log_stream, (stream, records) in outbox.items():
-            self._in_flight += 1
-            if self._in_flight == MAX_IN_FLIGHT:
-                self.io.pause_reading()
             self.published += len(records)
             missing = not self.broker.has_stream(log_stream)
-            self.broker.append_or_create(log_stream, records, lambda res, exc, s=stream, ls=log_stream,
-                                         n=len(records), m=missing: self._appended(s, ls, n, exc, m))
+            # _later: counted in pending_ops (the drain, and reading pauses past PENDING_OPS_HIGH)
+            self.broker.append_or_create(log_stream, records, self._later(
+                lambda res, exc, s=stream, ls=log_stream, n=len(records), m=missing: self._appended(s, ls, n, exc, m)))
+        if not self._read_paused:
+            self._update_reading()
         if not self._budget_paused:
-            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
-
-    def _budget_pause(self):
-        self._budget_paused = True
-        self.io.pause_reading()
-
-    def _budget_resume(self):
-        self._budget_paused = False
-        if self._in_flight < MAX_IN_FLIGHT:
-            self.io.resume_reading()
+            self._hold_if_over_budget()
 
     def _appended(self, stream, log_stream, n, exc, was_missing=False):
-        self._in_flight -= 1
-        if self._in_flight == MAX_IN_FLIGHT - 1 and not self._budget_paused:
-            self.io.resume_reading()
-        if self._after_writes and not self.pending_ops:
+        if self._after_writes and not self.unsettled:
             waiting, self._after_writes = self._after_writes, []
             for fn in waiting:
                 fn()
@@ -536,13 +529,13 @@ class WsSession:
                 log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
             self.send_error(publish_error(self.broker, stream, log_stream, exc, was_missing, n)[1])
 
-    def _resend(self, req):
+    def _on_resend(self, req):
         stream = codec.request_stream(req)
         p = codec.request_partition(req)
         sub = req.get("sub", "")
         self._require(req, READ, stream, f"Not authorized to request resend from stream {stream} and partition {p}")
         variant = codec.resend_variant(req)
-        if variant is not None and self.pending_ops:
+        if variant is not None and self.unsettled:
             # read-your-writes: a resend sees every publish this connection sent before it
             self._after_writes.append(lambda: self._resend_start(stream, p, sub, variant))
             return
@@ -558,8 +551,6 @@ class WsSession:
         job = ResendJob(self, logs[p], stream, p, sub, variant)
         self.resends.add(job)
         job.start()
-
-    HANDLERS = {"subscribe": _subscribe, "unsubscribe": _unsubscribe, "publish": _publish, "resend": _resend}
 
     # -------------------------------------------------------------------------------- broker side
 
@@ -590,30 +581,33 @@ class WsSession:
     # ---------------------------------------------------------------------------------- lifecycle
 
     @property
-    def pending_ops(self):
-        """Publishes accepted and not yet committed (graceful shutdown waits for them)."""
-        return self._in_flight + sum(len(v[1]) for v in self._outbox.values())
+    def unsettled(self):
+        """Publishes accepted and not yet committed: in flight (the kernel's ``pending_ops``) or still
+        in this turn's outbox (read-your-writes waits for them)."""
+        return self.pending_ops + sum(len(v[1]) for v in self._outbox.values())
 
-    def begin_shutdown(self):
-        """Stop taking requests; what was accepted still commits."""
+    def _on_shutdown(self):
+        """Stop taking requests; what was accepted is handed on now and still commits (the drain)."""
         if self.state == ST_OPEN:
             self.state = ST_CLOSING
+        if self._outbox:
+            self._flush()
 
-    def close_gracefully(self, reason="server shutdown"):
-        if self.state == ST_CLOSED:
-            return
+    def _goodbye(self, reason):
+        """A close frame (1001, going away), then the socket: the WebSocket's goodbye."""
         self.state = ST_CLOSING
         self.io.close(1001, reason)
 
-    def close_by_admin(self, reason="closed via management API"):
-        log.info("%s: closing WebSocket connection: %s", self.peer, reason)
-        self.close_gracefully(reason)
+    def _tails(self):
+        return ()       # live delivery is the shared Fanouts'; a slow reader is bounded in deliver()
 
-    def connection_lost(self):
-        """The connection is gone: end subscriptions and resends. Idempotent."""
-        if self.state == ST_CLOSED:
-            return
-        self.state = ST_CLOSED
+    def _on_writable(self):
+        waiting, self.paused_resends = self.paused_resends, set()
+        for job in waiting:
+            self.io.defer(job.step)
+
+    def _drop_all(self):
+        """The connection is gone: end subscriptions and resends."""
         for fan in self.subscriptions.values():
             fan.remove(self)
         self.subscriptions.clear()
@@ -621,14 +615,14 @@ class WsSession:
         for job in list(self.resends):
             job.done = True
         self.resends.clear()
-        self.broker.unregister(self)
+        self.paused_resends.clear()
 
     def consumer_infos(self):
         """This connection's subscriptions (see the RabbitMQ Stream session's): the subscription id is
         the stream id, with ``#PARTITION`` for a partition other than 0; the offset is its fan-out's (one
         reader per stream-partition, shared by its subscribers); no credits (a byte window).
         Subscriptions whose start is not resolved yet are left out. Loop-thread only."""
-        name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
+        name = self.name
         out = []
         for (stream_id, partition), fan in list(self.subscriptions.items()):
             if fan.ready and fan.tail is not None:
@@ -637,12 +631,14 @@ class WsSession:
                             "reference": None, "offset": fan.tail.offset, "credits": None})
         return out
 
-    def connection_info(self):
-        user = self.last_user.name if self.last_user is not None else ""
-        return {
-            "name": f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}", "protocol": "ws",
-            "peer_host": self.peer[0], "peer_port": self.peer[1], "host": self.local[0], "port": self.local[1],
-            "user": user, "client_properties": {}, "connected_at": self.connected_at,
-            "state": {ST_OPEN: "running", ST_CLOSING: "closing"}.get(self.state, "closed"),
-            "subscriptions": len(self.subscriptions) + len(self.waiting),
-        }
+    def _info(self):
+        return {"subscriptions": len(self.subscriptions) + len(self.waiting)}
+
+
+# request type -> Command(handler _on_<type>, lowest state, name): the Streamr session's dispatch table
+COMMANDS = commands(WsSession, {
+    "subscribe": ("subscribe", State.OPEN),
+    "unsubscribe": ("unsubscribe", State.OPEN),
+    "publish": ("publish", State.OPEN),
+    "resend": ("resend", State.OPEN),
+})

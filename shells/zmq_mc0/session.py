@@ -410,16 +410,24 @@ class McSession(SessionKernel):
 
     # ---------------------------------------------------------------------------------- commands
 
+    @staticmethod
+    def _parsed_header(req, name, parse):
+        """Header ``name`` of ``req`` through ``parse`` (None when absent); RequestError naming it when
+        ``parse`` refuses the value."""
+        raw = req.header(name)
+        if raw is None:
+            return None
+        try:
+            return parse(raw)
+        except ValueError as e:
+            raise RequestError(f"bad {name.decode()} {codec.shown(raw)!r}: {e}", req.id) from None
+
     def _on_noop(self, req):
         return ()
 
     def _on_connect(self, req):
-        ttl = req.header(HDR_TTL)
-        if ttl is not None:
-            try:
-                ms = codec.parse_ms(ttl)
-            except ValueError as e:
-                raise RequestError(f"bad TTL {codec.shown(ttl)!r}: {e}", req.id) from None
+        ms = self._parsed_header(req, HDR_TTL, codec.parse_ms)
+        if ms is not None:
             self.ttl = ms / 1000.0
             self.shell.arm(self)
         return ()
@@ -439,13 +447,7 @@ class McSession(SessionKernel):
 
     def _on_sub(self, req):
         shell, broker = self.shell, self.broker
-        start = None
-        raw = req.header(HDR_OFFSET)
-        if raw is not None:
-            try:
-                start = codec.parse_offset(raw)
-            except ValueError as e:
-                raise RequestError(f"bad X-OFFSET {codec.shown(raw)!r}: {e}", req.id) from None
+        start = self._parsed_header(req, HDR_OFFSET, codec.parse_offset)
         names, started = [], []
         for topic in req.body:
             try:

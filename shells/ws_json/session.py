@@ -81,9 +81,10 @@ def read_messages(broker, log_stream, pos, hi, chunks=RESEND_CHUNKS):
     Raises RiverbedError from the broker's read."""
     out = []
     for chunk_id, raw in broker.read_chunks(log_stream, pos, chunks):
-        if raw[1] == fmt.CHUNK_USER:
+        header = core.read_header(raw)
+        if header[fmt.H_TYPE] == fmt.CHUNK_USER:
             out += chunk_messages(chunk_id, raw, pos, hi)
-        pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+        pos = chunk_id + (header[fmt.H_RECORDS] or 1)
         if pos > hi:
             break
     return out, pos

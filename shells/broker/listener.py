@@ -74,8 +74,8 @@ class SessionProtocol(asyncio.Protocol):
     def writelines(self, parts):
         self.transport.writelines(parts)
 
-    def close(self):
-        self.transport.close()
+    def close(self, code=None, reason=""):
+        self.transport.close()      # TCP has no close code: the protocol said its goodbye already
 
     def abort(self, internal=False):
         if internal:
@@ -100,8 +100,12 @@ class SessionProtocol(asyncio.Protocol):
 class TcpListener:
     """One TCP listener of a shell over the shared :class:`~riverbed.shells.broker.core.Broker`.
 
-    ``session_factory(io, *, peer, local, remote, peer_loopback)`` builds a session per connection
-    (``local``/``remote`` are (host, port)). ``port`` is the bound port once :meth:`start` returned
+    A protocol's listener names its ``session_class`` (a
+    :class:`~riverbed.shells.broker.session.SessionKernel`) and passes its ``shell`` (the state the
+    connections of one listener share): each connection gets ``session_class(shell, io, peer=...,
+    local=..., remote=..., peer_loopback=..., **session_options())``; or pass a ``session_factory(io, *,
+    peer, local, remote, peer_loopback)``. ``local``/``remote`` are (host, port). A shell that has
+    ``start()`` / ``close()`` gets them once bound / after the shutdown drain. ``port`` is the bound port once :meth:`start` returned
     (useful with port 0). ``ssl``, an ``ssl.SSLContext`` (see :mod:`riverbed.shells.tls`), makes it a
     TLS listener: a session is built only once the handshake succeeded, and a client that fails it (a
     plaintext client) is closed and logged in one line (:class:`riverbed.shells.tls.TlsServer`).
@@ -109,10 +113,12 @@ class TcpListener:
     """
 
     name = "tcp"
+    session_class = None
 
-    def __init__(self, broker, session_factory, *, host="127.0.0.1", port=0, name=None, ssl=None):
+    def __init__(self, broker, session_factory=None, *, shell=None, host="127.0.0.1", port=0, name=None, ssl=None):
         self.broker = broker
-        self.session_factory = session_factory
+        self.shell = shell
+        self.session_factory = session_factory or self._new_session
         self.host = host
         self.port = port
         self.ssl = ssl
@@ -136,7 +142,17 @@ class TcpListener:
                                                     self.name, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+        start = getattr(self.shell, "start", None)
+        if start is not None:
+            start()
         return self
+
+    def _new_session(self, io, **where):
+        return self.session_class(self.shell, io, **where, **self.session_options())
+
+    def session_options(self):
+        """Keyword arguments every session of this listener gets besides where it is (default none)."""
+        return {}
 
     def sessions(self):
         return [p.session for p in list(self.protocols) if p.session is not None]
@@ -158,4 +174,7 @@ class TcpListener:
             p.transport.abort()
         if self._ticker is not None:
             self._ticker.cancel()
+        close = getattr(self.shell, "close", None)
+        if close is not None:
+            close()
         await asyncio.sleep(0)

@@ -25,9 +25,12 @@ method ``_on_<name in snake_case>`` (checked when the table is built). A request
 
 The io contract (what a session calls; every transport adapter implements it)::
 
-    io.write(data)              # bytes-like; queued by the transport, never blocks
-    io.writelines(parts)        # a list of bytes-likes, in order
-    io.close()                  # flush what is queued, then close (idempotent)
+    io.write(data)              # one unit of output, queued by the transport, never blocks: bytes on a
+                                #   stream (TCP); one message on a message transport (WebSocket: str or
+                                #   bytes; ZeroMQ: a list of frames, sent to this session's identity)
+    io.writelines(units)        # several, in order (TCP: one syscall; a message transport: one each)
+    io.close(code=None, reason="")  # flush what is queued, then close (idempotent); code/reason for a
+                                #   transport that has them (WebSocket 1001 "going away"), else ignored
     io.abort(internal=False)    # drop at once, discarding what is queued; internal=True: a session bug
     io.pause_reading()          # stop delivering input to data_received (idempotent)
     io.resume_reading()
@@ -36,8 +39,9 @@ The io contract (what a session calls; every transport adapter implements it)::
 
 and what the adapter calls (all on the loop thread; wrap each in :meth:`SessionKernel.guard`)::
 
-    session.data_received(data)     # bytes from the peer (a datagram-style transport hands one
-                                    # message's bytes; a stream transport any slice of the stream)
+    session.data_received(data)     # input: any slice of the byte stream (TCP), or one message as the
+                                    # transport has it (a WebSocket str/bytes, a ZeroMQ list of frames);
+                                    # the protocol's _received(data) frames and dispatches it
     session.pause_writing()         # the transport's output is over its high mark (back-pressure) ...
     session.resume_writing()        # ... and back under its low mark
     session.connection_lost()       # the peer is gone (or the adapter closed it); idempotent
@@ -48,10 +52,15 @@ and what the adapter calls (all on the loop thread; wrap each in :meth:`SessionK
     session.close_by_admin(reason)  # the management API's DELETE /api/connections/{name}
     session.peer                    # "host:port" (or an identity), for logs
 
-A datagram/identity transport (a ZeroMQ ROUTER: one session per identity) implements ``write``
-as a send to that identity, ``pause_reading`` as dropping that identity's input until resumed (or
-queueing it), and reports a full pipe with ``pause_writing``; a message transport (a WebSocket) writes
-each ``write`` as one message. Nothing here knows sockets: sessions run under a fake io in tests
+How the other transports adapt: a ZeroMQ ROUTER has one session per identity (built on its first
+message, kept in a dict by the adapter): ``write`` sends to that identity with ``NOBLOCK``, a full pipe
+(BLOCKED) calls ``pause_writing`` and the adapter calls ``resume_writing`` when the socket polls
+writable again, a vanished peer (GONE) is ``connection_lost``; ``pause_reading`` keeps that identity's
+messages queued in the adapter until ``resume_reading``. An aiohttp WebSocket adapter writes each unit
+with ``send_str``/``send_bytes`` (no await: the transport buffers), calls ``pause_writing`` when the
+transport's write buffer passes its high mark (``transport.get_write_buffer_size()``, checked after
+each write) and ``resume_writing`` below the low mark (checked on drain), and maps ``pause_reading`` to
+not awaiting the next ``receive()``. Nothing here knows sockets: sessions run under a fake io in tests
 (``tests/shells/harness.py``), whose ``abort`` and ``call_later`` the kernel never needs for a plain
 run (``call_later`` is optional: the kernel's own timers run on :meth:`~SessionKernel.tick`).
 
@@ -116,7 +125,7 @@ class SessionKernel:
     """The lifecycle every protocol session shares; a protocol subclasses it and adds its commands.
 
     A subclass sets ``LISTENER`` (its metric label), ``PROTOCOL`` (the management API's protocol name),
-    its ``COMMANDS`` table (module level), and implements :meth:`_on_bytes` (framing and dispatch). It
+    its ``COMMANDS`` table (module level), and implements :meth:`_received` (framing and dispatch). It
     may override the hooks (each documented where it is defined): :meth:`_handshake_timeout`,
     :meth:`_idle_timeout`, :meth:`_heartbeat_interval`/:meth:`_heartbeat_frame`, :meth:`_on_tick`,
     :meth:`_outgoing`, :meth:`_backlogged`/:meth:`_drained`, :meth:`_reading_resumed`,
@@ -138,7 +147,8 @@ class SessionKernel:
         self.io = io
         self.peer = peer
         self.local = local or (None, 0)
-        self.remote = remote or (peer.rpartition(":")[0] or peer, 0)
+        # "host:port" by default; an identity transport (ZeroMQ) passes what it has as remote
+        self.remote = remote or ((peer.rpartition(":")[0] or peer) if isinstance(peer, str) else repr(peer), 0)
         self.peer_loopback = peer_loopback
         self.state = self.INITIAL_STATE
         now = broker.clock()
@@ -173,23 +183,25 @@ class SessionKernel:
             self.state = State.CLOSED
             try:
                 self._release()
-            finally:
-                self.io.abort(internal=True)
+            except Exception:
+                log.exception("%s: internal error while releasing", self.peer)
+            self.io.abort(internal=True)
 
     def data_received(self, data):
-        """Bytes from the peer: framed and dispatched by :meth:`_on_bytes`; then the budgets are checked
+        """Input from the peer: framed and dispatched by :meth:`_received`; then the budgets are checked
         (a read that published may stop this connection's reading)."""
         if self.state >= State.CLOSING:
             return              # closed, or holding a refusal before closing: the peer's input is moot
         self.last_recv = self.broker.clock()
         budget = self.broker.inflight
         before = budget.used
-        self._on_bytes(data)
+        self._received(data)
         if budget.used > before and self.state < State.CLOSED:
             self._after_publish()
 
-    def _on_bytes(self, data):
-        """Frame ``data`` and dispatch each request (the protocol's part)."""
+    def _received(self, data):
+        """Frame ``data`` (a slice of the stream, or one message) and dispatch each request through the
+        protocol's ``COMMANDS`` (the protocol's part)."""
         raise NotImplementedError
 
     def pause_writing(self):

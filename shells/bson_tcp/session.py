@@ -97,7 +97,7 @@ class BsonSession(AdminCommands, SessionKernel):
 
     # ------------------------------------------------------------------------------------ input
 
-    def _on_bytes(self, data):
+    def _received(self, data):
         buf = self._buf
         if buf:
             buf += data

@@ -103,7 +103,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         """Requests accepted and not answered yet: in flight or queued behind others (shutdown waits)."""
         return self._running + len(self.queue)
 
-    def _on_bytes(self, data):
+    def _received(self, data):
         if self._stop_reading:
             return
         self.buf += data

@@ -134,7 +134,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
 
     # ------------------------------------------------------------------------------- input and output
 
-    def _on_bytes(self, data):
+    def _received(self, data):
         """Bytes from the peer (the kernel's ``data_received``): every complete frame, then the replies."""
         buf = self._buf
         if buf:

@@ -16,36 +16,18 @@ from riverbed.shells.ream_text.session import ReamSession
 from riverbed.shells.rmq_stream.session import COMMANDS as RMQ_COMMANDS
 from riverbed.shells.rmq_stream.session import RmqStreamSession
 
-from .harness import Loop
+from .harness import FakeIO, Loop
 
 
-class AbortingIO:
-    """FakeIO's contract plus ``abort``, which the kernel's guard uses."""
+class AbortingIO(FakeIO):
+    """FakeIO plus ``abort``, which the kernel's guard uses; deferred calls run at once."""
 
     def __init__(self):
-        self.out = bytearray()
-        self.closed = False
+        super().__init__()
         self.aborted = None
-        self.reading = True
-
-    def write(self, data):
-        self.out += data
-
-    def writelines(self, parts):
-        for p in parts:
-            self.out += p
-
-    def close(self):
-        self.closed = True
 
     def abort(self, internal=False):
         self.aborted = internal
-
-    def pause_reading(self):
-        self.reading = False
-
-    def resume_reading(self):
-        self.reading = True
 
     def defer(self, fn, *args):
         fn(*args)
@@ -61,7 +43,7 @@ class Echo(SessionKernel):
     PROTOCOL = "echo"
     subscriptions = {}
 
-    def _on_bytes(self, data):
+    def _received(self, data):
         for line in bytes(data).split(b"\n"):
             if not line:
                 continue

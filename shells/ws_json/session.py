@@ -378,7 +378,7 @@ class WsSession(SessionKernel):
         """One client text frame (str), through the kernel's entry point (ignored once closing)."""
         self.data_received(text)
 
-    def _on_bytes(self, text):
+    def _received(self, text):
         """One client message: parsed, dispatched through :data:`COMMANDS`. Every problem is answered
         with an error frame; the connection stays usable."""
         try:

@@ -182,7 +182,7 @@ class McSession(SessionKernel):
 
     # ------------------------------------------------------------------------------- kernel hooks
 
-    def _on_bytes(self, frames):
+    def _received(self, frames):
         self.message_received(frames, self.last_recv)
 
     def _send(self, frames):

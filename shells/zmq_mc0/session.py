@@ -182,9 +182,6 @@ class McSession(SessionKernel):
 
     # ------------------------------------------------------------------------------- kernel hooks
 
-    def _received(self, frames):
-        self.message_received(frames, self.last_recv)
-
     def _send(self, frames):
         self.send(frames)
         self.last_sent = self.shell.now    # even when held: the peer is not reading anyway
@@ -335,11 +332,11 @@ class McSession(SessionKernel):
 
     # ------------------------------------------------------------------------------ request order
 
-    def message_received(self, frames, now):
-        """One message from the peer (the frames after the routing identity): parsed, then dispatched
-        through :data:`COMMANDS` in the client's order (PUTs at once, into the turn's batch; the rest
-        wait behind uncommitted PUTs). A message that does not parse is answered with ERROR, in order."""
-        self.last_recv = now
+    def _received(self, frames):
+        """One message from the peer (the frames after the routing identity; the kernel's input hook):
+        parsed, then dispatched through :data:`COMMANDS` in the client's order (PUTs at once, into the
+        turn's batch; the rest wait behind uncommitted PUTs). A message that does not parse is answered
+        with ERROR, in order."""
         try:
             req = self.shell.parse(frames)
         except RequestError as e:
@@ -349,7 +346,7 @@ class McSession(SessionKernel):
         self.request(req)
 
     def request(self, req):
-        """Dispatch a parsed request (see :meth:`message_received`)."""
+        """Dispatch a parsed request (see :meth:`_received`)."""
         self.messages_in += 1
         if req.verb == VERB_PUT:
             self._on_put(req)

@@ -19,13 +19,13 @@ from aiohttp import WSCloseCode, WSMsgType, web
 from riverbed.shells import tls as _tls
 from riverbed.shells.auth import is_loopback
 from riverbed.shells.broker import limits as _limits
-from riverbed.shells.broker.session import drain
+from riverbed.shells.broker.session import State, drain
 from riverbed.shells.broker.stats import ERR_WEBSOCKET
 from riverbed.shells.http.server import body_limit
 from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json.rest import RestApi, error_response
 from riverbed.shells.ws_json.session import (
-    DEFAULT_SEND_BUFFER_MAX, RESEND_HIGH_WATER, ST_CLOSED, WsSession, WsShell,
+    DEFAULT_SEND_BUFFER_MAX, RESEND_HIGH_WATER, WsSession, WsShell,
 )
 
 log = logging.getLogger("riverbed.ws")
@@ -85,7 +85,7 @@ class WsIO:
         finally:
             self._drain_task = None
         s = self.session
-        if s is not None and s.state < ST_CLOSED:
+        if s is not None and s.state < State.CLOSED:
             s.guard(s.resume_writing)
 
     def buffer_size(self):
@@ -214,7 +214,7 @@ class WsJsonServer:
                     break
                 else:      # CLOSE, CLOSING, CLOSED
                     break
-                if session.state == ST_CLOSED:      # dropped (send buffer over its bound)
+                if session.state == State.CLOSED:      # dropped (send buffer over its bound)
                     break
         finally:
             session.connection_lost()

@@ -49,7 +49,7 @@ RESEND_HIGH_WATER = 1 << 20          # unsent bytes past which the transport say
 RESEND_CHUNKS = 16                   # chunks one resend step reads before yielding to other work
 MAX_IN_FLIGHT = 32                   # appends of one connection not yet committed before it stops reading
 
-ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED   # the kernel's states
+ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED   # names of issue 10 (tests)
 
 
 def chunk_messages(chunk_id, raw, start, stop=None):
@@ -284,7 +284,7 @@ class ResendJob:
 
     def step(self):
         s = self.session
-        if self.done or s.state == ST_CLOSED:
+        if self.done or s.state == State.CLOSED:
             self.done = True
             return
         if s._write_paused:        # the transport is over its high mark: on until it drains (_on_writable)
@@ -320,7 +320,7 @@ class ResendJob:
         self.done = True
         s = self.session
         s.resends.discard(self)
-        if s.state == ST_CLOSED:
+        if s.state == State.CLOSED:
             return
         t = codec.TYPE_RESENT if self.sent_any else codec.TYPE_NO_RESEND
         s.send_frame(codec.encode_frame(t, codec.stream_payload(self.stream_id, self.partition, self.sub)))
@@ -355,7 +355,7 @@ class WsSession(SessionKernel):
 
     def send_frame(self, text):
         """Write one server frame (JSON text)."""
-        if self.state != ST_CLOSED:
+        if self.state != State.CLOSED:
             self.io.write(codec.ws_text_frame(text))
 
     def send_error(self, payload):
@@ -363,7 +363,7 @@ class WsSession(SessionKernel):
 
     def deliver(self, data):
         """Live frames from a Fanout: written, then the send-buffer bound is checked."""
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         self.io.write(data)
         if self.io.buffer_size() > self.shell.send_buffer_max:
@@ -459,7 +459,7 @@ class WsSession(SessionKernel):
         self._subscribe_ready(stream, p, log_stream, None)
 
     def _subscribe_ready(self, stream, p, log_stream, exc):
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         if exc is not None:
             self.send_error(f"Stream {stream} not found." if isinstance(exc, StreamNotFound)
@@ -476,7 +476,7 @@ class WsSession(SessionKernel):
         self.subscriptions[key] = fan
 
         def ready():
-            if self.state != ST_CLOSED and self.subscriptions.get(key) is fan:
+            if self.state != State.CLOSED and self.subscriptions.get(key) is fan:
                 self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
         fan.add(self, ready)
 
@@ -525,7 +525,7 @@ class WsSession(SessionKernel):
             waiting, self._after_writes = self._after_writes, []
             for fn in waiting:
                 fn()
-        if exc is not None and self.state != ST_CLOSED:
+        if exc is not None and self.state != State.CLOSED:
             if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
                 log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
             self.send_error(publish_error(self.broker, stream, log_stream, exc, was_missing, n)[1])
@@ -543,7 +543,7 @@ class WsSession(SessionKernel):
         self._resend_start(stream, p, sub, variant)
 
     def _resend_start(self, stream, p, sub, variant):
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         logs = log_streams(self.broker, stream)
         if variant is None or p >= len(logs) or not self.broker.has_stream(logs[p]):
@@ -557,14 +557,14 @@ class WsSession(SessionKernel):
 
     def subscription_gone(self, stream, partition):
         """The log stream behind a subscription was deleted: tell the client it is unsubscribed."""
-        if self.subscriptions.pop((stream, partition), None) is not None and self.state != ST_CLOSED:
+        if self.subscriptions.pop((stream, partition), None) is not None and self.state != State.CLOSED:
             self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, partition)))
 
     def stream_created(self, name):
         """The broker says log stream ``name`` now exists: subscriptions waiting for it start at its first
         record (everything in it was published after they subscribed)."""
         for key, log_stream in list(self.waiting.items()):
-            if log_stream != name or self.state == ST_CLOSED:
+            if log_stream != name or self.state == State.CLOSED:
                 continue
             del self.waiting[key]
             fan = self.shell.fanout(key[0], key[1], name, from_first=True)
@@ -589,14 +589,14 @@ class WsSession(SessionKernel):
 
     def _on_shutdown(self):
         """Stop taking requests; what was accepted is handed on now and still commits (the drain)."""
-        if self.state == ST_OPEN:
-            self.state = ST_CLOSING
+        if self.state == State.OPEN:
+            self.state = State.CLOSING
         if self._outbox:
             self._flush()
 
     def _goodbye(self, reason):
         """A close frame (1001, going away), then the socket: the WebSocket's goodbye."""
-        self.state = ST_CLOSING
+        self.state = State.CLOSING
         self.io.close(1001, reason)
 
     def _tails(self):

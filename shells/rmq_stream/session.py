@@ -1,12 +1,10 @@
-"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role).
-
-It takes bytes (``data_received``), clock ticks (``tick``) and flow-control signals, and it emits bytes
-and actions through a small ``io`` object (``write``/``writelines``/``close``/``pause_reading``/
-``resume_reading``/``defer``). Storage is reached only through the shared broker layer; the RabbitMQ
-specifics shared by the connections of a listener (settings, single-active-consumer groups) are in
-:class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
-consuming ones in ``consume.py``; this module has the connection itself: framing, handshake, lifecycle,
-stream administration and the dispatch table.
+"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role), on the
+session kernel (:mod:`riverbed.shells.broker.session`), which owns the io contract, the states, the
+lifecycle, heartbeats and flow control. Storage is reached only through the shared broker layer; the
+RabbitMQ specifics shared by the connections of a listener (settings, single-active-consumer groups)
+are in :class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
+consuming ones in ``consume.py``; this module has the framing, the handshake and stream administration
+commands, the RabbitMQ error rendering and the dispatch table (:data:`COMMANDS`).
 
 Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
 

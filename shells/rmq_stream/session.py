@@ -265,10 +265,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         may still take), ``properties`` (the Subscribe properties), ``active`` and ``activity_status`` (as
         RabbitMQ: ``up``, or ``single_active`` / ``waiting`` for a single active consumer). Subscriptions
         still resolving their start are left out. Loop-thread only."""
-        return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units,
-                 "properties": dict(sub.properties), "active": sub.sac in (SAC_NONE, SAC_ACTIVE),
-                 "activity_status": _ACTIVITY.get(sub.sac, "waiting")}
+        return [self._consumer_info(sub.stream, sub.sub_id, sub.tail.offset, sub.sac_name, sub.tail.units,
+                                    properties=dict(sub.properties), active=sub.sac in (SAC_NONE, SAC_ACTIVE),
+                                    activity_status=_ACTIVITY.get(sub.sac, "waiting"))
                 for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
 
     def publisher_infos(self):

@@ -38,18 +38,24 @@ class SessionProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         local = transport.get_extra_info("sockname") or (None, 0)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
-        self.session = self.listener.session_factory(
-            self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
-            peer_loopback=_auth.is_loopback(peer[0]))
-        self.listener.protocols.add(self)
         self.listener.stats.connections_total += 1     # metrics
+        try:
+            self.session = self.listener.session_factory(
+                self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
+                peer_loopback=_auth.is_loopback(peer[0]))
+        except Exception:  # a bug in a session's set-up costs this connection only, as one in its life
+            log.exception("%s:%s: internal error while setting up a session; closing the connection", *peer[:2])
+            self.abort(internal=True)
+            return
+        self.listener.protocols.add(self)
 
     def data_received(self, data):
         stats = self.listener.stats     # metrics: two int updates per read, no lock (loop thread)
         stats.reads += 1
         stats.bytes_in += len(data)
         session = self.session
-        session.guard(session.data_received, data)
+        if session is not None:
+            session.guard(session.data_received, data)
 
     def eof_received(self):
         return False
@@ -62,10 +68,12 @@ class SessionProtocol(asyncio.Protocol):
             self.session.guard(self.session.connection_lost)
 
     def pause_writing(self):
-        self.session.guard(self.session.pause_writing)
+        if self.session is not None:
+            self.session.guard(self.session.pause_writing)
 
     def resume_writing(self):
-        self.session.guard(self.session.resume_writing)
+        if self.session is not None:
+            self.session.guard(self.session.resume_writing)
 
     # the session's io
     def write(self, data):

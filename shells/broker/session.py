@@ -464,9 +464,18 @@ class SessionKernel:
         return {}
 
     def consumer_infos(self):
-        """This connection's subscriptions for the dashboard and ``/api/stream/consumers`` (see the
-        RabbitMQ Stream session's for the fields). Loop-thread only."""
+        """This connection's subscriptions for the dashboard and ``/api/stream/consumers``: a list of
+        :meth:`_consumer_info` dicts (see the RabbitMQ Stream session's for the fields). Loop-thread only."""
         return []
+
+    def _consumer_info(self, stream, subscription_id, offset, reference=None, credits=None, **extra):
+        """One entry of :meth:`consumer_infos`: ``offset`` is the next offset to deliver, ``reference``
+        the consumer's name (None without one), ``credits`` what the client may still take (None for a
+        protocol without credits); ``extra`` are the protocol's own fields."""
+        info = {"stream": stream, "protocol": self.PROTOCOL, "connection": self.name,
+                "subscription_id": subscription_id, "reference": reference, "offset": offset, "credits": credits}
+        info.update(extra)
+        return info
 
     def stream_deleted(self, name):
         """The broker deleted stream ``name`` (any protocol). Default: nothing to do."""

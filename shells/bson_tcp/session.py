@@ -263,8 +263,7 @@ class BsonSession(AdminCommands, SessionKernel):
     def consumer_infos(self):
         """This connection's SUBSCRIBEs (see the RabbitMQ Stream session's): the reference is the durable
         subscription's name (None for a plain one); no credits (a byte window). Loop-thread only."""
-        return [{"stream": sub.channel, "protocol": "bson", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.durable_ref, "offset": sub.tail.offset, "credits": None}
+        return [self._consumer_info(sub.channel, sub.sub_id, sub.tail.offset, sub.durable_ref)
                 for sub in list(self.subscriptions.values())]
 
     def _info(self):

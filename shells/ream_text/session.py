@@ -165,8 +165,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
                 continue
             offset = sub.tail.offset if sub.tail is not None else sub.start
             if offset is not None:
-                out.append({"stream": stream, "protocol": "ream", "connection": self.name, "subscription_id": stream,
-                            "reference": None, "offset": offset, "credits": None})
+                out.append(self._consumer_info(stream, stream, offset))
         return out
 
     def stream_deleted(self, name):

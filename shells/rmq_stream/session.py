@@ -1,12 +1,10 @@
-"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role).
-
-It takes bytes (``data_received``), clock ticks (``tick``) and flow-control signals, and it emits bytes
-and actions through a small ``io`` object (``write``/``writelines``/``close``/``pause_reading``/
-``resume_reading``/``defer``). Storage is reached only through the shared broker layer; the RabbitMQ
-specifics shared by the connections of a listener (settings, single-active-consumer groups) are in
-:class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
-consuming ones in ``consume.py``; this module has the connection itself: framing, handshake, lifecycle,
-stream administration and the dispatch table.
+"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role), on the
+session kernel (:mod:`riverbed.shells.broker.session`), which owns the io contract, the states, the
+lifecycle, heartbeats and flow control. Storage is reached only through the shared broker layer; the
+RabbitMQ specifics shared by the connections of a listener (settings, single-active-consumer groups)
+are in :class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
+consuming ones in ``consume.py``; this module has the framing, the handshake and stream administration
+commands, the RabbitMQ error rendering and the dispatch table (:data:`COMMANDS`).
 
 Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
 
@@ -267,10 +265,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         may still take), ``properties`` (the Subscribe properties), ``active`` and ``activity_status`` (as
         RabbitMQ: ``up``, or ``single_active`` / ``waiting`` for a single active consumer). Subscriptions
         still resolving their start are left out. Loop-thread only."""
-        return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units,
-                 "properties": dict(sub.properties), "active": sub.sac in (SAC_NONE, SAC_ACTIVE),
-                 "activity_status": _ACTIVITY.get(sub.sac, "waiting")}
+        return [self._consumer_info(sub.stream, sub.sub_id, sub.tail.offset, sub.sac_name, sub.tail.units,
+                                    properties=dict(sub.properties), active=sub.sac in (SAC_NONE, SAC_ACTIVE),
+                                    activity_status=_ACTIVITY.get(sub.sac, "waiting"))
                 for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
 
     def publisher_infos(self):

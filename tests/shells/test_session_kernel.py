@@ -184,3 +184,41 @@ def test_the_drain_waits_for_pending_ops_then_closes_gracefully(loop):
         return left
     assert asyncio.run(run()) == []
     assert bytes(io.out).endswith(b"late answer\n") and io.closed and not io.reading
+
+
+def test_the_tcp_adapter_contains_a_bug_in_a_session_or_its_set_up(loop):
+    """Over a real socket: a session that raises (in a command, or while it is built) costs its own
+    connection (closed, counted as an internal error), and the listener serves the next one."""
+    from riverbed.shells.broker import TcpListener
+
+    def factory(io, **where):
+        if len(built) == 1:
+            built.append(None)
+            raise RuntimeError("a bug in set-up")
+        built.append(Echo(Shell(loop.broker), io, **where))
+        return built[-1]
+    built = []
+
+    async def talk(port, data):
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(data)
+        got = await asyncio.wait_for(r.read(), 5)       # to EOF: the server closed or aborted
+        w.close()
+        return got
+
+    async def run():
+        lst = TcpListener(loop.broker, factory, name="echo-test")
+        await lst.start()
+        try:
+            crashed = await talk(lst.port, b"LOGIN\nCRASH\n")
+            refused = await talk(lst.port, b"LOGIN\n")
+            r, w = await asyncio.open_connection("127.0.0.1", lst.port)
+            w.write(b"LOGIN\nPING\n")
+            ok = await asyncio.wait_for(r.readexactly(len(b"ok LOGIN\nok PING\n")), 5)
+            w.close()
+            return crashed, refused, ok, dict(lst.stats.errors)
+        finally:
+            await lst.shutdown(drain_timeout=1)
+    crashed, refused, ok, errors = asyncio.run(run())
+    assert refused == b"" and ok == b"ok LOGIN\nok PING\n"
+    assert errors.get("internal") == 2

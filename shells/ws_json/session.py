@@ -623,14 +623,10 @@ class WsSession(SessionKernel):
         the stream id, with ``#PARTITION`` for a partition other than 0; the offset is its fan-out's (one
         reader per stream-partition, shared by its subscribers); no credits (a byte window).
         Subscriptions whose start is not resolved yet are left out. Loop-thread only."""
-        name = self.name
-        out = []
-        for (stream_id, partition), fan in list(self.subscriptions.items()):
-            if fan.ready and fan.tail is not None:
-                out.append({"stream": fan.log_stream, "protocol": "ws", "connection": name,
-                            "subscription_id": stream_id if not partition else f"{stream_id}#{partition}",
-                            "reference": None, "offset": fan.tail.offset, "credits": None})
-        return out
+        return [self._consumer_info(fan.log_stream, stream_id if not partition else f"{stream_id}#{partition}",
+                                    fan.tail.offset)
+                for (stream_id, partition), fan in list(self.subscriptions.items())
+                if fan.ready and fan.tail is not None]
 
     def _info(self):
         return {"subscriptions": len(self.subscriptions) + len(self.waiting)}

@@ -224,15 +224,18 @@ class McSession(SessionKernel):
         for sub in list(self.subs.values()):
             offset = sub.tail.offset if sub.tail is not None else sub.start
             if offset is not None:
-                out.append({"stream": sub.name, "protocol": "zmq", "connection": f"zmq {self.identity.hex()}",
-                            "subscription_id": sub.topic.decode("utf-8", "replace"), "reference": None,
-                            "offset": offset, "credits": None})
+                out.append(self._consumer_info(sub.name, sub.topic.decode("utf-8", "replace"), offset))
         return out
+
+    @property
+    def name(self):
+        """A ZeroMQ peer is known by its routing identity."""
+        return f"zmq {self.identity.hex()}"
 
     def connection_info(self):
         host, port = self.shell.address_of(self.identity)
         return {
-            "name": f"zmq {self.identity.hex()}",
+            "name": self.name,
             "protocol": "zmq",
             "peer_host": host,
             "peer_port": port,

@@ -129,8 +129,8 @@ class SessionKernel:
     may override the hooks (each documented where it is defined): :meth:`_handshake_timeout`,
     :meth:`_idle_timeout`, :meth:`_heartbeat_interval`/:meth:`_heartbeat_frame`, :meth:`_on_tick`,
     :meth:`_outgoing`, :meth:`_backlogged`/:meth:`_drained`, :meth:`_reading_resumed`,
-    :meth:`_tails`, :meth:`_on_writable`, :meth:`_on_shutdown`, :meth:`_before_close`,
-    :meth:`_drop_all`, :meth:`_info`. Loop thread only; never raises out of the io entry points for bad
+    :meth:`_tails`, :meth:`_on_writable`, :meth:`_on_shutdown`, :meth:`_goodbye`, :meth:`_before_close`,
+    :meth:`_drop_all`, :meth:`_info`; it builds its management rows with :meth:`_consumer_info`. Loop thread only; never raises out of the io entry points for bad
     input (the subclass renders it as a protocol error).
     """
 

@@ -16,7 +16,7 @@ class KafkaServer(TcpListener):
                  advertised_port=None):
         self.shell = KafkaShell(broker, advertised_host=advertised_host, advertised_port=advertised_port,
                                 call_later=self._call_later)
-        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
+        super().__init__(broker, self._new_session, shell=self.shell, host=host, port=port, ssl=ssl)
 
     def _new_session(self, io, *, peer, local, remote, peer_loopback):
         return KafkaSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)

@@ -87,6 +87,24 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     # ------------------------------------------------------------------------------- the listener's side
 
+    def guard(self, fn, *args):
+        """Run ``fn(*args)``; a bug in it costs this connection only: logged, released, and the transport
+        aborted (``io.abort(internal=True)``). The listener routes every call in here."""
+        try:
+            return fn(*args)
+        except Exception:  # a bug must cost this connection only, never the server
+            log.exception("%s: internal error; closing the Kafka connection", self.peer)
+            try:
+                self.connection_lost()
+            except Exception:
+                log.exception("%s: internal error while releasing", self.peer)
+            self._closed = True
+            abort = getattr(self.io, "abort", None)
+            if abort is not None:
+                abort(internal=True)
+            else:
+                self.io.close()
+
     def data_received(self, data):
         if self._closed or self._shutting_down:
             return

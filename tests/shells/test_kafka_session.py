@@ -383,3 +383,16 @@ def test_list_offsets_by_time_decodes_a_bounded_number_of_records(h, monkeypatch
     monkeypatch.setattr(S, "TIME_SCAN_BUDGET", 30)
     parts = c.call(C.API_LIST_OFFSETS, 6, body)["topics"][0]["partitions"]
     assert [(p["offset"], p["timestamp"]) for p in parts] == [(25, 205), (0, -1)]
+
+
+def test_a_bug_in_a_handler_costs_that_connection_only(h, monkeypatch):
+    from riverbed.shells.kafka import session as S
+
+    def broken(session, hdr, req):
+        raise RuntimeError("a bug")
+    a, b = h.connect(), h.connect()
+    monkeypatch.setitem(S.COMMANDS, C.API_LIST_GROUPS, broken)
+    a.s.guard(a.s.data_received, C.encode_request(C.API_LIST_GROUPS, 4, 1, "t", {"states_filter": []}))
+    assert a.io.closed or getattr(a.io, "aborted", False)
+    assert a.s not in h.broker.sessions
+    assert b.call(C.API_METADATA, 1, {"topics": None})["brokers"]

@@ -45,11 +45,11 @@ def _retention_ms(max_age):
 
 
 class AdminCommands:
-    """Handlers ``(self, hdr, req)``; ``self`` is a KafkaSession."""
+    """Handlers ``_on_<api>(self, hdr, req)``; ``self`` is a KafkaSession."""
 
     # ------------------------------------------------------------------------------------- DeleteTopics
 
-    def delete_topics(self, hdr, req):
+    def _on_delete_topics(self, hdr, req):
         slot = self._slot()
         results = []
         todo = []
@@ -89,7 +89,7 @@ class AdminCommands:
 
     # --------------------------------------------------------------------------------- CreatePartitions
 
-    def create_partitions(self, hdr, req):
+    def _on_create_partitions(self, hdr, req):
         slot = self._slot()
         results = []
         steps = []
@@ -155,7 +155,7 @@ class AdminCommands:
 
     # ---------------------------------------------------------------------------------- DescribeConfigs
 
-    def describe_configs(self, hdr, req):
+    def _on_describe_configs(self, hdr, req):
         results = []
         for r in req["resources"]:
             res = {"error_code": 0, "error_message": None, "resource_type": r["resource_type"],
@@ -193,7 +193,7 @@ class AdminCommands:
 
     # ----------------------------------------------------------------------------------- InitProducerId
 
-    def init_producer_id(self, hdr, req):
+    def _on_init_producer_id(self, hdr, req):
         if req["transactional_id"] is not None:
             self._reply(hdr, {"throttle_time_ms": 0, "error_code": ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                               "producer_id": -1, "producer_epoch": -1})

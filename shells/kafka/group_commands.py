@@ -15,28 +15,28 @@ from riverbed.shells.kafka.shell import NODE_ID
 
 
 class GroupCommands:
-    """Handlers ``(self, hdr, req)`` for the group APIs; ``self`` is a KafkaSession."""
+    """Handlers ``_on_<api>(self, hdr, req)`` for the group APIs; ``self`` is a KafkaSession."""
 
     def _group_reply(self, hdr):
         slot = self._slot()
         return lambda body: self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id,
                                          dict(body, throttle_time_ms=0))
 
-    def find_coordinator(self, hdr, req):
+    def _on_find_coordinator(self, hdr, req):
         b = self._broker_entry()
         self._reply(hdr, {"throttle_time_ms": 0, "error_code": 0, "error_message": None, "node_id": NODE_ID,
                           "host": b["host"], "port": b["port"]})
 
-    def join_group(self, hdr, req):
+    def _on_join_group(self, hdr, req):
         self.shell.groups.join(req, hdr.version, self.client_id, "/" + str(self.remote[0]), self._group_reply(hdr))
 
-    def sync_group(self, hdr, req):
+    def _on_sync_group(self, hdr, req):
         self.shell.groups.sync(req, self._group_reply(hdr))
 
-    def heartbeat(self, hdr, req):
+    def _on_heartbeat(self, hdr, req):
         self._reply(hdr, {"throttle_time_ms": 0, "error_code": self.shell.groups.heartbeat(req)})
 
-    def leave_group(self, hdr, req):
+    def _on_leave_group(self, hdr, req):
         if hdr.version < 3:
             codes = self.shell.groups.leave(req["group_id"], [req["member_id"]])
             self._reply(hdr, {"throttle_time_ms": 0, "error_code": codes[0]})
@@ -47,14 +47,14 @@ class GroupCommands:
             {"member_id": m["member_id"], "group_instance_id": m["group_instance_id"], "error_code": code}
             for m, code in zip(members, codes)]})
 
-    def list_groups(self, hdr, req):
+    def _on_list_groups(self, hdr, req):
         states = set(req["states_filter"] or ())
         types = {t.lower() for t in req["types_filter"] or ()}
         groups = [g for g in self.shell.groups.listed()
                   if (not states or g["group_state"] in states) and (not types or g["group_type"] in types)]
         self._reply(hdr, {"throttle_time_ms": 0, "error_code": 0, "groups": groups})
 
-    def describe_groups(self, hdr, req):
+    def _on_describe_groups(self, hdr, req):
         self._reply(hdr, {"throttle_time_ms": 0, "groups": [self.shell.groups.described(gid, hdr.version)
                                                             for gid in req["groups"]]})
 
@@ -74,7 +74,7 @@ class GroupCommands:
             return G.ERR_REBALANCE_IN_PROGRESS
         return 0
 
-    def offset_commit(self, hdr, req):
+    def _on_offset_commit(self, hdr, req):
         reply = self._group_reply(hdr)
         group = req["group_id"]
         err = self._commit_error(req, hdr.version) if group else G.ERR_INVALID_GROUP_ID
@@ -104,7 +104,6 @@ class GroupCommands:
             return
 
         def stored(res, exc):
-            self.pending_ops -= 1
             if isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
             elif exc is not None:
@@ -112,15 +111,15 @@ class GroupCommands:
             left[0] -= 1
             if left[0] == 0:
                 answer()
-        self.pending_ops += len(todo)
         for res, stream, committed in todo:
-            cb = (lambda exc, res=res: stored(res, exc))
+            # counted for the drain; dropped once the connection is gone
+            cb = self._later(lambda exc, res=res: stored(res, exc))
             if committed > 0:
                 self.broker.store_offset(stream, group, committed - 1, cb)
             else:
                 self.broker.delete_offset(stream, group, cb)
 
-    def offset_fetch(self, hdr, req):
+    def _on_offset_fetch(self, hdr, req):
         reply = self._group_reply(hdr)
         group = req["group_id"]
         wanted = req["topics"]

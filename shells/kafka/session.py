@@ -1,12 +1,12 @@
-"""A Kafka connection as a sans-I/O state machine.
-
-It takes bytes (``data_received``), clock ticks and flow-control signals, and writes through ``io``
-(``write``/``writelines``/``close``/``pause_reading``/``resume_reading``/``defer``), the contract of
-:mod:`riverbed.shells.broker.listener`. Storage is reached only through the broker layer.
+"""A Kafka connection on the session kernel (:mod:`riverbed.shells.broker.session`: io contract,
+lifecycle, guard, flow control, shutdown drain): this module is its framing, its commands
+(:data:`COMMANDS`, handlers ``_on_<api name>``, here and in the group and admin mixins) and their error
+rendering. Storage is reached only through the broker layer.
 
 Requests are answered in the order they came, as Kafka clients require of a connection; an answer that
 waits (Produce until its records are stored, Fetch until data or ``max_wait_ms``) holds back the ones
-after it. ``COMMANDS`` maps each served API key to its handler.
+after it. The connection stops being read while ``PENDING_HIGH`` answers wait (until ``PENDING_LOW``),
+besides the kernel's reasons (transport output full, in-flight appends, the broker's budget).
 
 Bad input, as Kafka treats it: a frame over ``max_frame_size`` (limits.py, 64 MiB) or with a negative
 size (counted in ``riverbed_rejected_total``), an unknown API key, a version outside the served range (but ApiVersions), or a body that
@@ -17,6 +17,7 @@ is answered CORRUPT_MESSAGE and nothing of that partition is stored; one whose r
 """
 
 import collections
+import functools
 import logging
 
 from riverbed.engine import OffsetSpec
@@ -26,6 +27,7 @@ from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists,
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.kafka import codec as C
 from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
 from riverbed.shells.kafka.group_commands import GroupCommands
@@ -39,7 +41,6 @@ TS_LATEST, TS_EARLIEST = -1, -2
 ERR_ILLEGAL_SASL_STATE = 34
 ERR_UNSUPPORTED_SASL_MECHANISM = 33
 ERR_SASL_AUTHENTICATION_FAILED = 58
-_BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
 READ_CHUNKS = 16            # chunks read per step of a Fetch
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
 FETCH_MAX_BYTES = 55 << 20  # record bytes of one Fetch answer at most (Kafka's default fetch.max.bytes)
@@ -58,56 +59,28 @@ class _Slot:
         self.data = None
 
 
-class KafkaSession(GroupCommands, AdminCommands):
-    """One Kafka connection (see the module docstring). Loop-thread only; bad input never raises out."""
+class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
+    """One Kafka connection on the session kernel (see the module docstring). ``HANDSHAKE`` until SASL
+    succeeds (``OPEN`` at once when the peer needs no login). Loop-thread only; bad input never raises out."""
 
-    def __init__(self, shell, io, *, peer="?", local=("", 0), remote=("", 0), peer_loopback=True):
-        self.shell = shell
-        self.broker = broker = shell.broker
-        self.io = io
-        self.peer = peer
-        self.local = local
-        self.remote = remote
-        self.peer_loopback = peer_loopback
-        self.user = broker.auth.implicit_user(peer_loopback)
-        self.connected_at = broker.wall_clock()
+    LISTENER = LISTENER
+    PROTOCOL = "kafka"
+
+    def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=True):
+        super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
+        self.user = self.broker.auth.implicit_user(peer_loopback)
+        if self.user is not None:
+            self.username = self.user.name
+            self.state = State.OPEN
         self.client_id = None
         self._buf = bytearray()
         self._slots = collections.deque()
-        self._closed = False
-        self._shutting_down = False
         self._fetches = set()           # Fetches waiting for data (long polling)
         self._mechanism = None          # the SASL mechanism a SaslHandshake chose, until SaslAuthenticate
-        self._held = False              # reading paused: too many answers pending
-        self._write_paused = False
-        self._budget_held = False       # reading paused by the broker-wide in-flight budget
-        self.pending_ops = 0
-        self.limits = broker.limits     # the named limits, as they were when it connected
-        broker.register(self)
 
-    # ------------------------------------------------------------------------------- the listener's side
+    # ------------------------------------------------------------------------------- the kernel's hooks
 
-    def guard(self, fn, *args):
-        """Run ``fn(*args)``; a bug in it costs this connection only: logged, released, and the transport
-        aborted (``io.abort(internal=True)``). The listener routes every call in here."""
-        try:
-            return fn(*args)
-        except Exception:  # a bug must cost this connection only, never the server
-            log.exception("%s: internal error; closing the Kafka connection", self.peer)
-            try:
-                self.connection_lost()
-            except Exception:
-                log.exception("%s: internal error while releasing", self.peer)
-            self._closed = True
-            abort = getattr(self.io, "abort", None)
-            if abort is not None:
-                abort(internal=True)
-            else:
-                self.io.close()
-
-    def data_received(self, data):
-        if self._closed or self._shutting_down:
-            return
+    def _received(self, data):
         self._buf += data
         try:
             frames, used = C.split_frames(self._buf, self.limits.max_frame_size)
@@ -122,65 +95,36 @@ class KafkaSession(GroupCommands, AdminCommands):
         del self._buf[:used]
         for f in frames:
             self._request(f)
-            if self._closed:
+            if self.state >= State.CLOSING:
                 return
-        if len(self._slots) >= PENDING_HIGH and not self._held:
-            self._held = True
-            self.io.pause_reading()
+        if len(self._slots) >= PENDING_HIGH:
+            self._update_reading()
 
-    def connection_lost(self):
-        self._closed = True
+    def _backlogged(self):
+        return len(self._slots) >= PENDING_HIGH or super()._backlogged()
+
+    def _drained(self):
+        return len(self._slots) <= PENDING_LOW and super()._drained()
+
+    def _tails(self):
+        return ()       # answers, not subscriptions: nothing is delivered unasked
+
+    def _on_tick(self, now):
+        self.shell.groups.tick(now)
+
+    def _drop_all(self):
         for f in list(self._fetches):
             f.cancel()
         self._fetches.clear()
-        self.broker.unregister(self)
 
-    def pause_writing(self):
-        self._write_paused = True
-        self.io.pause_reading()
-
-    def resume_writing(self):
-        self._write_paused = False
-        if not self._held and not self._budget_held and not self._shutting_down:
-            self.io.resume_reading()
-
-    def tick(self, now):
-        self.shell.groups.tick(now)
-
-    def begin_shutdown(self):
-        self._shutting_down = True
-        self.io.pause_reading()
-
-    def close_gracefully(self, reason):
-        self._close()
-
-    def close_by_admin(self, reason="closed via management API"):
-        self._close()
-
-    def stream_deleted(self, name):
-        pass        # a Fetch or Produce after it answers UNKNOWN_TOPIC_OR_PARTITION
-
-    def stream_created(self, name):
-        pass
-
-    def connection_info(self):
-        return {"name": f"{self.peer} -> {self.local[0]}:{self.local[1]}", "protocol": "kafka",
-                "peer_host": self.remote[0], "peer_port": self.remote[1], "host": self.local[0],
-                "port": self.local[1], "user": self.user.name if self.user else "",
-                "client_properties": {"client_id": self.client_id or ""}, "connected_at": self.connected_at,
-                "state": "running"}
+    def _info(self):
+        return {"client_properties": {"client_id": self.client_id or ""}}
 
     # ----------------------------------------------------------------------------- requests and answers
 
-    def _close(self):
-        if not self._closed:
-            self._closed = True
-            self.io.close()
-
     def _fatal(self, why):
         log.info("%s: closing the Kafka connection: %s", self.peer, why)
-        self._flush()
-        self._close()
+        self._hard_close()
 
     def _request(self, frame):
         try:
@@ -189,12 +133,11 @@ class KafkaSession(GroupCommands, AdminCommands):
             self._fatal(f"bad request header: {e}")
             return
         self.client_id = hdr.client_id
-        handler = COMMANDS.get(hdr.api_key)
-        if handler is None or hdr.body < 0:
+        command = COMMANDS.get(hdr.api_key)
+        if command is None or hdr.body < 0:
             self._fatal(f"unknown API key {hdr.api_key}")
             return
-        lo, hi = C.SERVED[hdr.api_key]
-        if not lo <= hdr.version <= hi:
+        if hdr.version not in command.versions:
             if hdr.api_key == C.API_API_VERSIONS:
                 slot = self._slot()
                 self._answer(slot, C.API_API_VERSIONS, 0, hdr.correlation_id,
@@ -207,10 +150,10 @@ class KafkaSession(GroupCommands, AdminCommands):
         except C.DecodeError as e:
             self._fatal(f"API {hdr.api_key} v{hdr.version} does not parse: {e}")
             return
-        if self.user is None and hdr.api_key not in _BEFORE_AUTH:
+        if command.min_state > self.state:
             self._fatal("not authenticated")      # with --users: nothing is served before SASL
             return
-        handler(self, hdr, req)
+        command.handler(self, hdr, req)
 
     def _slot(self):
         slot = _Slot()
@@ -218,22 +161,15 @@ class KafkaSession(GroupCommands, AdminCommands):
         return slot
 
     def _answer(self, slot, api_key, version, corr, body):
-        if self._closed:
+        if self.state >= State.CLOSED:
             return
         slot.data = C.encode_response(api_key, version, corr, body)
-        self._flush()
-
-    def _flush(self):
-        out = []
         slots = self._slots
         while slots and slots[0].data is not None:
-            out.append(slots.popleft().data)
-        if out and not self._closed:
-            self.io.writelines(out)
-        if self._held and len(slots) <= PENDING_LOW and not self._closed:
-            self._held = False
-            if not self._write_paused and not self._budget_held and not self._shutting_down:
-                self.io.resume_reading()
+            self._send(slots.popleft().data)
+        self._flush()
+        if self._read_paused:
+            self._update_reading()
 
     def _reply(self, hdr, body):
         """Answer ``hdr``'s request at once with ``body``."""
@@ -244,19 +180,19 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     # --------------------------------------------------------------------------------------- ApiVersions
 
-    def api_versions(self, hdr, req):
+    def _on_api_versions(self, hdr, req):
         self._reply(hdr, {"error_code": C.ERR_NONE, "api_keys": _api_keys(), "throttle_time_ms": 0})
 
     # ------------------------------------------------------------------------------------------ SASL
 
-    def sasl_handshake(self, hdr, req):
+    def _on_sasl_handshake(self, hdr, req):
         mechanisms = [m for m in self.broker.auth.mechanisms() if m == "PLAIN"]
         ok = req["mechanism"] in mechanisms and self.user is None
         self._mechanism = req["mechanism"] if ok else None
         self._reply(hdr, {"error_code": 0 if ok else (ERR_UNSUPPORTED_SASL_MECHANISM if self.user is None
                                                       else ERR_ILLEGAL_SASL_STATE), "mechanisms": mechanisms})
 
-    def sasl_authenticate(self, hdr, req):
+    def _on_sasl_authenticate(self, hdr, req):
         if self._mechanism is None:
             self._reply(hdr, {"error_code": ERR_ILLEGAL_SASL_STATE, "error_message": "SaslHandshake first",
                               "auth_bytes": b""})
@@ -271,6 +207,8 @@ class KafkaSession(GroupCommands, AdminCommands):
             self._fatal("authentication failed")      # Kafka closes the connection after a failed SASL
             return
         self.user = res.user
+        self.username = res.user.name if res.user is not None else res.username
+        self.state = State.OPEN
         self._reply(hdr, {"error_code": 0, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0})
 
     # ------------------------------------------------------------------------------------------ Metadata
@@ -291,7 +229,7 @@ class KafkaSession(GroupCommands, AdminCommands):
                                 "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID], "offline_replicas": []}
                                for i in range(len(parts))]}
 
-    def metadata(self, hdr, req):
+    def _on_metadata(self, hdr, req):
         slot = self._slot()
         topics = req["topics"]
         if topics is None or (hdr.version == 0 and not topics):
@@ -321,7 +259,7 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     # -------------------------------------------------------------------------------------- CreateTopics
 
-    def create_topics(self, hdr, req):
+    def _on_create_topics(self, hdr, req):
         slot = self._slot()
         results = []
         todo = []
@@ -374,7 +312,7 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     # ------------------------------------------------------------------------------------------- Produce
 
-    def produce(self, hdr, req):
+    def _on_produce(self, hdr, req):
         acks = req["acks"]
         slot = self._slot() if acks != 0 else None
         out = []
@@ -407,9 +345,11 @@ class KafkaSession(GroupCommands, AdminCommands):
             answer()
             return
 
-        def stored(res, result, exc, known):
+        def stored(res, stream, ids, publisher, result, exc):
             if exc is None:
-                res["base_offset"] = result.first_offset if result.first_offset >= 0 else known()
+                # a retried idempotent batch the engine dropped: the offset it got the first time
+                res["base_offset"] = (result.first_offset if result.first_offset >= 0
+                                      else self.shell.batch_offset(stream, publisher, ids[0]))
             elif isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
             else:
@@ -418,27 +358,22 @@ class KafkaSession(GroupCommands, AdminCommands):
             left[0] -= 1
             if left[0] == 0:
                 answer()
-        self.pending_ops += len(waits)
         for res, stream, recs, ids, publisher in waits:
-            def cb(result, exc, res=res, stream=stream, ids=ids, publisher=publisher):
-                self.pending_ops -= 1
+            # counted against the connection and the drain; the answer is dropped once it is gone, but an
+            # idempotent producer's batch is remembered whatever becomes of this connection
+            answered = self._inflight(sum(map(len, recs)), functools.partial(stored, res, stream, ids, publisher))
+
+            def cb(result, exc, stream=stream, ids=ids, publisher=publisher, answered=answered):
                 if exc is None and ids is not None and result.first_offset >= 0:
                     self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
-                stored(res, result, exc, lambda: self.shell.batch_offset(stream, publisher, ids[0]))
+                answered(result, exc)
             if ids is None:
                 self.broker.append_records(stream, recs, cb)
             else:
                 # an idempotent producer: the engine's publisher sequences drop a retried batch
                 self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
                                    num_entries=len(recs), num_records=len(recs))
-        # the broker-wide in-flight budget: stop reading this client until appends drain
-        if not self._budget_held:
-            self._budget_held = self.broker.hold_if_over_budget(self, self.io.pause_reading, self._budget_resume)
-
-    def _budget_resume(self):
-        self._budget_held = False
-        if not self._held and not self._write_paused and not self._shutting_down and not self._closed:
-            self.io.resume_reading()
+        # the kernel's data_received pauses reading past the broker-wide in-flight budget
 
     def _produce_partition(self, topic, p, res, refusal, waits):
         """Check and decode one partition's batches; queue its append in ``waits``. Returns (error code,
@@ -486,12 +421,12 @@ class KafkaSession(GroupCommands, AdminCommands):
 
     # --------------------------------------------------------------------------------------------- Fetch
 
-    def fetch(self, hdr, req):
+    def _on_fetch(self, hdr, req):
         _Fetch(self, hdr, req, self._slot()).run()
 
     # --------------------------------------------------------------------------------------- ListOffsets
 
-    def list_offsets(self, hdr, req):
+    def _on_list_offsets(self, hdr, req):
         topics = []
         budget = [TIME_SCAN_BUDGET]
         for t in req["topics"]:
@@ -700,29 +635,36 @@ def _api_keys():
     return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(C.SERVED.items())]
 
 
-COMMANDS = {
-    C.API_API_VERSIONS: KafkaSession.api_versions,
-    C.API_METADATA: KafkaSession.metadata,
-    C.API_CREATE_TOPICS: KafkaSession.create_topics,
-    C.API_PRODUCE: KafkaSession.produce,
-    C.API_FETCH: KafkaSession.fetch,
-    C.API_LIST_OFFSETS: KafkaSession.list_offsets,
-    C.API_FIND_COORDINATOR: KafkaSession.find_coordinator,
-    C.API_JOIN_GROUP: KafkaSession.join_group,
-    C.API_SYNC_GROUP: KafkaSession.sync_group,
-    C.API_HEARTBEAT: KafkaSession.heartbeat,
-    C.API_LEAVE_GROUP: KafkaSession.leave_group,
-    C.API_OFFSET_COMMIT: KafkaSession.offset_commit,
-    C.API_OFFSET_FETCH: KafkaSession.offset_fetch,
-    C.API_LIST_GROUPS: KafkaSession.list_groups,
-    C.API_DESCRIBE_GROUPS: KafkaSession.describe_groups,
-    C.API_DELETE_TOPICS: KafkaSession.delete_topics,
-    C.API_CREATE_PARTITIONS: KafkaSession.create_partitions,
-    C.API_DESCRIBE_CONFIGS: KafkaSession.describe_configs,
-    C.API_INIT_PRODUCER_ID: KafkaSession.init_producer_id,
-    C.API_SASL_HANDSHAKE: KafkaSession.sasl_handshake,
-    C.API_SASL_AUTHENTICATE: KafkaSession.sasl_authenticate,
-}
-"""API key -> handler(session, header, request dict). What is here is what ApiVersions advertises."""
+def _served(api_key):
+    lo, hi = C.SERVED[api_key]
+    return range(lo, hi + 1)
+
+
+_H, _O = State.HANDSHAKE, State.OPEN    # before SASL (with --users), after it
+COMMANDS = commands(KafkaSession, {key: (name, min_state, _served(key)) for key, name, min_state in (
+    (C.API_API_VERSIONS, "ApiVersions", _H),
+    (C.API_SASL_HANDSHAKE, "SaslHandshake", _H),
+    (C.API_SASL_AUTHENTICATE, "SaslAuthenticate", _H),
+    (C.API_METADATA, "Metadata", _O),
+    (C.API_CREATE_TOPICS, "CreateTopics", _O),
+    (C.API_PRODUCE, "Produce", _O),
+    (C.API_FETCH, "Fetch", _O),
+    (C.API_LIST_OFFSETS, "ListOffsets", _O),
+    (C.API_FIND_COORDINATOR, "FindCoordinator", _O),
+    (C.API_JOIN_GROUP, "JoinGroup", _O),
+    (C.API_SYNC_GROUP, "SyncGroup", _O),
+    (C.API_HEARTBEAT, "Heartbeat", _O),
+    (C.API_LEAVE_GROUP, "LeaveGroup", _O),
+    (C.API_OFFSET_COMMIT, "OffsetCommit", _O),
+    (C.API_OFFSET_FETCH, "OffsetFetch", _O),
+    (C.API_LIST_GROUPS, "ListGroups", _O),
+    (C.API_DESCRIBE_GROUPS, "DescribeGroups", _O),
+    (C.API_DELETE_TOPICS, "DeleteTopics", _O),
+    (C.API_CREATE_PARTITIONS, "CreatePartitions", _O),
+    (C.API_DESCRIBE_CONFIGS, "DescribeConfigs", _O),
+    (C.API_INIT_PRODUCER_ID, "InitProducerId", _O),
+)})
+"""API key -> Command (handler ``_on_<name>(session, header, request dict)``, lowest state, the served
+versions: codec.SERVED). What is here is what ApiVersions advertises."""
 
 assert set(COMMANDS) == set(C.SERVED), "ApiVersions advertises exactly the served APIs"

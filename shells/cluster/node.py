@@ -1,0 +1,709 @@
+"""One Riverbed node in a cluster: membership in etcd, stream placement and leadership, replication.
+
+etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
+
+* ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
+* ``streams/<stream>``: ``{"epoch", "leader", "members", "arguments"}``, changed only by compare-and-swap;
+* ``progress/<stream>/<node>``: how far that member holds the log (``next``, last chunk epoch, committed
+  offset, whether it follows a live leader), under the node's lease: for elections and ``cluster status``.
+
+The leader of a stream is the only node that appends to it; its members copy its chunks over the
+replication port (wire.py) and acknowledge their durable offset. The committed offset is the highest
+one a majority of the members hold: the leader's confirms wait for it (:meth:`ClusterNode.hold`, the one
+hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
+
+When a leader's node key expires, the live members that have lost it report their final position; once
+a majority of the members has done so, the one with the highest (epoch of its last chunk, next offset)
+takes the stream at epoch + 1 by compare-and-swap and stamps that epoch into its chunks. A member whose
+tail does not match the new leader's log truncates it (those chunks were never confirmed). A member
+refuses chunks of an epoch older than one it has seen, and a leader whose lease may have expired stops
+confirming at once.
+
+Loop thread only (the broker's loop), except the engine completions posted back to it.
+"""
+
+import asyncio
+import json
+import logging
+import time
+
+from riverbed.engine import core
+from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
+from riverbed.shells.cluster import wire
+from riverbed.shells.cluster.etcd import Etcd, EtcdError
+
+log = logging.getLogger("riverbed.cluster")
+
+DEFAULT_CLUSTER_SIZE = 3
+RETRY_DELAY = 0.2          # seconds before a member dials its leader again
+
+
+class NotLeader(RiverbedError):
+    """This node does not lead the stream (or lost its lease): publish to the leader Metadata names."""
+
+
+class ReplicationTimeout(RiverbedError):
+    """A majority of the stream's members did not hold the chunk within --replication-timeout."""
+
+
+def prefix_of(cluster):
+    return f"/riverbed/{cluster}/"
+
+
+class _Leading:
+    """A stream this node leads: member positions, the committed offset, confirms waiting for it."""
+
+    def __init__(self, node, name, epoch, members):
+        self.node = node
+        self.name = name
+        self.epoch = epoch
+        self.members = list(members)
+        self.acked = {}            # member -> next offset it holds durably
+        self.committed = 0
+        self.waiting = []          # [offset, deadline, fn(exc)] in offset order
+        self.pokes = set()         # asyncio.Events of the connections serving members
+        self.conns = set()         # their writers, closed on resignation
+
+    def local_next(self):
+        try:
+            return self.node.engine._current(self.name).next_offset
+        except StreamNotFound:
+            return 0
+
+    def recompute(self):
+        offsets = sorted([self.local_next()] + [self.acked.get(m, 0) for m in self.members if m != self.node.name],
+                         reverse=True)
+        majority = len(self.members) // 2 + 1
+        committed = offsets[min(majority, len(offsets)) - 1]
+        if committed > self.committed and self.node.lease_valid():
+            self.committed = committed
+            self.node.engine.set_read_limit(self.name, committed)
+            self.release()
+            self.poke()
+
+    def release(self):
+        while self.waiting and self.waiting[0][0] <= self.committed:
+            _, _, fn = self.waiting.pop(0)
+            fn(None)
+
+    def wait(self, offset, fn):
+        if offset <= self.committed:
+            fn(None)
+            return
+        entry = [offset, time.monotonic() + self.node.replication_timeout, fn]
+        i = len(self.waiting)
+        while i and self.waiting[i - 1][0] > offset:
+            i -= 1
+        self.waiting.insert(i, entry)
+
+    def expire(self, now):
+        keep = []
+        for entry in self.waiting:
+            if entry[1] <= now:
+                entry[2](ReplicationTimeout(f"no majority of {self.name!r}'s members held the publish in time"))
+            else:
+                keep.append(entry)
+        self.waiting = keep
+
+    def fail_all(self, exc):
+        waiting, self.waiting = self.waiting, []
+        for _, _, fn in waiting:
+            fn(exc)
+
+    def poke(self):
+        for ev in self.pokes:
+            ev.set()
+
+
+class ClusterNode:
+    """This process as a member of cluster ``cfg.cluster`` (etcd ``cfg.etcd``, name ``cfg.node``).
+
+    ``await start()`` before the listeners start (joins etcd, takes its streams' roles), ``await
+    register(addresses)`` once they listen, ``await stop()`` when stopping."""
+
+    def __init__(self, broker, cfg):
+        self.broker = broker
+        self.engine = broker.engine
+        self.name = cfg.node
+        self.cluster = cfg.cluster
+        self.prefix = prefix_of(cfg.cluster)
+        self.etcd = Etcd(cfg.etcd)
+        self.ttl = cfg.lease_ttl
+        self.replication_timeout = cfg.replication_timeout
+        self.host = cfg.host
+        self.replication_port = cfg.replication_port
+        self.address = {"name": self.name, "advertised_host": cfg.advertised_host or cfg.host}
+        self.lease = None
+        self._lease_until = 0.0       # monotonic time the lease surely lasts until (last keepalive + TTL)
+        self.placements = {}          # stream -> (placement dict, mod_revision)
+        self.nodes = {}               # live node -> its registration
+        self.leading = {}             # stream -> _Leading
+        self.following = {}           # stream -> (leader node, epoch, task)
+        self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
+        self.progress_sent = {}       # stream -> last progress value written
+        self.detached = {}            # stream -> epoch whose leader this member lost
+        self._server = None
+        self._tasks = []
+        self._stopping = False
+        self.forwarded = 0
+
+    # ------------------------------------------------------------------------------ life cycle
+
+    async def start(self):
+        self._server = await asyncio.start_server(self._serve_member, self.host, self.replication_port)
+        self.replication_port = self._server.sockets[0].getsockname()[1]
+        self.address["replication_port"] = self.replication_port
+        await self._new_lease()
+        self.broker.cluster = self
+        self.broker._create_hooks.append(self._stream_created)
+        await self._refresh()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keepalive_loop()), loop.create_task(self._control_loop())]
+        log.info("listening replication %s:%d", self.host, self.replication_port)
+        log.info("cluster %s: node %s joined (etcd lease %.1fs)", self.cluster, self.name, self.ttl)
+
+    async def register(self, addresses):
+        """Publish this node's listener addresses (``stream_port``, ``http_port``, ...)."""
+        self.address.update(addresses)
+        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+
+    async def stop(self):
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for _, _, task in list(self.following.values()):
+            task.cancel()
+        for st in list(self.leading.values()):
+            st.fail_all(NotLeader("the node is stopping"))
+            for w in list(st.conns):
+                w.close()
+        if self._server is not None:
+            self._server.close()
+        try:
+            if self.lease:
+                await self.etcd.revoke(self.lease)
+        except EtcdError:
+            pass
+        await self.etcd.close()
+
+    def lease_valid(self):
+        return time.monotonic() < self._lease_until
+
+    async def _new_lease(self):
+        t0 = time.monotonic()
+        self.lease = await self.etcd.grant(max(1, round(self.ttl)))
+        self._lease_until = t0 + self.ttl
+        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+
+    async def _keepalive_loop(self):
+        while True:
+            await asyncio.sleep(self.ttl / 4)
+            t0 = time.monotonic()
+            try:
+                ttl = await self.etcd.keepalive(self.lease)
+            except EtcdError as e:
+                log.warning("cluster: etcd keepalive failed: %s", e)
+                continue
+            if ttl > 0:
+                self._lease_until = t0 + self.ttl
+                continue
+            # the lease expired (this node was paused or cut off): every stream it led may have a new
+            # leader by now, so it stops confirming and takes a new lease as a plain member
+            log.warning("cluster: lease lost; stepping down from %d stream(s)", len(self.leading))
+            self._lease_until = 0
+            for name in list(self.leading):
+                self._step_down(name)
+            try:
+                await self._new_lease()
+            except EtcdError as e:
+                log.warning("cluster: cannot take a new lease: %s", e)
+
+    async def _control_loop(self):
+        while True:
+            await asyncio.sleep(self.ttl / 6)
+            now = time.monotonic()
+            for st in self.leading.values():
+                st.expire(now)
+                if not self.lease_valid():
+                    continue
+                st.recompute()
+            try:
+                await self._refresh()
+            except EtcdError as e:
+                log.warning("cluster: etcd unreachable: %s", e)
+            except Exception:
+                log.exception("cluster: control loop failed")
+
+    # ------------------------------------------------------------------------------ etcd state
+
+    async def _refresh(self):
+        """Read nodes and placements from etcd and take the role each stream gives this node."""
+        nodes = {}
+        for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+            try:
+                reg = kv.json()
+                nodes[reg["name"]] = reg
+            except (ValueError, KeyError):
+                continue
+        self.nodes = nodes
+        placements = {}
+        for kv in await self.etcd.get_prefix(self.prefix + "streams/"):
+            try:
+                placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
+            except (ValueError, KeyError):
+                continue
+        self.placements = placements
+        # local streams no placement names (made before the cluster, or while etcd was away): this
+        # node leads them
+        for name in self.engine.list_streams():
+            if name not in placements:
+                await self._place(name)
+        for name, (p, rev) in list(self.placements.items()):
+            if self.name not in p["members"]:
+                continue
+            await self._take_role(name, p, rev)
+        await self._report_progress()
+
+    def _choose_members(self):
+        """This node and up to two more live ones (fewest streams first): a new stream's members."""
+        load = {n: 0 for n in self.nodes if n != self.name}
+        for p, _ in self.placements.values():
+            for m in p["members"]:
+                if m in load:
+                    load[m] += 1
+        others = sorted(load, key=lambda n: (load[n], n))
+        return [self.name] + others[:DEFAULT_CLUSTER_SIZE - 1]
+
+    async def _place(self, name, arguments=None, members=None):
+        """Register local stream ``name`` in etcd, led by this node with up to two more members."""
+        members = members or self._choose_members()
+        try:
+            args = arguments if arguments is not None else self.engine._current(name).args
+        except (StreamNotFound, AttributeError):
+            args = {}
+        p = {"name": name, "epoch": 1, "leader": self.name, "members": members, "arguments": args}
+        if await self.etcd.create(self.prefix + "streams/" + name, p):
+            log.info("cluster: stream %s placed on %s (leader %s)", name, ",".join(members), self.name)
+            kv = await self.etcd.get(self.prefix + "streams/" + name)
+            self.placements[name] = (p, kv.mod_revision if kv else 0)
+
+    async def _take_role(self, name, p, rev):
+        leader, epoch = p["leader"], p["epoch"]
+        if epoch < self.max_epoch.get(name, 0):
+            return
+        self.max_epoch[name] = epoch
+        if leader == self.name:
+            st = self.leading.get(name)
+            if st is None:
+                # this process did not lead it yet (a restart): take it at a new epoch, so that nothing
+                # an earlier run of this node wrote unconfirmed can pass for the new leader's log
+                new = dict(p, epoch=epoch + 1)
+                if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
+                    self.max_epoch[name] = epoch + 1
+                    kv = await self.etcd.get(self.prefix + "streams/" + name)
+                    self.placements[name] = (new, kv.mod_revision if kv else rev)
+                    self._lead(name, epoch + 1, p["members"])
+            elif st.epoch != epoch:
+                self._lead(name, epoch, p["members"])
+            else:
+                st.members = list(p["members"])
+            return
+        if name in self.leading:
+            self._step_down(name)
+        if not self.engine.has_stream(name):
+            await self._create_local(name, p.get("arguments") or {})
+        if leader in self.nodes:
+            f = self.following.get(name)
+            if f is None or f[0] != leader or f[1] != epoch or f[2].done():
+                if f is not None:
+                    f[2].cancel()
+                self.detached.pop(name, None)
+                if self.engine.read_limit(name) is None:
+                    self.engine.set_read_limit(name, 0)
+                task = asyncio.get_running_loop().create_task(self._follow(name, leader, epoch))
+                self.following[name] = (leader, epoch, task)
+            return
+        # the leader's lease is gone: report a final position, then elect once a majority has
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        self.detached[name] = epoch
+        await self._maybe_elect(name, p, rev)
+
+    async def _create_local(self, name, arguments):
+        self._member_creating = getattr(self, "_member_creating", set())
+        self._member_creating.add(name)
+        self.engine.set_read_limit(name, 0)
+        try:
+            await asyncio.wrap_future(self.engine.create_stream(name, arguments))
+        except RiverbedError as e:
+            if self.engine.has_stream(name):
+                return
+            log.error("cluster: cannot create member copy of %s: %s", name, e)
+
+    def _position(self, name):
+        """``(epoch of the last chunk, next offset)`` of the local log of ``name``."""
+        try:
+            s = self.engine._current(name)
+        except StreamNotFound:
+            return 0, 0
+        if s.last_chunk < 0:
+            return 0, s.next_offset
+        got = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)
+        epoch = core.read_header(got[0][1])[H_EPOCH] if got else 0
+        return epoch, s.next_offset
+
+    async def _report_progress(self):
+        for name, (p, _) in self.placements.items():
+            if self.name not in p["members"]:
+                continue
+            epoch, nxt = self._position(name)
+            st = self.leading.get(name)
+            value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
+                     "committed": st.committed if st is not None else (self.engine.read_limit(name) or 0),
+                     "detached": self.detached.get(name)}
+            if self.progress_sent.get(name) != value:
+                await self.etcd.put(f"{self.prefix}progress/{name}/{self.name}", value, lease=self.lease)
+                self.progress_sent[name] = value
+
+    async def _maybe_elect(self, name, p, rev):
+        members = p["members"]
+        majority = len(members) // 2 + 1
+        reports = {}
+        for kv in await self.etcd.get_prefix(f"{self.prefix}progress/{name}/"):
+            try:
+                r = kv.json()
+            except ValueError:
+                continue
+            if r.get("node") in members and r.get("node") in self.nodes and r.get("detached") == p["epoch"]:
+                reports[r["node"]] = r
+        epoch, nxt = self._position(name)
+        reports[self.name] = {"node": self.name, "last_epoch": epoch, "next": nxt}
+        if len(reports) < majority:
+            return
+        best = max(reports.values(), key=lambda r: (r["last_epoch"], r["next"], r["node"]))
+        if best["node"] != self.name:
+            return
+        new = dict(p, epoch=p["epoch"] + 1, leader=self.name)
+        if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
+            log.info("cluster: %s elected leader of %s at epoch %d (next offset %d)", self.name, name,
+                     new["epoch"], nxt)
+            self.max_epoch[name] = new["epoch"]
+            self.detached.pop(name, None)
+            kv = await self.etcd.get(self.prefix + "streams/" + name)
+            self.placements[name] = (new, kv.mod_revision if kv else rev)
+            self._lead(name, new["epoch"], members)
+
+    # ------------------------------------------------------------------------------ leading
+
+    def _lead(self, name, epoch, members):
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        old = self.leading.get(name)
+        if old is not None:
+            old.fail_all(NotLeader(f"{name!r} changed epoch"))
+        self.engine.set_epoch(name, epoch)
+        st = self.leading[name] = _Leading(self, name, epoch, members)
+        # what this node held before it led is committed only once a majority holds it again
+        st.committed = self.engine.read_limit(name) or 0
+        if self.engine.read_limit(name) is None:
+            self.engine.set_read_limit(name, 0)
+        st.recompute()
+        log.info("cluster: leading %s at epoch %d, members %s", name, epoch, ",".join(members))
+
+    def _step_down(self, name):
+        st = self.leading.pop(name, None)
+        if st is None:
+            return
+        st.fail_all(NotLeader(f"this node no longer leads {name!r}"))
+        for w in list(st.conns):
+            w.close()
+        log.info("cluster: no longer leading %s (epoch %d)", name, st.epoch)
+
+    def _stream_created(self, name):
+        """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""
+        if name in getattr(self, "_member_creating", ()):
+            self._member_creating.discard(name)
+            return
+        if name in self.placements or name in self.leading:
+            return
+        members = self._choose_members()
+        self._lead(name, 1, members)
+        asyncio.get_running_loop().create_task(self._place_and_refresh(name, members))
+
+    async def _place_and_refresh(self, name, members):
+        try:
+            await self._place(name, members=members)
+            p = self.placements.get(name)
+            if p is not None and name in self.leading:
+                self.leading[name].members = list(p[0]["members"])
+        except EtcdError as e:
+            log.warning("cluster: cannot place %s yet: %s", name, e)
+
+    # ------------------------------------------------------------------------------ broker hooks
+
+    def check_write(self, stream):
+        """The error a publish to ``stream`` gets on this node (NotLeader), or None to go on."""
+        if stream in self.leading:
+            return None
+        p = self.placements.get(stream)
+        if p is None:
+            return None       # a stream made here a moment ago: _stream_created leads it
+        return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {p[0]['leader']})")
+
+    def hold(self, stream, cb):
+        """Wrap an append's ``cb(result, exc)`` so that it runs only once a majority holds the records."""
+        def held(res, exc):
+            st = self.leading.get(stream)
+            if exc is not None or st is None:
+                cb(res, exc if exc is not None or st is not None else NotLeader(f"{stream!r} lost its leader"))
+                return
+            end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
+            st.wait(end, lambda err: cb(res, None) if err is None else cb(None, err))
+            st.recompute()
+            st.poke()
+        return held
+
+    def metadata(self, stream):
+        """``(leader registration or None, [replica registrations])`` of ``stream`` for Metadata."""
+        p = self.placements.get(stream)
+        if p is None:
+            return None, []
+        p = p[0]
+        return self.nodes.get(p["leader"]), [self.nodes[m] for m in p["members"] if m != p["leader"] and
+                                             m in self.nodes]
+
+    # ------------------------------------------------------------------------------ leader side
+
+    async def _serve_member(self, reader, writer):
+        st = None
+        ev = asyncio.Event()
+        try:
+            kind, payload = await wire.read_frame(reader)
+            if kind != wire.HELLO:
+                return
+            hello = wire.parse_json(payload)
+            name, node = hello.get("stream"), hello.get("node")
+            st = self.leading.get(name)
+            if st is None or node not in st.members or int(hello.get("epoch", 0)) > st.epoch:
+                writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
+                await writer.drain()
+                st = None
+                return
+            pos = int(hello.get("next", 0))
+            last = hello.get("last")
+            cut = self._divergence(name, pos, last)
+            if cut is not None:
+                writer.write(wire.u64_frame(wire.TRUNCATE, cut))
+                await writer.drain()
+                st = None
+                return
+            st.pokes.add(ev)
+            st.conns.add(writer)
+            st.acked[node] = pos
+            acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
+            acks.add_done_callback(lambda t: t.cancelled() or t.exception())
+            sent_commit = -1
+            while not acks.done() and self.leading.get(name) is st:
+                ev.clear()
+                chunks, seqs = self.engine.read_for_replica(name, pos)
+                for i, (chunk_id, raw) in enumerate(chunks):
+                    if seqs and i == len(chunks) - 1:
+                        writer.write(wire.json_frame(wire.SEQS, seqs))
+                    writer.write(wire.frame(wire.CHUNK, raw))
+                    pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+                if st.committed != sent_commit:
+                    sent_commit = st.committed
+                    writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
+                await writer.drain()
+                if chunks and seqs is None:
+                    await asyncio.sleep(0)
+                    continue       # more to send at once
+                try:
+                    await asyncio.wait_for(ev.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+            acks.cancel()
+        except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
+            pass
+        except Exception:
+            log.exception("cluster: serving a member failed")
+        finally:
+            if st is not None:
+                st.pokes.discard(ev)
+                st.conns.discard(writer)
+            writer.close()
+
+    def _divergence(self, name, pos, last):
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        if not last:
+            return None if pos == 0 else 0
+        chunk_id, epoch, crc = last
+        got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
+        if got and got[0][0] == chunk_id:
+            h = core.read_header(got[0][1])
+            if h[H_EPOCH] == epoch and h[H_CRC] == crc and chunk_id + max(h[H_RECORDS], 1) == pos:
+                return None
+        return chunk_id        # the member's last chunk is not ours: it drops it and asks again
+
+    async def _read_acks(self, reader, st, node):
+        while True:
+            kind, payload = await wire.read_frame(reader)
+            if kind == wire.ACK:
+                st.acked[node] = wire.u64(payload)
+                st.recompute()
+
+    # ------------------------------------------------------------------------------ member side
+
+    async def _follow(self, name, leader, epoch):
+        while not self._stopping:
+            reg = self.nodes.get(leader)
+            if reg is None or self.following.get(name, (None,))[0] != leader:
+                return
+            try:
+                await self._follow_once(name, leader, epoch, reg)
+            except asyncio.CancelledError:
+                raise
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
+                log.debug("cluster: following %s on %s: %s", name, leader, e)
+            except Exception:
+                log.exception("cluster: following %s on %s failed", name, leader)
+            await asyncio.sleep(RETRY_DELAY)
+
+    async def _follow_once(self, name, leader, epoch, reg):
+        host = reg.get("advertised_host") or "127.0.0.1"
+        reader, writer = await asyncio.open_connection(host, reg["replication_port"])
+        loop = asyncio.get_running_loop()
+        try:
+            s = self.engine._current(name)
+            last = None
+            if s.last_chunk >= 0:
+                raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
+                h = core.read_header(raw)
+                last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
+            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
+                                                      "next": s.next_offset, "last": last}))
+            await writer.drain()
+            seqs = None
+            while True:
+                kind, payload = await wire.read_frame(reader)
+                if kind == wire.CHUNK:
+                    h = core.check_chunk(payload)       # a member checks each CRC (ChunkError: drop)
+                    if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
+                        # a leader of an older epoch than one this member has seen: refused
+                        raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
+
+                    def stored(res, exc, w=writer):
+                        if exc is None and not w.is_closing():
+                            loop.call_soon_threadsafe(self._ack, w, res)
+                        elif exc is not None:
+                            loop.call_soon_threadsafe(w.close)
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    seqs = None
+                elif kind == wire.SEQS:
+                    seqs = {k: int(v) for k, v in wire.parse_json(payload).items()}
+                elif kind == wire.COMMIT:
+                    self.engine.set_read_limit(name, wire.u64(payload))
+                elif kind == wire.TRUNCATE:
+                    cut = wire.u64(payload)
+                    log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
+                             leader, epoch)
+                    await asyncio.wrap_future(self.engine.truncate(name, cut))
+                    return
+                elif kind == wire.REFUSE:
+                    return
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _ack(writer, offset):
+        if not writer.is_closing():
+            writer.write(wire.u64_frame(wire.ACK, offset))
+
+    # ------------------------------------------------------------------------------ status
+
+    def stream_roles(self):
+        """{stream: "leader" | "member"} of this node (for logs and the dashboard)."""
+        out = {n: "leader" for n in self.leading}
+        out.update({n: "member" for n in self.following})
+        return out
+
+
+def status_json(etcd_kvs_nodes, etcd_kvs_streams, etcd_kvs_progress, cluster):
+    """The ``riverbed cluster status --json`` document from the etcd keys of ``cluster``."""
+    nodes = {}
+    for kv in etcd_kvs_nodes:
+        try:
+            r = kv.json()
+            nodes[r["name"]] = r
+        except (ValueError, KeyError):
+            continue
+    progress = {}
+    for kv in etcd_kvs_progress:
+        try:
+            r = kv.json()
+            progress[(r["stream"], r["node"])] = r
+        except (ValueError, KeyError):
+            continue
+    streams, names = [], set(nodes)
+    for kv in etcd_kvs_streams:
+        try:
+            p = kv.json()
+        except ValueError:
+            continue
+        lead = progress.get((p["name"], p["leader"]), {})
+        head = lead.get("next", 0)
+        committed = lead.get("committed", 0)
+        members = []
+        for m in p["members"]:
+            names.add(m)
+            r = progress.get((p["name"], m))
+            held = r.get("next", 0) if r else None
+            members.append({"node": m, "committed_offset": min(held, committed) if r else None,
+                            "lag": max(head - held, 0) if r else None})
+        streams.append({"name": p["name"], "epoch": p["epoch"], "leader": p["leader"], "members": members})
+    node_list = []
+    for n in sorted(names):
+        r = nodes.get(n, {})
+        node_list.append({"name": n, "up": n in nodes, "stream_port": r.get("stream_port"),
+                          "replication_port": r.get("replication_port"), "http_port": r.get("http_port"),
+                          "advertised_host": r.get("advertised_host"),
+                          "leads": sorted(s["name"] for s in streams if s["leader"] == n)})
+    return {"cluster": cluster, "nodes": node_list, "streams": sorted(streams, key=lambda s: s["name"])}
+
+
+async def read_status(endpoints, cluster):
+    """Read cluster ``cluster``'s state from etcd; the status document (status_json)."""
+    c = Etcd(endpoints)
+    try:
+        pre = prefix_of(cluster)
+        return status_json(await c.get_prefix(pre + "nodes/"), await c.get_prefix(pre + "streams/"),
+                           await c.get_prefix(pre + "progress/"), cluster)
+    finally:
+        await c.close()
+
+
+def format_status(doc):
+    lines = [f"cluster {doc['cluster']}"]
+    for n in doc["nodes"]:
+        lines.append(f"  node {n['name']:<12} {'up' if n['up'] else 'down':<4} host={n['advertised_host']} "
+                     f"stream={n['stream_port']} replication={n['replication_port']} http={n['http_port']} "
+                     f"leads={','.join(n['leads']) or '-'}")
+    for s in doc["streams"]:
+        lines.append(f"  stream {s['name']}  epoch={s['epoch']} leader={s['leader']}")
+        for m in s["members"]:
+            lines.append(f"    member {m['node']:<12} committed={m['committed_offset']} lag={m['lag']}")
+    return "\n".join(lines)
+
+
+def main_status(args):
+    """``riverbed cluster status``: exit 0, or 2 when etcd cannot be reached."""
+    try:
+        doc = asyncio.run(read_status(args.etcd, args.cluster))
+    except (EtcdError, ValueError) as e:
+        print(f"riverbed cluster: {e}", file=__import__("sys").stderr)
+        return 2
+    print(json.dumps(doc, indent=2) if args.json else format_status(doc))
+    return 0

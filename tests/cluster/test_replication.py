@@ -92,3 +92,95 @@ def test_replication_byte_identical_and_majority_confirms(cluster3):
     dumps = {name: chunk_lines(dump(cluster3.data_dir(name), "orders"), 3000) for name in cluster3.nodes}
     assert len(dumps["n1"]) > 1
     assert dumps["n1"] == dumps["n2"] == dumps["n3"]
+
+
+def leader_of(cluster, stream, not_this=None, timeout=15):
+    st = cluster.wait(lambda st: stream_of(st, stream) is not None and stream_of(st, stream)["leader"] != not_this
+                      and any(n["up"] and n["name"] == stream_of(st, stream)["leader"] for n in st["nodes"]),
+                      timeout=timeout, what=f"a leader of {stream} other than {not_this}")
+    return stream_of(st, stream)["leader"]
+
+
+def test_two_members_down_holds_confirms_then_one_back_resumes(tmp_path, etcd):
+    from clusterproc import Cluster
+    from test_rmq_dedup import read_stream
+    c = Cluster(tmp_path, etcd, extra=("--replication-timeout", "2"))
+    try:
+        c.start()
+        n1 = c.nodes["n1"]
+        cl = connect(n1.port)
+        assert cl.create("events") == rawwire.OK
+        cl.close()
+        c.wait(lambda st: stream_of(st, "events") is not None, what="the placement")
+        confirmed, errors = publish_batches(n1.port, "events", 0, 200)
+        assert len(confirmed) == 200 and not errors
+        # one member down: a majority (two of three) still confirms
+        c.nodes["n3"].kill()
+        confirmed, errors = publish_batches(n1.port, "events", 200, 100)
+        assert len(confirmed) == 100 and not errors
+        # a replica serves consumers, up to the committed offset
+        c.wait(lambda st: any(m["node"] == "n2" and m["committed_offset"] == 300
+                              for m in stream_of(st, "events")["members"]), what="n2 at 300")
+        assert read_stream(c.nodes["n2"].port, "events") == [b"m-%d" % i for i in range(300)]
+        # two down: no majority, nothing is confirmed; the publish is refused after the timeout
+        c.nodes["n2"].kill()
+        t0 = time.monotonic()
+        confirmed, errors = publish_batches(n1.port, "events", 300, 10, batch=10, timeout=10)
+        assert not confirmed and len(errors) == 10
+        assert 1.5 <= time.monotonic() - t0 < 6
+        # ... and no reader sees it: the leader's own consumers stop at the committed offset
+        assert read_stream(n1.port, "events") == [b"m-%d" % i for i in range(300)]
+        # one member back: confirms resume
+        c.restart("n2")
+        confirmed, errors = publish_batches(n1.port, "events", 310, 10, batch=10, timeout=15)
+        assert len(confirmed) == 10 and not errors
+        seen = read_stream(n1.port, "events")
+        assert seen[:300] == [b"m-%d" % i for i in range(300)] and seen[-10:] == [b"m-%d" % i for i in range(310, 320)]
+    finally:
+        c.stop()
+
+
+def failover_round(c, stream, old, ref, next_id, confirmed):
+    """kill -9 the leader ``old`` and publish until another node confirms; the failover time (s)."""
+    c.nodes[old].kill()
+    t0 = time.monotonic()
+    pending = list(range(next_id, next_id + 50))
+    while True:
+        assert time.monotonic() - t0 < 30, "no new leader confirmed a publish within 30 s"
+        leader = leader_of(c, stream, not_this=old, timeout=30)
+        try:
+            ok, errors = publish_batches(c.nodes[leader].port, stream, pending[0], len(pending), batch=50, ref=ref,
+                                         timeout=5)
+        except (ConnectionError, OSError, AssertionError):
+            time.sleep(0.1)
+            continue
+        if ok:
+            confirmed |= ok
+            return time.monotonic() - t0
+        time.sleep(0.1)
+
+
+def test_kill_leader_new_leader_confirms_nothing_confirmed_lost(cluster3):
+    from test_rmq_dedup import read_stream
+    n1 = cluster3.nodes["n1"]
+    cl = connect(n1.port)
+    assert cl.create("pay") == rawwire.OK
+    cl.close()
+    cluster3.wait(lambda st: stream_of(st, "pay") is not None, what="the placement")
+    confirmed, errors = publish_batches(n1.port, "pay", 0, 500, ref="p1")
+    assert len(confirmed) == 500 and not errors
+    took = failover_round(cluster3, "pay", "n1", "p1", 500, confirmed)
+    assert took < 5, f"failover took {took:.2f} s"
+    new = leader_of(cluster3, "pay", not_this="n1")
+    st = cluster3.status()
+    assert stream_of(st, "pay")["epoch"] >= 2
+    seen = read_stream(cluster3.nodes[new].port, "pay")
+    ids = [int(m.split(b"-")[1]) for m in seen]
+    assert set(ids) >= confirmed, "a confirmed message was lost"
+    assert len(ids) == len(set(ids)), "a message was stored twice"
+    # the killed leader comes back as a member and copies the new leader's log
+    cluster3.restart("n1")
+    cluster3.wait(lambda st: all(m["lag"] == 0 and m["committed_offset"] == len(ids)
+                                 for m in stream_of(st, "pay")["members"]), what="n1 caught up")
+    assert read_stream(cluster3.nodes["n1"].port, "pay") == seen
+    print(f"failover time {took:.2f} s")

@@ -475,6 +475,34 @@ class ClusterNode:
         return self.nodes.get(p["leader"]), [self.nodes[m] for m in p["members"] if m != p["leader"] and
                                              m in self.nodes]
 
+    def rmq_metadata(self, streams, has, local):
+        """RabbitMQ Stream Metadata of ``streams``: ``(brokers [(ref, host, port)], entries [(stream, code,
+        leader ref, [replica refs])])``. ``local`` is this node's (host, port) as its client was told;
+        ``has(stream)`` says whether the stream exists here."""
+        from riverbed.shells.rmq_stream.constants import RC_OK, RC_STREAM_DOES_NOT_EXIST
+        refs, brokers, entries = {}, [], []
+
+        def ref(reg):
+            addr = local if reg is None or reg["name"] == self.name else (
+                reg.get("advertised_host") or "127.0.0.1", reg.get("stream_port"))
+            if addr[1] is None:
+                return None
+            if addr not in refs:
+                refs[addr] = len(brokers)
+                brokers.append((len(brokers), addr[0], addr[1]))
+            return refs[addr]
+        for s in streams:
+            if not (s and has(s)):
+                entries.append((s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+                continue
+            leader, replicas = self.metadata(s)
+            lead = ref(leader)
+            entries.append((s, RC_OK, 0xFFFF if lead is None else lead,
+                            [r for r in (ref(x) for x in replicas) if r is not None]))
+        if not brokers:
+            ref(None)
+        return brokers, entries
+
     # ------------------------------------------------------------------------------ leader side
 
     async def _serve_member(self, reader, writer):

@@ -184,3 +184,82 @@ def test_kill_leader_new_leader_confirms_nothing_confirmed_lost(cluster3):
                                  for m in stream_of(st, "pay")["members"]), what="n1 caught up")
     assert read_stream(cluster3.nodes["n1"].port, "pay") == seen
     print(f"failover time {took:.2f} s")
+
+
+def test_metadata_names_leader_and_replicas_rstream_publishes_through_a_member(cluster3):
+    """rstream, bootstrapped on a member, is sent to the leader by Metadata and publishes there; a
+    consumer reads the replicated records."""
+    import asyncio
+
+    from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
+
+    ports = {name: srv.port for name, srv in cluster3.nodes.items()}
+    n1 = cluster3.nodes["n1"]
+    cl = connect(n1.port)
+    assert cl.create("meta") == rawwire.OK
+    cl.close()
+    cluster3.wait(lambda st: stream_of(st, "meta") is not None, what="the placement")
+
+    async def go():
+        confirmed = set()
+        done = asyncio.Event()
+
+        def on_confirm(status):
+            if status.is_confirmed:
+                confirmed.add(status.message_id)
+            if len(confirmed) >= 1000:
+                done.set()
+        async with Producer("127.0.0.1", ports["n2"], username="guest", password="guest") as p:
+            for start in range(0, 1000, 100):
+                await p.send_batch("meta", [b"r-%d" % i for i in range(start, start + 100)],
+                                   on_publish_confirm=on_confirm)
+            await asyncio.wait_for(done.wait(), 30)
+        got = []
+        enough = asyncio.Event()
+
+        async def on_message(msg, ctx):
+            got.append(bytes(msg))
+            if len(got) >= 1000:
+                enough.set()
+        async with Consumer("127.0.0.1", ports["n3"], username="guest", password="guest") as c:
+            await c.start()
+            await c.subscribe("meta", on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+            await asyncio.wait_for(enough.wait(), 30)
+        return confirmed, got
+    confirmed, got = asyncio.run(asyncio.wait_for(go(), 90))
+    assert len(confirmed) == 1000
+    assert got[:1000] == [b"r-%d" % i for i in range(1000)]
+
+
+def test_metadata_frame(cluster3):
+    n1, n2 = cluster3.nodes["n1"], cluster3.nodes["n2"]
+    cl = connect(n1.port)
+    assert cl.create("md") == rawwire.OK
+    cl.close()
+    cluster3.wait(lambda st: stream_of(st, "md") is not None, what="the placement")
+    time.sleep(0.5)       # n2's control loop reads the placement
+    c = connect(n2.port)
+    try:
+        corr = c.next_corr()
+        c.send(rawwire.frame(0x0F, struct.pack(">Ii", corr, 1) + rawwire.s("md")))
+        body = c.wait_for(0x800F)
+    finally:
+        c.close()
+    pos = 4
+    (nb,) = struct.unpack_from(">i", body, pos)
+    pos += 4
+    brokers = {}
+    for _ in range(nb):
+        ref, hl = struct.unpack_from(">HH", body, pos)
+        host = body[pos + 4:pos + 4 + hl].decode()
+        (port,) = struct.unpack_from(">I", body, pos + 4 + hl)
+        brokers[ref] = (host, port)
+        pos += 8 + hl
+    pos += 4
+    (sl,) = struct.unpack_from(">H", body, pos)
+    assert body[pos + 2:pos + 2 + sl] == b"md"
+    pos += 2 + sl
+    code, leader, nrep = struct.unpack_from(">HHi", body, pos)
+    replicas = struct.unpack_from(">%dH" % nrep, body, pos + 8)
+    assert code == 1 and brokers[leader] == ("127.0.0.1", n1.port)
+    assert sorted(brokers[r][1] for r in replicas) == sorted([n2.port, cluster3.nodes["n3"].port])

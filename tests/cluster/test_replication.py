@@ -64,7 +64,7 @@ def chunk_lines(text, upto):
 
 
 def test_status_lists_the_nodes(cluster3):
-    st = cluster3.status()
+    st = cluster3.status_cli()
     assert st["cluster"] == "test"
     assert sorted(n["name"] for n in st["nodes"]) == ["n1", "n2", "n3"]
     for n in st["nodes"]:

@@ -151,13 +151,14 @@ async def run_server(cfg, stop=None, started=None):
     finally:
         for server in listeners:
             server.stop_accepting()
-        if cluster is not None:
-            await cluster.stop()
         for server in listeners:
             try:
                 await server.shutdown()
             except Exception:
                 log.exception("error while stopping a listener")
+        if cluster is not None:
+            # after the listeners: their last publishes may still wait for a majority
+            await cluster.stop()
         broker.disk.stop()
         broker.close()
         await loop.run_in_executor(None, engine.close)

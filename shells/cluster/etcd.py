@@ -22,7 +22,7 @@ import aiohttp
 DEFAULT_TIMEOUT = 2.0      # seconds one HTTP call may take before the next endpoint is tried
 
 
-class EtcdError(Exception):
+class EtcdError(RuntimeError):
     """etcd could not be reached on any endpoint, or answered with an error."""
 
 

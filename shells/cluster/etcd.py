@@ -19,7 +19,7 @@ import json
 
 import aiohttp
 
-DEFAULT_TIMEOUT = 2.0      # seconds one HTTP call may take before the next endpoint is tried
+DEFAULT_TIMEOUT = 3.0      # seconds one HTTP call may take before the next endpoint is tried
 
 
 class EtcdError(RuntimeError):

@@ -37,6 +37,7 @@ log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
+STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
 
 
 class NotLeader(RiverbedError):
@@ -146,7 +147,9 @@ class ClusterNode:
         self._server = None
         self._tasks = []
         self._stopping = False
-        self.forwarded = 0
+        self._member_creating = set()     # streams this node creates as a member copy
+        self._member_deleting = set()     # streams this node deletes because the cluster did
+        self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -154,9 +157,20 @@ class ClusterNode:
         self._server = await asyncio.start_server(self._serve_member, self.host, self.replication_port)
         self.replication_port = self._server.sockets[0].getsockname()[1]
         self.address["replication_port"] = self.replication_port
-        await self._new_lease()
+        deadline = time.monotonic() + STARTUP_WAIT
+        while True:
+            try:
+                await self._new_lease()
+                break
+            except EtcdError as e:
+                # etcd busy or still starting: wait a little before giving up (exit status 2)
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("cluster: etcd not answering yet: %s", e)
+                await asyncio.sleep(0.5)
         self.broker.cluster = self
-        self.broker._create_hooks.append(self._stream_created)
+        self.broker.on_stream_created(self._stream_created)
+        self.broker.on_stream_deleted(self._stream_deleted)
         await self._refresh()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._keepalive_loop()), loop.create_task(self._control_loop())]
@@ -254,13 +268,21 @@ class ClusterNode:
             except (ValueError, KeyError):
                 continue
         self.placements = placements
-        # local streams no placement names (made before the cluster, or while etcd was away): this
-        # node leads them
+        tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
+                      for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
+        # local streams no placement names: deleted on the cluster while this node was away (a
+        # tombstone says so), else made before the cluster or while etcd was away: this node leads them
         for name in self.engine.list_streams():
-            if name not in placements:
+            if name in placements or name in self.leading:
+                continue
+            if name in tombstones:
+                self._member_deleting.add(name)
+                log.info("cluster: %s deletes %s (deleted on the cluster)", self.name, name)
+                self.broker.delete_stream(name, lambda exc: None)
+            else:
                 await self._place(name)
         for name, (p, rev) in list(self.placements.items()):
-            if self.name not in p["members"]:
+            if self.name not in p["members"] or name in self._cluster_deleting:
                 continue
             await self._take_role(name, p, rev)
         await self._report_progress()
@@ -284,6 +306,7 @@ class ClusterNode:
             args = {}
         p = {"name": name, "epoch": 1, "leader": self.name, "members": members, "arguments": args}
         if await self.etcd.create(self.prefix + "streams/" + name, p):
+            await self.etcd.delete(self.prefix + "deleted/" + name)
             log.info("cluster: stream %s placed on %s (leader %s)", name, ",".join(members), self.name)
             kv = await self.etcd.get(self.prefix + "streams/" + name)
             self.placements[name] = (p, kv.mod_revision if kv else 0)
@@ -296,14 +319,14 @@ class ClusterNode:
         if leader == self.name:
             st = self.leading.get(name)
             if st is None:
-                # this process did not lead it yet (a restart): take it at a new epoch, so that nothing
-                # an earlier run of this node wrote unconfirmed can pass for the new leader's log
-                new = dict(p, epoch=epoch + 1)
+                # an earlier run of this node led it (a restart): leave the seat empty at a new epoch,
+                # so that the member holding the most of the log is elected, not whoever restarts
+                new = dict(p, epoch=epoch + 1, leader="")
                 if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
-                    self.max_epoch[name] = epoch + 1
+                    log.info("cluster: %s restarted as leader of %s; election at epoch %d", self.name, name,
+                             epoch + 1)
                     kv = await self.etcd.get(self.prefix + "streams/" + name)
                     self.placements[name] = (new, kv.mod_revision if kv else rev)
-                    self._lead(name, epoch + 1, p["members"])
             elif st.epoch != epoch:
                 self._lead(name, epoch, p["members"])
             else:
@@ -332,7 +355,6 @@ class ClusterNode:
         await self._maybe_elect(name, p, rev)
 
     async def _create_local(self, name, arguments):
-        self._member_creating = getattr(self, "_member_creating", set())
         self._member_creating.add(name)
         self.engine.set_read_limit(name, 0)
         try:
@@ -424,7 +446,7 @@ class ClusterNode:
 
     def _stream_created(self, name):
         """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""
-        if name in getattr(self, "_member_creating", ()):
+        if name in self._member_creating:
             self._member_creating.discard(name)
             return
         if name in self.placements or name in self.leading:
@@ -433,8 +455,51 @@ class ClusterNode:
         self._lead(name, 1, members)
         asyncio.get_running_loop().create_task(self._place_and_refresh(name, members))
 
+    def _stream_deleted(self, name):
+        """Broker delete hook: a client's deletion here deletes the stream on the cluster (placement
+        removed, a tombstone left for members that are away); a member copy deleted because of that
+        tombstone only forgets its state."""
+        st = self.leading.pop(name, None)
+        if st is not None:
+            st.fail_all(RiverbedError(f"stream {name!r} was deleted"))
+            for w in list(st.conns):
+                w.close()
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        self.engine.set_read_limit(name, None)
+        self.engine.epochs.pop(name, None)
+        self.max_epoch.pop(name, None)
+        self.progress_sent.pop(name, None)
+        self.detached.pop(name, None)
+        if name in self._member_deleting:
+            self._member_deleting.discard(name)
+            return
+        self.placements.pop(name, None)
+        self._cluster_deleting.add(name)
+        asyncio.get_running_loop().create_task(self._delete_placement(name))
+
+    async def _delete_placement(self, name):
+        try:
+            await self.etcd.put(self.prefix + "deleted/" + name, {"name": name})
+            await self.etcd.delete(self.prefix + "streams/" + name)
+            await self.etcd.delete_prefix(f"{self.prefix}progress/{name}/")
+        except EtcdError as e:
+            log.warning("cluster: cannot delete %s in etcd: %s", name, e)
+        finally:
+            self._cluster_deleting.discard(name)
+
     async def _place_and_refresh(self, name, members):
         try:
+            # the live nodes as etcd knows them now (this node's view may be a poll behind)
+            nodes = {}
+            for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+                try:
+                    nodes[kv.json()["name"]] = kv.json()
+                except (ValueError, KeyError):
+                    continue
+            self.nodes = nodes
+            members = self._choose_members()
             await self._place(name, members=members)
             p = self.placements.get(name)
             if p is not None and name in self.leading:

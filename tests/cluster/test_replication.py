@@ -77,7 +77,7 @@ def test_replication_byte_identical_and_majority_confirms(cluster3):
     c = connect(n1.port)
     assert c.create("orders") == rawwire.OK
     c.close()
-    st = cluster3.wait(lambda st: stream_of(st, "orders") is not None, what="the placement")
+    st = wait_placed(cluster3, "orders")
     s = stream_of(st, "orders")
     assert s["leader"] == "n1" and s["epoch"] == 1 and sorted(m["node"] for m in s["members"]) == ["n1", "n2", "n3"]
     confirmed, errors = publish_batches(n1.port, "orders", 0, 3000)
@@ -92,6 +92,12 @@ def test_replication_byte_identical_and_majority_confirms(cluster3):
     dumps = {name: chunk_lines(dump(cluster3.data_dir(name), "orders"), 3000) for name in cluster3.nodes}
     assert len(dumps["n1"]) > 1
     assert dumps["n1"] == dumps["n2"] == dumps["n3"]
+
+
+def wait_placed(cluster, stream):
+    """Wait until ``stream`` is placed and every member holds its copy (reports a position)."""
+    return cluster.wait(lambda st: stream_of(st, stream) is not None and all(
+        m["committed_offset"] is not None for m in stream_of(st, stream)["members"]), what=f"{stream} placed")
 
 
 def leader_of(cluster, stream, not_this=None, timeout=15):
@@ -111,7 +117,7 @@ def test_two_members_down_holds_confirms_then_one_back_resumes(tmp_path, etcd):
         cl = connect(n1.port)
         assert cl.create("events") == rawwire.OK
         cl.close()
-        c.wait(lambda st: stream_of(st, "events") is not None, what="the placement")
+        wait_placed(c, "events")
         confirmed, errors = publish_batches(n1.port, "events", 0, 200)
         assert len(confirmed) == 200 and not errors
         # one member down: a majority (two of three) still confirms
@@ -166,7 +172,7 @@ def test_kill_leader_new_leader_confirms_nothing_confirmed_lost(cluster3):
     cl = connect(n1.port)
     assert cl.create("pay") == rawwire.OK
     cl.close()
-    cluster3.wait(lambda st: stream_of(st, "pay") is not None, what="the placement")
+    wait_placed(cluster3, "pay")
     confirmed, errors = publish_batches(n1.port, "pay", 0, 500, ref="p1")
     assert len(confirmed) == 500 and not errors
     took = failover_round(cluster3, "pay", "n1", "p1", 500, confirmed)
@@ -198,7 +204,7 @@ def test_metadata_names_leader_and_replicas_rstream_publishes_through_a_member(c
     cl = connect(n1.port)
     assert cl.create("meta") == rawwire.OK
     cl.close()
-    cluster3.wait(lambda st: stream_of(st, "meta") is not None, what="the placement")
+    wait_placed(cluster3, "meta")
 
     async def go():
         confirmed = set()
@@ -236,8 +242,7 @@ def test_metadata_frame(cluster3):
     cl = connect(n1.port)
     assert cl.create("md") == rawwire.OK
     cl.close()
-    cluster3.wait(lambda st: stream_of(st, "md") is not None, what="the placement")
-    time.sleep(0.5)       # n2's control loop reads the placement
+    wait_placed(cluster3, "md")
     c = connect(n2.port)
     try:
         corr = c.next_corr()
@@ -271,7 +276,7 @@ def test_sigstop_leader_rejoins_as_member_and_keeps_what_it_confirmed(cluster3):
     cl = connect(n1.port)
     assert cl.create("halt") == rawwire.OK
     cl.close()
-    cluster3.wait(lambda st: stream_of(st, "halt") is not None, what="the placement")
+    wait_placed(cluster3, "halt")
     confirmed, errors = publish_batches(n1.port, "halt", 0, 300, ref="p")
     assert len(confirmed) == 300 and not errors
     os.kill(n1.pid, signal.SIGSTOP)
@@ -307,7 +312,7 @@ def test_kill_leader_repeatedly(cluster3):
     cl = connect(n1.port)
     assert cl.create("rounds") == rawwire.OK
     cl.close()
-    cluster3.wait(lambda st: stream_of(st, "rounds") is not None, what="the placement")
+    wait_placed(cluster3, "rounds")
     confirmed, _ = publish_batches(n1.port, "rounds", 0, 200, ref="p")
     times, leader, next_id = [], "n1", 200
     for _ in range(5):
@@ -328,3 +333,39 @@ def test_kill_leader_repeatedly(cluster3):
     times.sort()
     print(f"failover times {['%.2f' % t for t in times]} p50 {times[len(times) // 2]:.2f} s max {times[-1]:.2f} s")
     assert times[-1] < 5
+
+
+def test_delete_removes_the_stream_from_every_member_also_one_that_was_down(cluster3):
+    n1 = cluster3.nodes["n1"]
+    cl = connect(n1.port)
+    assert cl.create("gone") == rawwire.OK
+    cl.close()
+    wait_placed(cluster3, "gone")
+    confirmed, _ = publish_batches(n1.port, "gone", 0, 100)
+    assert len(confirmed) == 100
+    cluster3.wait(lambda st: all(m["lag"] == 0 and m["committed_offset"] == 100
+                                 for m in stream_of(st, "gone")["members"]), what="all members at 100")
+    cluster3.nodes["n3"].kill()                    # away while the stream is deleted
+    cl = connect(n1.port)
+    assert cl.delete("gone") == rawwire.OK
+    cl.close()
+    cluster3.wait(lambda st: stream_of(st, "gone") is None, what="the placement gone")
+
+    def has(name, port):
+        c = connect(port)
+        try:
+            code, _ = c.request(0x1C, rawwire.s("gone"))     # StreamStats: 0x02 when it does not exist
+            return code == rawwire.OK
+        finally:
+            c.close()
+    deadline = time.monotonic() + 10
+    while has("n2", cluster3.nodes["n2"].port):
+        assert time.monotonic() < deadline, "n2 still has the deleted stream"
+        time.sleep(0.1)
+    n3 = cluster3.restart("n3")
+    deadline = time.monotonic() + 10
+    while has("n3", n3.port):
+        assert time.monotonic() < deadline, "n3 brought the deleted stream back"
+        time.sleep(0.1)
+    time.sleep(1)
+    assert stream_of(cluster3.status(), "gone") is None      # nobody placed it again

@@ -477,6 +477,22 @@ class Engine(SuperStreamBindings):
                 ok = tcur.next()
         return out, seqs
 
+    def stored_offsets(self, name):
+        """Every consumer offset stored on ``name``: {reference: offset}. Raises StreamNotFound."""
+        s = self._current(name)
+        out = {}
+        prefix = _SID.pack(s.sid) + bytes((TRACKING_OFFSET,))
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_tracking)
+            ok = cur.set_range(prefix)
+            while ok:
+                key = bytes(cur.key())
+                if not key.startswith(prefix):
+                    break
+                out[key[len(prefix):].decode("utf-8")] = _U64.unpack(cur.value())[0]
+                ok = cur.next()
+        return out
+
     def truncate(self, stream, offset):
         """Remove every chunk of ``stream`` at or after ``offset`` (a chunk boundary): a member drops the
         unconfirmed tail of an older epoch before following a new leader. Future of the new next

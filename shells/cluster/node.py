@@ -38,6 +38,7 @@ log = logging.getLogger("riverbed.cluster")
 DEFAULT_CLUSTER_SIZE = 3
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
+POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
 
 
 class NotLeader(RiverbedError):
@@ -235,7 +236,7 @@ class ClusterNode:
 
     async def _control_loop(self):
         while True:
-            await asyncio.sleep(self.ttl / 6)
+            await asyncio.sleep(min(self.ttl / 6, POLL_MAX))
             now = time.monotonic()
             for st in self.leading.values():
                 st.expire(now)
@@ -351,7 +352,9 @@ class ClusterNode:
         f = self.following.pop(name, None)
         if f is not None:
             f[2].cancel()
-        self.detached[name] = epoch
+        if self.detached.get(name) != epoch:
+            self.detached[name] = epoch
+            await self._report_progress()      # at once: the other members wait for this report
         await self._maybe_elect(name, p, rev)
 
     async def _create_local(self, name, arguments):
@@ -599,6 +602,7 @@ class ClusterNode:
             acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
             sent_commit = -1
+            sent_offsets = {}
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
                 chunks, seqs = self.engine.read_for_replica(name, pos)
@@ -610,6 +614,12 @@ class ClusterNode:
                 if st.committed != sent_commit:
                     sent_commit = st.committed
                     writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
+                offsets = self.engine.stored_offsets(name)
+                if offsets != sent_offsets:
+                    # consumer offsets reach the members too, so a consumer resumes after a failover
+                    writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                                if sent_offsets.get(k) != v}))
+                    sent_offsets = offsets
                 await writer.drain()
                 if chunks and seqs is None:
                     await asyncio.sleep(0)
@@ -697,6 +707,9 @@ class ClusterNode:
                     seqs = None
                 elif kind == wire.SEQS:
                     seqs = {k: int(v) for k, v in wire.parse_json(payload).items()}
+                elif kind == wire.OFFSETS:
+                    for ref, off in wire.parse_json(payload).items():
+                        self.engine.store_offset(name, ref, int(off))
                 elif kind == wire.COMMIT:
                     self.engine.set_read_limit(name, wire.u64(payload))
                 elif kind == wire.TRUNCATE:

@@ -9,12 +9,13 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
     ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy
     TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail)
     REFUSE    leader -> member   JSON {"reason"}: not (or no longer) the leader of that stream at that epoch
+    OFFSETS   leader -> member   JSON {reference: offset}: consumer offsets (StoreOffset) that changed
 """
 
 import json
 import struct
 
-HELLO, CHUNK, SEQS, COMMIT, ACK, TRUNCATE, REFUSE = range(1, 8)
+HELLO, CHUNK, SEQS, COMMIT, ACK, TRUNCATE, REFUSE, OFFSETS = range(1, 9)
 LEN_FRAME_HEADER = 5
 MAX_FRAME = 256 << 20        # a chunk is at most the stream's chunk size; this bounds a hostile length
 _HEAD = struct.Struct(">IB")

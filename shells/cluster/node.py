@@ -730,6 +730,16 @@ class ClusterNode:
 
     # ------------------------------------------------------------------------------ status
 
+    def replica_lag(self):
+        """``[(stream, member, records behind the leader)]`` of every stream this node leads."""
+        out = []
+        for name, st in sorted(self.leading.items()):
+            head = st.local_next()
+            for m in st.members:
+                if m != self.name:
+                    out.append((name, m, max(head - st.acked.get(m, 0), 0)))
+        return out
+
     def stream_roles(self):
         """{stream: "leader" | "member"} of this node (for logs and the dashboard)."""
         out = {n: "leader" for n in self.leading}

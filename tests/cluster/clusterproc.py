@@ -22,7 +22,7 @@ class Cluster:
     def _new(self, name):
         return self._make(self.tmp_path / name, "--node", name, "--etcd", self.etcd.url, "--cluster", "test",
                           "--replication-port", "0", "--lease-ttl", str(self.lease_ttl), "--fsync", "never",
-                          *self.extra)
+                          "--http-port", "0", *self.extra)
 
     def start(self):
         for srv in self.nodes.values():

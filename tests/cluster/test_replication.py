@@ -69,7 +69,8 @@ def test_status_lists_the_nodes(cluster3):
     assert sorted(n["name"] for n in st["nodes"]) == ["n1", "n2", "n3"]
     for n in st["nodes"]:
         assert n["up"] and n["stream_port"] == cluster3.nodes[n["name"]].port and n["replication_port"] > 0
-        assert n["advertised_host"] == "127.0.0.1" and set(n) >= {"http_port", "leads"}
+        assert n["advertised_host"] == "127.0.0.1" and n["http_port"] == cluster3.nodes[n["name"]].ports["http"]
+        assert n["leads"] == []
 
 
 def test_replication_byte_identical_and_majority_confirms(cluster3):
@@ -84,6 +85,12 @@ def test_replication_byte_identical_and_majority_confirms(cluster3):
     assert errors == {} and len(confirmed) == 3000
     st = cluster3.wait(lambda st: all(m["committed_offset"] == 3000 and m["lag"] == 0
                                       for m in stream_of(st, "orders")["members"]), what="all members at 3000")
+    # the leader's /metrics: each member's lag in records
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{n1.ports['http']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for m in ("n2", "n3"):
+        assert f'riverbed_replica_lag_records{{node="{m}",stream="orders"}} 0.0' in text, [x for x in text.splitlines() if 'replica' in x]
     # a follower refuses a publish: only the leader appends
     _, errors = publish_batches(cluster3.nodes["n2"].port, "orders", 5000, 10, batch=10)
     assert len(errors) == 10

@@ -354,7 +354,7 @@ def main(argv=None):
         if not args.etcd:
             print("riverbed cluster: give --etcd URL (or RIVERBED_ETCD)", file=sys.stderr)
             return 2
-        from riverbed.shells.cluster.node import main_status
+        from riverbed.shells.cluster.status import main_status
         return main_status(args)
     return 2
 

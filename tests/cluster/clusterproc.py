@@ -45,7 +45,7 @@ class Cluster:
         what the command prints), so that waiting loops cost no interpreter start each."""
         import asyncio
 
-        from riverbed.shells.cluster.node import read_status
+        from riverbed.shells.cluster.status import read_status
         return asyncio.run(read_status(self.etcd.url, "test"))
 
     def status_cli(self):

@@ -247,6 +247,8 @@ OPTIONS = [
     Option("cluster", str, "riverbed", "cluster name: the etcd key prefix (default riverbed)", "NAME"),
     Option("replication_port", parse_port, 5553, "cluster: port members copy chunks over (default 5553; "
            "0 = any free)", "PORT"),
+    Option("advertised_replication_port", _opt_port, None, "cluster: replication port members are told to dial "
+           "(default: the bound one; a proxy or NAT in between)", "PORT"),
     Option("lease_ttl", _positive_float, 3.0, "cluster: etcd lease TTL, seconds (default 3)", "SECONDS"),
     Option("replication_timeout", _positive_float, 10.0, "cluster: seconds a publish waits for a majority "
            "before it is refused (default 10)", "SECONDS"),

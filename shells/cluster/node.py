@@ -63,6 +63,9 @@ class _Leading:
         self.acked = {}            # member -> next offset it holds durably
         self.committed = 0
         self.waiting = []          # [offset, deadline, fn(exc)] in offset order
+        self.since = time.monotonic()
+        self.heard = {}            # member -> monotonic time of its last ack or connection
+        self.connected = {}        # member -> open connections from it
         self.pokes = set()         # asyncio.Events of the connections serving members
         self.conns = set()         # their writers, closed on resignation
 
@@ -134,6 +137,7 @@ class ClusterNode:
         self.replication_timeout = cfg.replication_timeout
         self.host = cfg.host
         self.replication_port = cfg.replication_port
+        self.advertised_replication_port = cfg.advertised_replication_port
         self.address = {"name": self.name, "advertised_host": cfg.advertised_host or cfg.host}
         self.lease = None
         self._lease_until = 0.0       # monotonic time the lease surely lasts until (last keepalive + TTL)
@@ -147,6 +151,7 @@ class ClusterNode:
         self._server = None
         self._tasks = []
         self._stopping = False
+        self.abstain = {}                 # stream -> monotonic time until which this node is no candidate
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
@@ -156,7 +161,7 @@ class ClusterNode:
     async def start(self):
         self._server = await asyncio.start_server(self._serve_member, self.host, self.replication_port)
         self.replication_port = self._server.sockets[0].getsockname()[1]
-        self.address["replication_port"] = self.replication_port
+        self.address["replication_port"] = self.advertised_replication_port or self.replication_port
         deadline = time.monotonic() + STARTUP_WAIT
         while True:
             try:
@@ -237,11 +242,13 @@ class ClusterNode:
         while True:
             await asyncio.sleep(min(self.ttl / 6, POLL_MAX))
             now = time.monotonic()
-            for st in self.leading.values():
+            for st in list(self.leading.values()):
                 st.expire(now)
                 if not self.lease_valid():
                     continue
                 st.recompute()
+                if self._cut_off(st, now):
+                    await self._resign(st)
             try:
                 await self._refresh()
             except EtcdError as e:
@@ -351,6 +358,8 @@ class ClusterNode:
         f = self.following.pop(name, None)
         if f is not None:
             f[2].cancel()
+        if self.abstain.get(name, 0) > time.monotonic():
+            return          # it resigned this stream: the others elect
         if self.detached.get(name) != epoch:
             self.detached[name] = epoch
             await self._report_progress()      # at once: the other members wait for this report
@@ -436,6 +445,36 @@ class ClusterNode:
             self.engine.set_read_limit(name, 0)
         st.recompute()
         log.info("cluster: leading %s at epoch %d, members %s", name, epoch, ",".join(members))
+
+    def _cut_off(self, st, now):
+        """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
+        lease TTL: a member counts while it is connected or acknowledged within the TTL."""
+        if len(st.members) < 2 or now - st.since < self.ttl:
+            return False
+        heard = 1 + sum(1 for m in st.members if m != self.name and (
+            st.connected.get(m, 0) > 0 or now - st.heard.get(m, st.since) < self.ttl))
+        return heard < len(st.members) // 2 + 1
+
+    async def _resign(self, st):
+        """Leave the seat of ``st`` empty at a new epoch (CAS) and stand aside from the next election, so
+        that the side holding a majority elects a leader and goes on."""
+        entry = self.placements.get(st.name)
+        if entry is None:
+            return
+        p, rev = entry
+        if p.get("leader") != self.name or p.get("epoch") != st.epoch:
+            return
+        new = dict(p, epoch=p["epoch"] + 1, leader="")
+        try:
+            ok = await self.etcd.replace(self.prefix + "streams/" + st.name, rev, new)
+        except EtcdError:
+            return
+        if ok:
+            log.warning("cluster: %s resigns %s: no word from a majority of its members for %.1fs", self.name,
+                        st.name, self.ttl)
+            self.abstain[st.name] = time.monotonic() + 3 * self.ttl
+            self._step_down(st.name)
+            self.placements[st.name] = (new, rev)
 
     def _step_down(self, name):
         st = self.leading.pop(name, None)
@@ -574,6 +613,7 @@ class ClusterNode:
 
     async def _serve_member(self, reader, writer):
         st = None
+        connected = None
         ev = asyncio.Event()
         try:
             kind, payload = await wire.read_frame(reader)
@@ -598,6 +638,8 @@ class ClusterNode:
             st.pokes.add(ev)
             st.conns.add(writer)
             st.acked[node] = pos
+            st.connected[node] = st.connected.get(node, 0) + 1
+            connected = node
             acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
             sent_commit = -1
@@ -636,6 +678,9 @@ class ClusterNode:
             if st is not None:
                 st.pokes.discard(ev)
                 st.conns.discard(writer)
+                if connected is not None:
+                    st.connected[connected] -= 1
+                    st.heard[connected] = time.monotonic()
             writer.close()
 
     def _divergence(self, name, pos, last):
@@ -655,6 +700,7 @@ class ClusterNode:
             kind, payload = await wire.read_frame(reader)
             if kind == wire.ACK:
                 st.acked[node] = wire.u64(payload)
+                st.heard[node] = time.monotonic()
                 st.recompute()
 
     # ------------------------------------------------------------------------------ member side

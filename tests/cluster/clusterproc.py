@@ -9,11 +9,12 @@ class Cluster:
     """etcd plus ``riverbed serve`` nodes n1..nN joined to it (RabbitMQ Stream and replication ports 0,
     every other listener off). ``node(name)`` is a ServerProcess; ``status()`` the status JSON."""
 
-    def __init__(self, tmp_path, etcd, n=3, lease_ttl=1.0, extra=()):
+    def __init__(self, tmp_path, etcd, n=3, lease_ttl=1.0, extra=(), node_extra=None):
         self.tmp_path = tmp_path
         self.etcd = etcd
         self.lease_ttl = lease_ttl
         self.extra = list(extra)
+        self.node_extra = node_extra or {}
         self.nodes = {}
         self._make = ServerProcess
         for i in range(1, n + 1):
@@ -22,7 +23,7 @@ class Cluster:
     def _new(self, name):
         return self._make(self.tmp_path / name, "--node", name, "--etcd", self.etcd.url, "--cluster", "test",
                           "--replication-port", "0", "--lease-ttl", str(self.lease_ttl), "--fsync", "never",
-                          "--http-port", "0", *self.extra)
+                          "--http-port", "0", *self.extra, *self.node_extra.get(name, ()))
 
     def start(self):
         for srv in self.nodes.values():

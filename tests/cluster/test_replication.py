@@ -411,3 +411,41 @@ def test_consumer_offsets_reach_the_members(cluster3):
             time.sleep(0.1)
     finally:
         c2.close()
+
+
+def test_partition_leader_from_both_members_minority_confirms_nothing(tmp_path, etcd):
+    """The leader's replication port is cut off from both members (a proxy in front of it; etcd stays
+    reachable): the leader confirms nothing, resigns after a lease TTL, the two members elect one of
+    them, which confirms; the old leader then follows it and drops what it never confirmed."""
+    from clusterproc import Cluster
+    from tcpproxy import CuttableProxy
+    from test_rmq_dedup import read_stream
+    proxy = CuttableProxy()
+    c = Cluster(tmp_path, etcd, extra=("--replication-timeout", "3"),
+                node_extra={"n1": ("--advertised-replication-port", str(proxy.port))})
+    try:
+        c.start()
+        proxy.target = c.nodes["n1"].ports["replication"]
+        n1 = c.nodes["n1"]
+        cl = connect(n1.port)
+        assert cl.create("split") == rawwire.OK
+        cl.close()
+        wait_placed(c, "split")
+        confirmed, errors = publish_batches(n1.port, "split", 0, 100, ref="p")
+        assert len(confirmed) == 100 and not errors
+        proxy.cut()
+        ok, errors = publish_batches(n1.port, "split", 100, 10, batch=10, ref="p", timeout=10)
+        assert not ok and len(errors) == 10          # the minority side confirms nothing
+        new = leader_of(c, "split", not_this="n1", timeout=30)
+        ok, errors = publish_batches(c.nodes[new].port, "split", 200, 50, ref="p")
+        assert len(ok) == 50 and not errors
+        confirmed |= ok
+        want = [b"m-%d" % i for i in sorted(confirmed)]
+        assert read_stream(c.nodes[new].port, "split") == want
+        # the old leader follows the new one (it dials it directly) and holds the same log
+        c.wait(lambda st: all(m["lag"] == 0 and m["committed_offset"] == 150
+                              for m in stream_of(st, "split")["members"]), timeout=30, what="n1 following")
+        assert read_stream(n1.port, "split") == want
+    finally:
+        c.stop()
+        proxy.close()

@@ -294,19 +294,25 @@ class ClusterNode:
             await self._take_role(name, p, rev)
         await self._report_progress()
 
-    def _choose_members(self):
-        """This node and up to two more live ones (fewest streams first): a new stream's members."""
+    def _choose_members(self, name=None):
+        """This node and more live ones (fewest streams first): a new stream's members, as many as its
+        ``initial-cluster-size`` argument asks (default 3), at most the live nodes."""
+        size = DEFAULT_CLUSTER_SIZE
+        try:
+            size = max(1, int(self.engine._current(name).args.get("initial-cluster-size", size)))
+        except (StreamNotFound, ValueError, TypeError, AttributeError, KeyError):
+            pass
         load = {n: 0 for n in self.nodes if n != self.name}
         for p, _ in self.placements.values():
             for m in p["members"]:
                 if m in load:
                     load[m] += 1
         others = sorted(load, key=lambda n: (load[n], n))
-        return [self.name] + others[:DEFAULT_CLUSTER_SIZE - 1]
+        return [self.name] + others[:size - 1]
 
     async def _place(self, name, arguments=None, members=None):
         """Register local stream ``name`` in etcd, led by this node with up to two more members."""
-        members = members or self._choose_members()
+        members = members or self._choose_members(name)
         try:
             args = arguments if arguments is not None else self.engine._current(name).args
         except (StreamNotFound, AttributeError):
@@ -492,7 +498,7 @@ class ClusterNode:
             return
         if name in self.placements or name in self.leading:
             return
-        members = self._choose_members()
+        members = self._choose_members(name)
         self._lead(name, 1, members)
         asyncio.get_running_loop().create_task(self._place_and_refresh(name, members))
 
@@ -540,7 +546,7 @@ class ClusterNode:
                 except (ValueError, KeyError):
                     continue
             self.nodes = nodes
-            members = self._choose_members()
+            members = self._choose_members(name)
             await self._place(name, members=members)
             p = self.placements.get(name)
             if p is not None and name in self.leading:

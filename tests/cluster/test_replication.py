@@ -449,3 +449,20 @@ def test_partition_leader_from_both_members_minority_confirms_nothing(tmp_path, 
     finally:
         c.stop()
         proxy.close()
+
+
+def test_initial_cluster_size_argument(cluster3):
+    n2 = cluster3.nodes["n2"]
+    cl = connect(n2.port)
+    assert cl.create("pair", {"initial-cluster-size": "2"}) == rawwire.OK
+    assert cl.create("solo", {"x-initial-cluster-size": "1"}) == rawwire.OK
+    cl.close()
+    st = wait_placed(cluster3, "pair")
+    st = wait_placed(cluster3, "solo")
+    pair, solo = stream_of(st, "pair"), stream_of(st, "solo")
+    assert pair["leader"] == "n2" and len(pair["members"]) == 2 and pair["members"][0]["node"] == "n2"
+    assert solo["leader"] == "n2" and [m["node"] for m in solo["members"]] == ["n2"]
+    confirmed, errors = publish_batches(n2.port, "pair", 0, 100)
+    assert len(confirmed) == 100 and not errors
+    confirmed, errors = publish_batches(n2.port, "solo", 0, 100)
+    assert len(confirmed) == 100 and not errors

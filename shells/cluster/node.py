@@ -722,6 +722,8 @@ class ClusterNode:
                 raise
             except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
                 log.debug("cluster: following %s on %s: %s", name, leader, e)
+            except RiverbedError as e:      # a chunk refused (bad CRC, not at the log's end)
+                log.warning("cluster: %s refused a chunk of %s from %s: %s", self.name, name, leader, e)
             except Exception:
                 log.exception("cluster: following %s on %s failed", name, leader)
             await asyncio.sleep(RETRY_DELAY)
@@ -744,7 +746,7 @@ class ClusterNode:
             while True:
                 kind, payload = await wire.read_frame(reader)
                 if kind == wire.CHUNK:
-                    h = core.check_chunk(payload)       # a member checks each CRC (ChunkError: drop)
+                    h = core.read_header(payload)       # the CRC is checked by replicate_chunk below
                     if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
                         # a leader of an older epoch than one this member has seen: refused
                         raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
@@ -754,6 +756,7 @@ class ClusterNode:
                             loop.call_soon_threadsafe(self._ack, w, res)
                         elif exc is not None:
                             loop.call_soon_threadsafe(w.close)
+                    # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
                     self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
                     seqs = None
                 elif kind == wire.SEQS:

@@ -152,6 +152,7 @@ class ClusterNode:
         self._tasks = []
         self._stopping = False
         self.abstain = {}                 # stream -> monotonic time until which this node is no candidate
+        self._etcd_down = False
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
@@ -222,7 +223,7 @@ class ClusterNode:
             try:
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as e:
-                log.warning("cluster: etcd keepalive failed: %s", e)
+                log.debug("cluster: etcd keepalive failed: %s", e)
                 continue
             if ttl > 0:
                 self._lease_until = t0 + self.ttl
@@ -251,8 +252,13 @@ class ClusterNode:
                     await self._resign(st)
             try:
                 await self._refresh()
+                if self._etcd_down:
+                    self._etcd_down = False
+                    log.info("cluster: etcd answers again")
             except EtcdError as e:
-                log.warning("cluster: etcd unreachable: %s", e)
+                if not self._etcd_down:      # once per outage, not every poll
+                    self._etcd_down = True
+                    log.warning("cluster: etcd unreachable: %s", e)
             except Exception:
                 log.exception("cluster: control loop failed")
 

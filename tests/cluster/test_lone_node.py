@@ -9,7 +9,7 @@ import asyncio, sys
 from riverbed.shells import config, cli
 
 cfg = config.load({"data_dir": sys.argv[1], "stream_port": "0", "bson_port": "off", "zmq_port": "off",
-                   "ws_port": "off", "text_port": "off", "http_port": "off"}, env={})
+                   "ws_port": "off", "text_port": "off", "http_port": "off", "kafka_port": "off"}, env={})
 stop = asyncio.Event()
 seen = {}
 
@@ -48,5 +48,6 @@ def test_serve_with_unreachable_etcd_exits_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", str(tmp_path / "d"),
                           "--etcd", "http://127.0.0.1:1", "--node", "a", "--replication-port", "0",
                           "--stream-port", "0", "--bson-port", "off", "--zmq-port", "off", "--ws-port", "off",
-                          "--text-port", "off", "--http-port", "off"], capture_output=True, text=True, timeout=60)
+                          "--text-port", "off", "--http-port", "off", "--kafka-port", "off"], capture_output=True,
+                         text=True, timeout=60)
     assert out.returncode == 2 and "etcd" in out.stderr, out.stderr

@@ -8,7 +8,7 @@ SERVE_STAMP := $(VENV)/.riverbed-serve-installed
 DATA   ?= riverbed-data
 PYTEST_ARGS ?=
 
-CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi) setup.py pyproject.toml
+CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi shells/*.pyx shells/*.pxi) setup.py pyproject.toml
 
 .PHONY: install install-serve serve test test-compiled test-pure bench bench-compare fuzz soak clean
 

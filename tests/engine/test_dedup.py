@@ -8,8 +8,9 @@ Every path of the writer that decides a duplicate is driven: ``append`` (a chunk
 ids as a list), ``append`` with filter values and ``append_entries`` (the entry walk), sub-batch entries,
 ``append_chunk`` with the PublishingIds summary of ``publish_chunk`` (each twin of the shells' wire
 parsers builds the chunk), several appends in one group commit (the staged sequence), after a restart
-(the sequence cache is cold), and after a stream is deleted and created again. The hypothesis test checks the rule itself over
-random publishes of several references on two streams, with restarts and re-creations in between.
+(the sequence cache is cold), and after a stream is deleted and created again. The hypothesis test
+checks the rule itself over random publishes of several references on two streams, with restarts and
+re-creations in between.
 """
 
 import struct

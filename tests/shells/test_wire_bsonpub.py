@@ -89,7 +89,8 @@ def test_plain_pub(wire_twin):
     channel, rid, sess, start, end = wire_twin.bson_pub(frame)
     assert (channel, rid, sess) == ("orders", 7, None)
     assert frame[start:end] == bson.encode(event)
-    assert wire_twin.bson_pub(bytearray(frame)) == wire_twin.bson_pub(memoryview(frame)) == (channel, rid, sess, start, end)
+    assert wire_twin.bson_pub(bytearray(frame)) == wire_twin.bson_pub(memoryview(frame)) == \
+        (channel, rid, sess, start, end)
 
 
 def test_fields_in_any_order_and_optional(wire_twin):

@@ -149,7 +149,6 @@ class PublishCommands:
         # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut
         self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
                                  self._inflight(size, done), count, records, crc_done=False)
-        self._check_inflight()
 
     def _send_confirm(self, publisher_id, count, raw_ids):
         """Queue a confirm of ``count`` ids (``raw_ids``: their 8-byte big-endian bytes as they came).
@@ -238,6 +237,5 @@ class PublishCommands:
         # which spares the writer a walk over the data section
         self.broker.append(pub.stream, data, ids if pub.reference else None, pub.reference, filters,
                            self._inflight(size, done), len(ids), records)
-        self._check_inflight()
 
     # ------------------------------------------------------------------------------------- consuming

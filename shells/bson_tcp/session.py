@@ -9,7 +9,7 @@ Behaviour where the protocol leaves a choice:
   RESPONSE ok:false (errCode 6, with the rID when one could be read) and close; the body of an
   oversized frame is never read. An unknown ``type``: RESPONSE {ok:false, rID, errCode 6}, and the
   connection stays open. Any frame before a successful CONNECT: errCode 2 and close.
-* A PUB frame that ``core.bson_pub`` recognises (exactly the PUB envelope, strictly checked BSON) is
+* A PUB frame that ``wire.bson_pub`` recognises (exactly the PUB envelope, strictly checked BSON) is
   not decoded: its event's bytes are stored as the frame has them, which are the bytes decoding and
   encoding them again would give. Any other frame is decoded in full (and a PUB's event encoded again).
 * Pipelined PUBs read in one go are appended per channel as one batch (one engine append, contiguous);
@@ -28,13 +28,14 @@ Behaviour where the protocol leaves a choice:
 
 import logging
 
-from riverbed.engine import OffsetSpec, core
+from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import (
     FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StorageFull, StreamNotFound,
 )
 from riverbed.engine.predicate import from_mongo
 from riverbed.engine.record import CT_BSON, encode_record, max_depth
 from riverbed.shells import auth as _auth
+from riverbed.shells import wire
 from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
 from riverbed.shells.bson_tcp.queries import Matcher, Subscription
@@ -47,7 +48,7 @@ LISTENER = "bson"       # the listener label of riverbed_rejected_total
 # what a handler raises for a value the frame check let through: answered as the request's error (errCode
 # 6), never left to the listener's guard (which drops the connection as an internal error)
 _VALUE_ERRORS = (TypeError, ValueError, OverflowError, LookupError, AttributeError, RecursionError)
-FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
+FAST_PUB_DEPTH = 64      # wire.bson_pub leaves events nested deeper than this to the checked slow path
 
 ST_CONNECTING, ST_OPEN, ST_CLOSED = State.HANDSHAKE, State.OPEN, State.CLOSED   # before CONNECT, after it
 TX_MAX_BYTES = 256 << 20
@@ -108,7 +109,7 @@ class BsonSession(AdminCommands, SessionKernel):
         max_frame = self.limits.bson_max_frame
         try:
             # a declared length over the limit is refused as soon as its 4 bytes are in, before buffering
-            frames, used = core.split_bson_frames(src, max_frame)
+            frames, used = wire.split_bson_frames(src, max_frame)
         except FrameError as e:
             frames, used = self._split_until_bad(src, max_frame)
             bad = e
@@ -146,9 +147,9 @@ class BsonSession(AdminCommands, SessionKernel):
 
     def _dispatch(self, raw):
         if self.state == ST_OPEN and max_depth() >= FAST_PUB_DEPTH:
-            pub = core.bson_pub(raw)
+            pub = wire.bson_pub(raw)
             if pub is not None:
-                # a well-formed PUB, checked without decoding (event nesting included, up to the core's
+                # a well-formed PUB, checked without decoding (event nesting included, up to the parser's
                 # bound): its event is stored as the frame has it
                 self._pub(pub[0], pub[1], pub[2], bytes(raw[pub[3]:pub[4]]))
                 return
@@ -324,7 +325,7 @@ class BsonSession(AdminCommands, SessionKernel):
 
     def _pub(self, channel, rid, sess_id, event):
         """A PUB with a non-empty string ``channel``; ``event`` is a decoded document (encoded here), or
-        its BSON bytes as they came in a frame :func:`core.bson_pub` accepted (stored as they are)."""
+        its BSON bytes as they came in a frame :func:`wire.bson_pub` accepted (stored as they are)."""
         allowed = self._writable.get(channel)
         if allowed is None:
             # the user is fixed at CONNECT, so its answer per channel can be kept for the connection

@@ -60,8 +60,8 @@ rabbit_mgmt_wm_connection.erl``), which this module does the same way:
 
 import logging
 
-from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
+from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, commands
@@ -143,9 +143,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         else:
             src = data
         try:
-            # Publish payloads come as views of src, not copies (the compiled core copies each once,
+            # Publish payloads come as views of src, not copies (the compiled parser copies each once,
             # into its chunk): so src is never changed after this; its unused tail moves to a new buffer
-            frames, used = core.split_frames(src, self._max_frame, CMD_PUBLISH)
+            frames, used = wire.split_frames(src, self._max_frame, CMD_PUBLISH)
         except FrameTooLarge:
             # Frames before the big one may include Open, which raises the cap: go one at a time.
             frames, used = self._split_slowly(src)
@@ -496,6 +496,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         r.done()
         host, port = self._advertised()
         has = self.broker.has_stream
+        cluster = getattr(self.broker, "cluster", None)
+        if cluster is not None:
+            # a cluster member: each stream's leader and replicas with their advertised addresses
+            brokers, entries = cluster.rmq_metadata(streams, has, (host, port))
+            self._send(encode_metadata_response(corr, brokers, entries))
+            return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
                    for s in streams]
         self._send(encode_metadata_response(corr, [(0, host, port)], entries))

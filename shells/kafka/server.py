@@ -11,15 +11,13 @@ class KafkaServer(TcpListener):
     (useful with port 0); ``shell`` the listener's :class:`KafkaShell`. Loop-thread only."""
 
     name = "kafka"
+    session_class = KafkaSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=9092, ssl=None, advertised_host=None,
                  advertised_port=None):
         self.shell = KafkaShell(broker, advertised_host=advertised_host, advertised_port=advertised_port,
                                 call_later=self._call_later)
-        super().__init__(broker, self._new_session, shell=self.shell, host=host, port=port, ssl=ssl)
-
-    def _new_session(self, io, *, peer, local, remote, peer_loopback):
-        return KafkaSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
+        super().__init__(broker, shell=self.shell, host=host, port=port, ssl=ssl)
 
     def _call_later(self, delay, fn):
         return self.loop.call_later(delay, fn).cancel

@@ -514,7 +514,8 @@ class _Fetch:
         s._fetches.add(self)
         for stream, offset in waits:
             self.cancels.append(s.broker.watch(stream, offset, self._woke))
-        self.timer = s.shell.call_later(wait_ms / 1000.0, self._expired)
+        # the shell's timer runs outside the listener: under this connection's guard, as the io's would
+        self.timer = s.shell.call_later(wait_ms / 1000.0, functools.partial(s.guard, self._expired))
 
     def _woke(self, exc):
         if not self.done:

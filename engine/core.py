@@ -38,6 +38,7 @@ split_frames = impl.split_frames
 split_bson_frames = impl.split_bson_frames
 build_bloom = impl.build_bloom
 bloom_match = impl.bloom_match
+chunk_bloom_match = impl.chunk_bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
 publish_chunk = impl.publish_chunk

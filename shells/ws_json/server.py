@@ -39,7 +39,7 @@ from riverbed.shells.webtext import guard_server
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
 from riverbed.shells.ws_json.session import (
-    DEFAULT_SEND_BUFFER_MAX, ST_CLOSED, WsSession, WsShell, chunk_messages, previous_offset,
+    DEFAULT_SEND_BUFFER_MAX, ST_CLOSED, WsSession, WsShell, batch_messages, previous_offset,
 )
 
 log = logging.getLogger("riverbed.ws")
@@ -281,15 +281,15 @@ class WsJsonServer:
         out = []
         pos = lo
         while pos <= hi and len(out) < REST_MAX_COUNT:
-            chunks = self.broker.read_chunks(log_stream, pos, 16)
-            if not chunks:
-                break
-            for chunk_id, raw in chunks:
-                for offset, ts, text in chunk_messages(chunk_id, raw, pos, hi):
+            batches, nxt = self.broker.read_records(log_stream, pos, 16, hi + 1)
+            for batch in batches:
+                for offset, ts, text in batch_messages(batch, hi):
                     if (min_ts is not None and ts < min_ts) or (max_ts is not None and ts > max_ts):
                         continue
                     out.append(codec.encode_msg(prefix, ts, offset, previous_offset(offset), text))
-                pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+            if nxt == pos:
+                break
+            pos = nxt
             await asyncio.sleep(0)       # a long range yields to the other connections between batches
         return out[:REST_MAX_COUNT]
 

@@ -27,8 +27,6 @@ Loop-thread only.
 import logging
 
 from riverbed.engine import OffsetSpec
-from riverbed.engine import core
-from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
@@ -49,24 +47,13 @@ MAX_IN_FLIGHT = 32                   # appends of one connection not yet committ
 ST_OPEN, ST_CLOSING, ST_CLOSED = 0, 1, 2
 
 
-def chunk_messages(chunk_id, raw, start, stop=None):
-    """``(offset, timestamp_ms, json_text)`` of each record of a stored chunk from offset ``start`` to
-    ``stop`` (inclusive; None: to the end). The timestamp is the record's creation-time when it has one,
-    else the chunk's timestamp; the text is the record rendered as JSON (``record.to_json_text``)."""
-    chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
-    out = []
-    offset = chunk_id - 1
-    decode, render = _record.decode_record, _record.to_json_text
-    for r in core.chunk_records(raw, False):
-        offset += 1
-        if offset < start:
-            continue
-        if stop is not None and offset > stop:
-            break
-        rec = decode(r)
-        ts = rec.creation_time
-        out.append((offset, chunk_ts if ts is None else ts, render(rec)))
-    return out
+def batch_messages(batch, stop=None):
+    """``(offset, timestamp_ms, json_text)`` of each record of a broker
+    :class:`~riverbed.shells.broker.records.RecordBatch` up to offset ``stop`` (inclusive; None: to the
+    end). The timestamp is the broker's one rule (the record's creation-time when it has one, else its
+    chunk's); the text is the record rendered as JSON (``record.to_json_text``)."""
+    render = _record.to_json_text
+    return [(offset, ts, render(view)) for offset, ts, view in batch.records(stop)]
 
 
 def previous_offset(offset):
@@ -125,7 +112,7 @@ class Fanout:
         self._waiting.append(on_ready)
         if self.tail is None:
             self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_chunk, defer=self.shell.defer,
-                             on_gone=self._on_gone, mode=MODE_WINDOW)
+                             on_gone=self._on_gone, mode=MODE_WINDOW, records=True)
             if self.from_first:
                 self._started(0, None)
             else:
@@ -154,10 +141,10 @@ class Fanout:
         if self.shell.fanouts.get((self.stream_id, self.partition)) is self:
             del self.shell.fanouts[(self.stream_id, self.partition)]
 
-    def _on_chunk(self, tail, chunk_id, raw, start):
+    def _on_chunk(self, tail, batch):
         prefix = self.prefix
         frames = []
-        for offset, ts, text in chunk_messages(chunk_id, raw, start):
+        for offset, ts, text in batch_messages(batch):
             msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
             frames.append(codec.ws_text_frame(codec.broadcast_frame(msg)))
         if frames:
@@ -230,16 +217,13 @@ class ResendJob:
             s.io.call_later(RESEND_RETRY, self.step)
             return
         try:
-            chunks = s.shell.broker.read_chunks(self.log_stream, self.pos, RESEND_CHUNKS)
+            batches, nxt = s.shell.broker.read_records(self.log_stream, self.pos, RESEND_CHUNKS, self.hi + 1)
         except RiverbedError:
-            chunks = []
+            batches, nxt = [], self.pos
         out = []
         sub, prefix, min_ts = self.sub, self.prefix, self.min_ts
-        for chunk_id, raw in chunks:
-            if raw[1] != fmt.CHUNK_USER:
-                self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-                continue
-            for offset, ts, text in chunk_messages(chunk_id, raw, self.pos, self.hi):
+        for batch in batches:
+            for offset, ts, text in batch_messages(batch, self.hi):
                 if min_ts is not None and ts < min_ts:
                     continue
                 if not self.sent_any:
@@ -248,12 +232,11 @@ class ResendJob:
                         codec.TYPE_RESENDING, codec.stream_payload(self.stream_id, self.partition, sub))))
                 msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
                 out.append(codec.ws_text_frame(codec.unicast_frame(msg, sub)))
-            self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-            if self.pos > self.hi:
-                break
+        moved = nxt != self.pos
+        self.pos = nxt
         if out:
             s.io.write(b"".join(out))
-        if not chunks or self.pos > self.hi:
+        if not moved or self.pos > self.hi:
             self._finish()
         else:
             s.io.defer(self.step)

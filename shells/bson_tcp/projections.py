@@ -84,7 +84,7 @@ class Projection:
 
     def start(self, offset):
         b = self.owner.broker
-        self.tail = Tail(b, self.channel, offset, self._on_chunk, defer=b.post, on_gone=self._gone,
+        self.tail = Tail(b, self.channel, offset, self._on_records, defer=b.post, on_gone=self._gone,
                          mode=MODE_CREDIT, credit=1, records=True)
         self.tail.start()
 
@@ -111,7 +111,7 @@ class Projection:
             ops.append(("put" if self.replace else "merge", self.binder, doc_id, doc))
         return ops, batch.next_offset
 
-    def _on_chunk(self, tail, batch):
+    def _on_records(self, tail, batch):
         ops, next_pos = self._ops(batch)
         self._commit(ops, next_pos)
         return 1          # one chunk of credit: the next is read once this one has committed

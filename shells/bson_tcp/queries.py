@@ -45,7 +45,7 @@ class Subscription:
         self.min_ts = min_ts
         self.durable_ref = durable_ref
         self.sent = 0
-        self.tail = Tail(session.broker, channel, offset, self._on_chunk, defer=session.io.defer,
+        self.tail = Tail(session.broker, channel, offset, self._on_records, defer=session.io.defer,
                          on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW,
                          records=True)
 
@@ -60,7 +60,7 @@ class Subscription:
     def _gone(self, exc):
         self.session._subscription_gone(self, exc)
 
-    def _on_chunk(self, tail, batch):
+    def _on_records(self, tail, batch):
         budget = tail.window_high - tail.outstanding
         used = 0
         out = []

@@ -118,7 +118,7 @@ class EventRequests:
         stream = sub.stream
         name = C.name_token(stream).encode("utf-8")
 
-        def on_chunk(tail, batch):
+        def on_records(tail, batch):
             parts = []
             for off, _ts, view in batch.records():
                 body = to_json_text(view).encode("utf-8")
@@ -133,7 +133,7 @@ class EventRequests:
             if sub.tail is tail and not sub.closed:
                 sub.tail = None
                 sub.start = 0   # deleted: wait for the stream to appear again, then read it from id 1
-        tail = Tail(self.broker, stream, sub.start, on_chunk, defer=self.io.defer, on_gone=on_gone,
+        tail = Tail(self.broker, stream, sub.start, on_records, defer=self.io.defer, on_gone=on_gone,
                     mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW, records=True)
         sub.tail = tail
         if self._transport_paused:

@@ -111,7 +111,7 @@ class Fanout:
             return
         self._waiting.append(on_ready)
         if self.tail is None:
-            self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_chunk, defer=self.shell.defer,
+            self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_records, defer=self.shell.defer,
                              on_gone=self._on_gone, mode=MODE_WINDOW, records=True)
             if self.from_first:
                 self._started(0, None)
@@ -141,7 +141,7 @@ class Fanout:
         if self.shell.fanouts.get((self.stream_id, self.partition)) is self:
             del self.shell.fanouts[(self.stream_id, self.partition)]
 
-    def _on_chunk(self, tail, batch):
+    def _on_records(self, tail, batch):
         prefix = self.prefix
         frames = []
         for offset, ts, text in batch_messages(batch):

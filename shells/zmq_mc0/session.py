@@ -431,7 +431,7 @@ class McShell:
     def _start_tail(self, sub, offset, start=True):
         client = sub.client
 
-        def on_chunk(tail, batch):
+        def on_records(tail, batch):
             sub.held = [iter(batch), None]
             self.deliver_held(sub)
             return 0
@@ -440,7 +440,7 @@ class McShell:
             if not client.gone and client.subs.get(sub.topic) is sub:
                 self.to_waiting(sub, 0)
 
-        sub.tail = Tail(self.broker, sub.name, offset, on_chunk, defer=self.io.defer, on_gone=on_gone,
+        sub.tail = Tail(self.broker, sub.name, offset, on_records, defer=self.io.defer, on_gone=on_gone,
                         mode=MODE_CREDIT, credit=UNLIMITED, records=True)
         if client.blocked:
             sub.tail.pause()

@@ -101,18 +101,17 @@ class RecordBatch:
     def records(self, stop=None):
         """Yield ``(offset, timestamp, view)`` from ``start`` up to ``stop`` (inclusive; None: to the end)."""
         chunk_ts = self.chunk_timestamp
-        offset = self.start
-        raws = self.raws
-        end = len(raws) + self.chunk_id
-        if stop is not None and stop + 1 < end:
+        start = self.start
+        end = self.chunk_id + len(self.raws)
+        if stop is not None and stop < end:
             end = stop + 1
-        i = offset - self.chunk_id
-        while offset < end:
-            view = decode_record(raws[i])
+        skip = start - self.chunk_id
+        raws = self.raws[skip:] if skip else self.raws
+        decode = decode_record
+        for offset, raw in zip(range(start, end), raws):
+            view = decode(raw)
             ts = view.creation_time
             yield offset, chunk_ts if ts is None else ts, view
-            offset += 1
-            i += 1
 
 
 def read_records(reader, stream, offset, max_chunks, stop=None):

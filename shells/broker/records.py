@@ -91,13 +91,6 @@ class RecordBatch:
         raws = self.raws[skip:] if skip else self.raws
         return zip(range(self.start, self.start + len(raws)), raws)
 
-    def raw(self, offset):
-        """The stored bytes of the record at ``offset`` (in this chunk). Raises IndexError."""
-        i = offset - self.chunk_id
-        if i < 0:
-            raise IndexError(offset)
-        return self.raws[i]
-
     def records(self, stop=None):
         """Yield ``(offset, timestamp, view)`` from ``start`` up to ``stop`` (inclusive; None: to the end)."""
         chunk_ts = self.chunk_timestamp

@@ -640,14 +640,14 @@ class Engine(SuperStreamBindings):
     def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
                      crc_done=True, on_done=None):
         """Append a chunk the caller built whole: a ``bytearray`` laid out as :func:`core.encode_chunk_buffer`
-        or :func:`core.publish_chunk` make it (48-byte header with the data CRC, length and counts, then
-        the data section; no bloom, no filter values). The writer stamps chunk id and timestamp into it in
-        place, so the caller hands it over and must not use it again.
+        or the shells' :func:`riverbed.shells.wire.publish_chunk` make it (48-byte header with the data CRC,
+        length and counts, then the data section; no bloom, no filter values). The writer stamps chunk id
+        and timestamp into it in place, so the caller hands it over and must not use it again.
 
         ``num_entries`` and ``num_records`` must be exact. Over 65535 entries (more than a header can
         count), or over the stream's records or bytes per chunk, the data section is appended as entries
         and split over several chunks. ``crc_done=False`` says the header CRC is not filled in yet
-        (``core.publish_chunk(..., crc=False)``): the writer computes it only if the chunk is stored whole.
+        (``wire.publish_chunk(..., crc=False)``): the writer computes it only if the chunk is stored whole.
         ``publishing_ids``
         (per entry: a list of ints or a :class:`PublishingIds`) and ``publisher`` work as in
         append_entries. Returns a Future of AppendResult.

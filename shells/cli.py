@@ -30,6 +30,7 @@ SHELLS = [
     ("zmq_port", "zmq", "riverbed.shells.zmq_mc0"),
     ("ws_port", "ws", "riverbed.shells.ws_json"),
     ("text_port", "text", "riverbed.shells.ream_text"),
+    ("kafka_port", "kafka", "riverbed.shells.kafka"),
     ("http_port", "http", "riverbed.shells.http"),
 ]
 DEFAULT_USERS_FILE = "riverbed-users.toml"

@@ -190,6 +190,7 @@ OPTIONS = [
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
     Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
+    Option("kafka_port", parse_port, 9092, "Kafka port (default 9092; 0 = any free; off)", "PORT"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
            "--tls-cert (default 5551; 0 = any free; off)", "PORT"),

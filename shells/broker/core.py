@@ -532,7 +532,7 @@ class Broker:
             num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
-        """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
+        """Append a sealed chunk (wire.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
         counts must be exact; the chunk belongs to the engine from here on. ``crc_done=False``: its
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(

@@ -46,6 +46,7 @@ test-compiled: install
 	@ci/npm-test-deps.sh >/dev/null
 	@ci/npm-rmq-js-deps.sh >/dev/null
 	@ci/ensure-chromium.sh
+	@ci/ensure-etcd.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install

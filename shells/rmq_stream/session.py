@@ -496,6 +496,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         r.done()
         host, port = self._advertised()
         has = self.broker.has_stream
+        cluster = getattr(self.broker, "cluster", None)
+        if cluster is not None:
+            # a cluster member: each stream's leader and replicas with their advertised addresses
+            brokers, entries = cluster.rmq_metadata(streams, has, (host, port))
+            self._send(encode_metadata_response(corr, brokers, entries))
+            return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
                    for s in streams]
         self._send(encode_metadata_response(corr, [(0, host, port)], entries))

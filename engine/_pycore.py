@@ -262,6 +262,21 @@ def bloom_match(bloom, values, match_unfiltered):
     return False
 
 
+
+def chunk_bloom_match(chunk, values, match_unfiltered):
+    """Whether the stored ``chunk`` (header, bloom, data) is a user chunk that may hold a record a
+    subscriber with filter ``values`` wants: :func:`bloom_match` on its bloom filter; False for a chunk of
+    the log's own (offset tracking). Raises ChunkError for a bad header or a bloom past the end."""
+    h = read_header(chunk)
+    size = h[10]
+    if LEN_CHUNK_HEADER + size > len(chunk):
+        raise ChunkError(f"bloom of {size} bytes runs past the {len(chunk)}-byte chunk")
+    if h[1] != CHUNK_USER:
+        return False
+    if size == 0:
+        return match_unfiltered
+    return bloom_match(memoryview(chunk)[LEN_CHUNK_HEADER:LEN_CHUNK_HEADER + size], values, match_unfiltered)
+
 # ---- Arrow column buffers (riverbed.spark) ------------------------------------------------------------
 
 _I64LE = struct.Struct("<q")

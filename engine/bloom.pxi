@@ -74,3 +74,23 @@ def bloom_match(bloom, values, match_unfiltered):
         return False
     finally:
         PyBuffer_Release(&bv)
+
+
+def chunk_bloom_match(chunk, values, match_unfiltered):
+    """Whether the stored ``chunk`` (header, bloom, data) is a user chunk that may hold a record a
+    subscriber with filter ``values`` wants: :func:`bloom_match` on its bloom filter; False for a chunk of
+    the log's own (offset tracking). Raises ChunkError for a bad header or a bloom past the end."""
+    cdef Py_buffer view
+    cdef Header h
+    c_get_buffer(chunk, &view)
+    try:
+        c_read_header(<const unsigned char*>view.buf, view.len, &h)
+        if HDR_LEN + <Py_ssize_t>h.bloom > view.len:
+            raise ChunkError(f"bloom of {h.bloom} bytes runs past the {view.len}-byte chunk")
+    finally:
+        PyBuffer_Release(&view)
+    if h.ctype != CHUNK_USER:
+        return False
+    if h.bloom == 0:
+        return match_unfiltered
+    return bloom_match(memoryview(chunk)[HDR_LEN:HDR_LEN + h.bloom], values, match_unfiltered)

@@ -38,6 +38,7 @@ cut_entries = impl.cut_entries
 chunk_records = impl.chunk_records
 build_bloom = impl.build_bloom
 bloom_match = impl.bloom_match
+chunk_bloom_match = impl.chunk_bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
 # the one record format (AMQP 1.0 bare messages): riverbed.engine.record is the layer shells call

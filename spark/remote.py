@@ -18,6 +18,8 @@ import struct
 import time
 from urllib.parse import unquote, urlsplit
 
+from riverbed.engine import core
+from riverbed.engine import format as fmt
 from riverbed.shells import rmq_stream as rmq
 
 DEFAULT_PORT = 5552
@@ -188,7 +190,8 @@ class StreamClient:
                 skip = 5 if version == 1 else 13         # key, version, subscription id (+ committed id)
                 self.sock.sendall(rmq.frame(rmq.CMD_CREDIT, _CREDIT.pack(SUBSCRIPTION_ID, 1)))
                 chunk = memoryview(payload)[skip:]
-                chunk_id, records = struct.unpack_from(">Q", chunk, 24)[0], struct.unpack_from(">I", chunk, 4)[0]
+                header = core.read_header(chunk)      # the engine parses the chunk header, as for LMDB
+                chunk_id, records = header[fmt.H_CHUNK_ID], header[fmt.H_RECORDS]
                 deadline = time.monotonic() + idle
                 yield chunk
                 if chunk_id + records >= end:

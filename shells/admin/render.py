@@ -70,17 +70,20 @@ def iso_ms(ms):
 
 
 def record_json(offset, raw, chunk_ms=None):
-    """One stored record as a dict for ``tail --format json``: ``offset``, ``timestamp`` (the chunk's
-    time, ISO-8601 UTC, when known), ``content_type`` (as stored, or null), ``kind`` (json, bson,
+    """One stored record as a dict for ``tail --format json``: ``offset``, ``timestamp`` (ISO-8601 UTC, by
+    the broker's one rule: the record's creation-time when it has one, else ``chunk_ms``, its chunk's
+    time, when known), ``content_type`` (as stored, or null), ``kind`` (json, bson,
     bytes), ``creation_time`` (ISO, when the message has one), ``app_properties`` (when any) and
     ``value``: a JSON payload parsed, BSON as relaxed Extended JSON, bytes as ``{"base64": ...}``
     (``riverbed.engine.record.to_json_value``), and a UTF-8 ``text/*`` payload as a string. Never raises
     for any bytes."""
     from riverbed.engine.record import decode_record, to_json_value
+    from riverbed.shells.broker.records import record_timestamp
     rec = decode_record(bytes(raw))
     out = {"offset": offset}
-    if chunk_ms is not None:
-        out["timestamp"] = iso_ms(chunk_ms)
+    ts = record_timestamp(rec, chunk_ms)
+    if ts is not None:
+        out["timestamp"] = iso_ms(ts)
     out["content_type"] = rec.content_type
     out["kind"] = rec.kind
     if rec.creation_time is not None:

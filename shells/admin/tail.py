@@ -26,6 +26,7 @@ SPEC_OFFSET = "offset"
 SPEC_TIMESTAMP = "timestamp"
 IDLE_STOP = 2.0           # seconds without a delivery after which a tail without --follow ends
 INITIAL_CREDIT = 10       # chunks in flight; rstream grants one more per chunk delivered
+READ_CHUNKS = 16          # chunks a --data-dir tail reads at a time
 _RELATIVE_RE = re.compile(r"^-(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
 _RELATIVE_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
@@ -196,6 +197,7 @@ def tail_local(path, name, spec, follow, fmt):
     """The same from a data directory (read-only), up to its end when the command started."""
     from riverbed.engine import OffsetSpec, StreamNotFound
     from riverbed.shells.admin.streams import open_data_dir
+    from riverbed.shells.broker.records import read_records
     if follow:
         raise AdminError("--follow needs a running server, not --data-dir", EXIT_USAGE)
     kind, value = spec
@@ -208,10 +210,17 @@ def tail_local(path, name, spec, follow, fmt):
             end = engine.stream_info(name).next_offset
         except StreamNotFound:
             raise AdminError(f"stream {name!r} does not exist") from None
-        for offset, raw in engine.scan(name, start):
-            if offset >= end:
+        offset = start
+        while offset < end:
+            batches, nxt = read_records(engine, name, offset, READ_CHUNKS, end)
+            for batch in batches:
+                for at, raw in batch:
+                    if at >= end:
+                        break
+                    printer.write(at, raw, batch.chunk_timestamp)
+            if nxt == offset:
                 break
-            printer.write(offset, raw)
+            offset = nxt
     finally:
         engine.close()
     return EXIT_OK

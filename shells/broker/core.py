@@ -23,8 +23,9 @@ What lives here, protocol-neutral:
   is short of space), publisher dedup, and read-your-writes barriers (a query of a
   publisher sequence or consumer offset waits for that reference's writes in flight; a NEXT position is
   resolved after every append already accepted has committed);
-* reading: offset specs, chunks, watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
-  (tailing subscriptions with per-chunk credit or a byte window);
+* reading: offset specs, records (records.py: each with its offset, timestamp and decoded view; chunks
+  only for RabbitMQ Stream), watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
+  (tailing subscriptions of records or chunks, with per-chunk credit or a byte window);
 * consumer offsets and named durable positions;
 * the one document store of the engine (``docs``) and transactions over it and the log (``transact``);
 * monitoring reads of the engine's committed state (``stream_states``, ``engine_stats``, ...);
@@ -41,13 +42,13 @@ import threading
 import time
 
 from riverbed.engine import OffsetSpec
-from riverbed.engine import format as fmt
 from riverbed.engine import core
 from riverbed.engine import stats as _engine_stats
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker import records as _records
 from riverbed.shells.broker.stats import BrokerStats
 
 log = logging.getLogger("riverbed.broker")
@@ -475,11 +476,22 @@ class Broker:
             if not chunks:
                 return self.engine.resolve(stream, OffsetSpec.next())
             for chunk_id, raw in chunks:
-                bloom = raw[44]
-                if raw[1] == fmt.CHUNK_USER and core.bloom_match(raw[48:48 + bloom] if bloom else b"", filters,
-                                                                 match_unfiltered):
+                if core.chunk_bloom_match(raw, filters, match_unfiltered):
                     return chunk_id
-                pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+                pos = chunk_id + _records.chunk_span(raw)[1]
+
+    def read_records(self, stream, offset, max_chunks, stop=None):
+        """Committed records of ``stream`` from ``offset``, at most ``max_chunks`` chunks' worth:
+        ``(batches, next_offset)`` (:func:`riverbed.shells.broker.records.read_records`: a list of
+        :class:`~riverbed.shells.broker.records.RecordBatch`, each record with its offset, timestamp and
+        decoded view). Raises StreamNotFound, ChunkError. Any thread (a read transaction of its own)."""
+        return _records.read_records(self, stream, offset, max_chunks, stop)
+
+    def scan_records(self, stream, start, stop, batch_chunks=16):
+        """Yield ``(offset, timestamp, view)`` for every committed record in ``[start, stop)``, reading
+        ``batch_chunks`` chunks at a time (:func:`riverbed.shells.broker.records.scan_records`). Raises
+        StreamNotFound, ChunkError."""
+        return _records.scan_records(self, stream, start, stop, batch_chunks)
 
     # -------------------------------------------------------------------------- appends, barriers
 

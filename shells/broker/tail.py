@@ -17,17 +17,27 @@ Independently, ``pause()``/``resume()`` follow the transport's write buffer (a p
 stops delivery before the buffer grows). One pump delivers at most ``budget`` chunks, then yields to the
 loop through ``defer`` so that one busy subscriber cannot starve the other connections.
 
-Loop-thread only. ``on_chunk(tail, chunk_id, raw, start)`` gets the stored chunk (header, bloom, data)
-and ``start``, the first offset in it the subscriber has not had (a reader that started inside a chunk
-skips the records before it). When it is called, ``tail.offset`` already points past the chunk; a
+What the subscriber gets, two kinds (the session picks one):
+
+* **records** (``records=True``; every protocol but RabbitMQ Stream): ``on_chunk(tail, batch)`` gets a
+  :class:`~riverbed.shells.broker.records.RecordBatch`, the records of one committed user chunk from the
+  first one the subscriber has not had, each with its offset, timestamp (the one rule of records.py)
+  and decoded view. A chunk whose records do not walk is logged and skipped: it never stops the records
+  after it.
+* **chunks** (RabbitMQ Stream, whose wire format is the chunk): ``on_chunk(tail, chunk_id, raw, start)``
+  gets the stored chunk (header, bloom, data) and ``start``, the first offset in it the subscriber has
+  not had (a reader that started inside a chunk skips the records before it).
+
+Either way, when ``on_chunk`` is called ``tail.offset`` already points past the chunk; a
 record-at-a-time protocol that must stop inside the chunk (its window filled up) sets ``tail.offset`` to
-the first record it did not send, and the next pump starts there.
+the first record it did not send, and the next pump starts there. Loop-thread only.
 """
 
 import logging
 
-from riverbed.engine import format as fmt
+from riverbed.engine import core
 from riverbed.engine.errors import ChunkError, StreamNotFound
+from riverbed.shells.broker.records import RecordBatch, chunk_span
 
 log = logging.getLogger("riverbed.broker")
 
@@ -41,15 +51,16 @@ class Tail:
 
     ``defer(fn)`` schedules ``fn()`` on the loop soon (``loop.call_soon``). ``on_gone(exc)`` is called
     once when the stream is deleted (StreamNotFound) or a chunk is corrupt (ChunkError); delivery then
-    stops for good. Nothing is delivered before :meth:`start`.
+    stops for good. Nothing is delivered before :meth:`start`. ``records``: deliver
+    :class:`~riverbed.shells.broker.records.RecordBatch` objects instead of chunk bytes.
     """
 
     __slots__ = ("broker", "stream", "offset", "on_chunk", "on_gone", "defer", "mode", "units", "window_high",
                  "window_low", "outstanding", "budget", "_stalled", "_paused", "_closed", "_started",
-                 "_cancel_wait", "_scheduled")
+                 "_cancel_wait", "_scheduled", "records")
 
     def __init__(self, broker, stream, offset, on_chunk, *, defer, on_gone=None, mode=MODE_CREDIT, credit=0,
-                 window_high=4 << 20, window_low=2 << 20, budget=None):
+                 window_high=4 << 20, window_low=2 << 20, budget=None, records=False):
         self.broker = broker
         self.stream = stream
         self.offset = offset          # next offset to read: the chunk holding it is delivered next
@@ -68,6 +79,7 @@ class Tail:
         self._started = False
         self._cancel_wait = None
         self._scheduled = False
+        self.records = records
 
     # ------------------------------------------------------------------------------- flow control
 
@@ -151,10 +163,24 @@ class Tail:
             for chunk_id, raw in chunks:
                 budget -= 1
                 start = self.offset
-                self.offset = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-                if raw[1] != fmt.CHUNK_USER:
+                try:
+                    user, taken, chunk_ts = chunk_span(raw)
+                except ChunkError as e:
+                    self._gone(e)
+                    return
+                self.offset = chunk_id + taken
+                if not user:
                     continue
-                used = self.on_chunk(self, chunk_id, raw, max(start, chunk_id))
+                if self.records:
+                    try:
+                        batch = RecordBatch(self.stream, chunk_id, chunk_ts, max(start, chunk_id), self.offset,
+                                            core.chunk_records(raw, False))
+                    except ChunkError as e:    # one unreadable chunk must not stop the records after it
+                        log.error("cannot read the records of chunk %d of %r: %s", chunk_id, self.stream, e)
+                        continue
+                    used = self.on_chunk(self, batch)
+                else:
+                    used = self.on_chunk(self, chunk_id, raw, max(start, chunk_id))
                 if used:    # metrics: records the subscriber got (it may have stopped inside the chunk)
                     delivered = self.broker.stats.delivered
                     delivered[self.stream] = delivered.get(self.stream, 0) + self.offset - max(start, chunk_id)

@@ -19,10 +19,9 @@ Loop-thread only; the document writes happen on the engine's writer thread.
 
 import logging
 
-from riverbed.engine import core
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamNotFound
 from riverbed.engine.predicate import MISSING, compile_predicate, from_mongo, get_path, split_path
-from riverbed.engine.record import decode_record, to_bson_document
+from riverbed.engine.record import to_bson_document
 from riverbed.shells.broker import MODE_CREDIT, Tail
 
 log = logging.getLogger("riverbed.bson")
@@ -85,8 +84,8 @@ class Projection:
 
     def start(self, offset):
         b = self.owner.broker
-        self.tail = Tail(b, self.channel, offset, self._on_chunk, defer=b.post, on_gone=self._gone,
-                         mode=MODE_CREDIT, credit=1)
+        self.tail = Tail(b, self.channel, offset, self._on_records, defer=b.post, on_gone=self._gone,
+                         mode=MODE_CREDIT, credit=1, records=True)
         self.tail.start()
 
     def stop(self):
@@ -97,11 +96,10 @@ class Projection:
         log.warning("projection %r stopped: channel %r: %s", self.name, self.channel, exc)
         self.owner.running.pop(self.name, None)
 
-    def _ops(self, chunk_id, raw, start):
+    def _ops(self, batch):
         ops = []
-        records = core.chunk_records(raw)
-        for i in range(start - chunk_id, len(records)):
-            doc = to_bson_document(decode_record(records[i]))
+        for _offset, _ts, view in batch.records():
+            doc = to_bson_document(view)
             try:
                 if not self.match(doc):
                     continue
@@ -111,10 +109,10 @@ class Projection:
             if doc_id is MISSING or not valid_id(doc_id):
                 continue
             ops.append(("put" if self.replace else "merge", self.binder, doc_id, doc))
-        return ops, chunk_id + len(records)
+        return ops, batch.next_offset
 
-    def _on_chunk(self, tail, chunk_id, raw, start):
-        ops, next_pos = self._ops(chunk_id, raw, start)
+    def _on_records(self, tail, batch):
+        ops, next_pos = self._ops(batch)
         self._commit(ops, next_pos)
         return 1          # one chunk of credit: the next is read once this one has committed
 

@@ -4,9 +4,8 @@
 import bson
 
 from riverbed.engine import core
-from riverbed.engine import format as fmt
 from riverbed.engine.predicate import compile_predicate, raw_program
-from riverbed.engine.record import decode_record, to_bson_bytes
+from riverbed.engine.record import to_bson_bytes
 from riverbed.shells.bson_tcp.codec import WINDOW_HIGH, WINDOW_LOW, encode_query_result, encode_recev
 from riverbed.shells.broker import MODE_WINDOW, Tail
 
@@ -32,7 +31,9 @@ class Matcher:
 
 
 class Subscription:
-    """One SUBSCRIBE of a connection: a Tail of the channel in window mode, writing RECEV frames."""
+    """One SUBSCRIBE of a connection: a record Tail of the channel in window mode, writing RECEV frames.
+    A RECEV's ``timestamp`` is the record's by the broker's one rule (records.py: its creation-time, else
+    its chunk's); ``startTimestamp`` (``min_ts``) skips the records whose timestamp is before it."""
 
     __slots__ = ("session", "sub_id", "channel", "matcher", "min_ts", "durable_ref", "tail", "sent")
 
@@ -44,8 +45,9 @@ class Subscription:
         self.min_ts = min_ts
         self.durable_ref = durable_ref
         self.sent = 0
-        self.tail = Tail(session.broker, channel, offset, self._on_chunk, defer=session.io.defer,
-                         on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW)
+        self.tail = Tail(session.broker, channel, offset, self._on_records, defer=session.io.defer,
+                         on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW,
+                         records=True)
 
     def start(self):
         if self.session._write_paused:
@@ -58,26 +60,24 @@ class Subscription:
     def _gone(self, exc):
         self.session._subscription_gone(self, exc)
 
-    def _on_chunk(self, tail, chunk_id, raw, start):
-        ts = core.read_header(raw)[fmt.H_TIMESTAMP]
-        if self.min_ts is not None and ts < self.min_ts:
-            return 0
-        records = core.chunk_records(raw)
+    def _on_records(self, tail, batch):
         budget = tail.window_high - tail.outstanding
         used = 0
         out = []
-        sub_id, matcher = self.sub_id, self.matcher
-        n = len(records)
-        for i in range(start - chunk_id, n):
-            ev = to_bson_bytes(decode_record(records[i]))
+        sub_id, matcher, min_ts = self.sub_id, self.matcher, self.min_ts
+        last = batch.next_offset - 1
+        for offset, ts, view in batch.records():
+            if min_ts is not None and ts < min_ts:
+                continue
+            ev = to_bson_bytes(view)
             if matcher is not None and not matcher(ev):
                 continue
-            f = encode_recev(sub_id, chunk_id + i, ts, ev)
+            f = encode_recev(sub_id, offset, ts, ev)
             out.append(f)
             used += len(f)
-            if used > budget and i + 1 < n:
+            if used > budget and offset < last:
                 # over the window in the middle of a chunk: the rest of it is read again after ACKEVs
-                tail.offset = chunk_id + i + 1
+                tail.offset = offset + 1
                 break
         if out:
             self.sent += len(out)

@@ -35,7 +35,8 @@ the streams that user may read (its ``read`` pattern). Errors are JSON ``{"error
 
 ``GET /api/streams/{name}/records[?last=N]``
     The last N (1..100, default 20) records: ``[{"offset", "timestamp", "content_type", "kind", "body",
-    "truncated"}]`` oldest first. ``timestamp`` is the record's creation-time in ms, else its chunk's;
+    "truncated"}]`` oldest first. ``timestamp`` is the record's creation-time in ms, else its chunk's
+    (the broker's one rule, records.py);
     ``content_type`` as stored (null when none); ``kind`` says how ``body`` was rendered: ``json``
     (pretty-printed), ``bson`` (relaxed Extended JSON, pretty-printed), ``text`` (a payload labeled
     ``text/*``, or an unlabeled one that is printable UTF-8), ``hex`` (anything else, 16 bytes a line).
@@ -47,10 +48,10 @@ import json
 
 from aiohttp import web
 
-from riverbed.engine import core, record as _record
-from riverbed.engine import format as fmt
+from riverbed.engine import record as _record
 from riverbed.engine.errors import ChunkError, StreamNotFound
 from riverbed.shells.broker import READ, introspect
+from riverbed.shells.broker.records import record_timestamp
 from riverbed.shells.http import mgmt_stream      # RabbitMQ's fields of consumers and publishers
 from riverbed.shells.http.auth import require_user
 from riverbed.shells.http.server import BROKER, json_error
@@ -166,34 +167,22 @@ def last_records(broker, name, n):
         return []
     end = st["next_offset"]
     start = max(st["first_offset"], end - n)
-    out = []
-    offset = start
-    while offset < end:
-        chunks = broker.read_chunks(name, offset, READ_BATCH)
-        if not chunks:
-            break
-        for chunk_id, raw in chunks:
-            header = core.read_header(raw)
-            offset = chunk_id + (header[fmt.H_RECORDS] or 1)
-            if header[fmt.H_TYPE] != fmt.CHUNK_USER:
-                continue
-            chunk_ts = header[fmt.H_TIMESTAMP]
-            at = chunk_id
-            for r in core.chunk_records(raw, False):
-                if start <= at < end:
-                    out.append(render_record(at, chunk_ts, r))
-                at += 1
-            if offset >= end:
-                break
+    out = [render_view(offset, ts, view) for offset, ts, view in broker.scan_records(name, start, end, READ_BATCH)]
     return out[-n:]
 
 
 def render_record(offset, chunk_ts, raw):
-    """One stored record as the records route shows it (see the module docstring)."""
+    """One stored record (bytes, from a chunk of timestamp ``chunk_ts``) as the records route shows it."""
     rec = _record.decode_record(raw)
+    return render_view(offset, record_timestamp(rec, chunk_ts), rec)
+
+
+def render_view(offset, timestamp, rec):
+    """One decoded record as the records route shows it (see the module docstring); ``timestamp`` by the
+    broker's one rule (records.py)."""
     kind, body = _render_body(rec)
     truncated = len(body) > BODY_MAX
-    return {"offset": offset, "timestamp": rec.creation_time if rec.creation_time is not None else chunk_ts,
+    return {"offset": offset, "timestamp": timestamp,
             "content_type": rec.content_type, "kind": kind, "body": body[:BODY_MAX] if truncated else body,
             "truncated": truncated}
 

@@ -22,7 +22,6 @@ import logging
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import core
-from riverbed.engine import format as fmt
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
@@ -470,23 +469,19 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
         stored at or after ``ts`` (chunk precision), so no ListOffsets can hold the loop for long."""
         pos = self.broker.resolve(stream, OffsetSpec.timestamp(max(0, ts - TIME_SKEW_MS)))
         while True:
-            chunks = self.broker.read_chunks(stream, pos, READ_CHUNKS)
-            if not chunks:
+            batches, nxt = self.broker.read_records(stream, pos, READ_CHUNKS)
+            if nxt == pos:
                 return self.broker.resolve(stream, OffsetSpec.next()), -1
-            for chunk_id, raw in chunks:
-                nxt = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-                if raw[1] == fmt.CHUNK_USER:
-                    chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
-                    for i, rec in enumerate(core.chunk_records(raw)):
-                        if chunk_id + i < pos:
-                            continue
-                        budget[0] -= 1
-                        if budget[0] < 0:
-                            return self.broker.resolve(stream, OffsetSpec.timestamp(ts)), -1
-                        rts = R.from_stored(rec, chunk_ts)[0]
-                        if rts >= ts:
-                            return chunk_id + i, rts
-                pos = nxt
+            for batch in batches:
+                chunk_ts = batch.chunk_timestamp
+                for offset, rec in batch:
+                    budget[0] -= 1
+                    if budget[0] < 0:
+                        return self.broker.resolve(stream, OffsetSpec.timestamp(ts)), -1
+                    rts = R.from_stored(rec, chunk_ts)[0]
+                    if rts >= ts:
+                        return offset, rts
+            pos = nxt
 
 
 class _Fetch:
@@ -593,30 +588,33 @@ def _read_batches(broker, stream, offset, limit):
     pos = offset
     while size < limit:
         try:
-            chunks = broker.read_chunks(stream, pos, READ_CHUNKS)
+            batches, nxt = broker.read_records(stream, pos, READ_CHUNKS)
         except (StreamNotFound, RiverbedError):
             break
-        if not chunks:
+        if nxt == pos:
             break
-        for chunk_id, raw in chunks:
-            n = int.from_bytes(raw[4:8], "big") or 1
-            start = max(pos, chunk_id)
-            if raw[1] != fmt.CHUNK_USER:
-                batch = _empty_batch(start, chunk_id + n - 1)
-            else:
-                chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
-                recs = core.chunk_records(raw, False)
-                kafka = [R.from_stored(r, chunk_ts) for r in recs[start - chunk_id:]]
-                if not kafka:
-                    pos = chunk_id + n
-                    continue
-                kafka = [(ts if ts is not None else chunk_ts, k, v, h) for ts, k, v, h in kafka]
-                batch = C.encode_batch(start, kafka)
+        for rb in batches:
+            if rb.start > pos:      # offsets of the log's own chunks (tracking): an empty batch over them
+                batch = _empty_batch(pos, rb.start - 1)
+                out.append(batch)
+                size += len(batch)
+            chunk_ts = rb.chunk_timestamp
+            kafka = [R.from_stored(r, chunk_ts) for _, r in rb]
+            pos = rb.next_offset
+            if not kafka:
+                continue
+            kafka = [(ts if ts is not None else chunk_ts, k, v, h) for ts, k, v, h in kafka]
+            batch = C.encode_batch(rb.start, kafka)
             out.append(batch)
             size += len(batch)
-            pos = chunk_id + n
             if size >= limit:
                 break
+        else:
+            if nxt > pos:           # the read ended on chunks of the log's own
+                batch = _empty_batch(pos, nxt - 1)
+                out.append(batch)
+                size += len(batch)
+                pos = nxt
     return b"".join(out)
 
 

@@ -5,9 +5,8 @@ Loop-thread only; see session.py for the output queue and the ordering of effect
 """
 
 from riverbed.engine import OffsetSpec
-from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
-from riverbed.engine.record import CT_JSON, decode_record, encode_record, to_json_text
+from riverbed.engine.record import CT_JSON, encode_record, to_json_text
 from riverbed.shells.broker import MODE_WINDOW, Tail
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text.codec import EVENT, K_READ, K_WRITE, ST_OPEN, ReamError, reason_of
@@ -119,13 +118,10 @@ class EventRequests:
         stream = sub.stream
         name = C.name_token(stream).encode("utf-8")
 
-        def on_chunk(tail, chunk_id, raw, start):
+        def on_records(tail, batch):
             parts = []
-            for i, rec in enumerate(core.chunk_records(raw)):
-                off = chunk_id + i
-                if off < start:
-                    continue
-                body = to_json_text(decode_record(rec)).encode("utf-8")
+            for off, _ts, view in batch.records():
+                body = to_json_text(view).encode("utf-8")
                 parts.append(b"EVENT %s %d %d\n%s\n" % (name, off + 1, len(body), body))
             if not parts:
                 return 0
@@ -137,8 +133,8 @@ class EventRequests:
             if sub.tail is tail and not sub.closed:
                 sub.tail = None
                 sub.start = 0   # deleted: wait for the stream to appear again, then read it from id 1
-        tail = Tail(self.broker, stream, sub.start, on_chunk, defer=self.io.defer, on_gone=on_gone,
-                    mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW)
+        tail = Tail(self.broker, stream, sub.start, on_records, defer=self.io.defer, on_gone=on_gone,
+                    mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW, records=True)
         sub.tail = tail
         if self._write_paused:
             tail.pause()

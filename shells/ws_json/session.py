@@ -30,8 +30,6 @@ Loop-thread only.
 import logging
 
 from riverbed.engine import OffsetSpec
-from riverbed.engine import core
-from riverbed.engine import format as fmt
 from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
@@ -52,41 +50,26 @@ MAX_IN_FLIGHT = 32                   # appends of one connection not yet committ
 ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED   # names of issue 10 (tests)
 
 
-def chunk_messages(chunk_id, raw, start, stop=None):
-    """``(offset, timestamp_ms, json_text)`` of each record of a stored chunk from offset ``start`` to
-    ``stop`` (inclusive; None: to the end). The timestamp is the record's creation-time when it has one,
-    else the chunk's timestamp; the text is the record rendered as JSON (``record.to_json_text``)."""
-    chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
-    out = []
-    offset = chunk_id - 1
-    decode, render = _record.decode_record, _record.to_json_text
-    for r in core.chunk_records(raw, False):
-        offset += 1
-        if offset < start:
-            continue
-        if stop is not None and offset > stop:
-            break
-        rec = decode(r)
-        ts = rec.creation_time
-        out.append((offset, chunk_ts if ts is None else ts, render(rec)))
-    return out
+def batch_messages(batch, stop=None):
+    """``(offset, timestamp_ms, json_text)`` of each record of a broker
+    :class:`~riverbed.shells.broker.records.RecordBatch` up to offset ``stop`` (inclusive; None: to the
+    end). The timestamp is the broker's one rule (the record's creation-time when it has one, else its
+    chunk's); the text is the record rendered as JSON (``record.to_json_text``)."""
+    render = _record.to_json_text
+    return [(offset, ts, render(view)) for offset, ts, view in batch.records(stop)]
 
 
 def read_messages(broker, log_stream, pos, hi, chunks=RESEND_CHUNKS):
     """One bounded step of a read of offsets ``pos..hi`` (inclusive) of ``log_stream``: at most ``chunks``
-    stored chunks. Returns ``(messages, next_pos)``: ``(offset, timestamp_ms, json_text)`` as
-    :func:`chunk_messages` gives them, and the offset the next step starts at; the read is over when no
-    message came back and ``next_pos`` did not move, or ``next_pos > hi``. Chunks that hold no user
-    records (tracking) are skipped. The one record walk of the resends and the REST reads.
+    stored chunks, through the broker's record reads. Returns ``(messages, next_pos)``:
+    ``(offset, timestamp_ms, json_text)`` as :func:`batch_messages` gives them, and the offset the next
+    step starts at; the read is over when no message came back and ``next_pos`` did not move, or
+    ``next_pos > hi``. The one record walk of the resends and the REST reads.
     Raises RiverbedError from the broker's read."""
     out = []
-    for chunk_id, raw in broker.read_chunks(log_stream, pos, chunks):
-        header = core.read_header(raw)
-        if header[fmt.H_TYPE] == fmt.CHUNK_USER:
-            out += chunk_messages(chunk_id, raw, pos, hi)
-        pos = chunk_id + (header[fmt.H_RECORDS] or 1)
-        if pos > hi:
-            break
+    batches, pos = broker.read_records(log_stream, pos, chunks, hi + 1)
+    for batch in batches:
+        out += batch_messages(batch, hi)
     return out, pos
 
 
@@ -185,8 +168,8 @@ class Fanout:
             return
         self._waiting.append(on_ready)
         if self.tail is None:
-            self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_chunk, defer=self.shell.defer,
-                             on_gone=self._on_gone, mode=MODE_WINDOW)
+            self.tail = Tail(self.shell.broker, self.log_stream, 0, self._on_records, defer=self.shell.defer,
+                             on_gone=self._on_gone, mode=MODE_WINDOW, records=True)
             if self.from_first:
                 self._started(0, None)
             else:
@@ -215,10 +198,10 @@ class Fanout:
         if self.shell.fanouts.get((self.stream_id, self.partition)) is self:
             del self.shell.fanouts[(self.stream_id, self.partition)]
 
-    def _on_chunk(self, tail, chunk_id, raw, start):
+    def _on_records(self, tail, batch):
         prefix = self.prefix
         frames = []
-        for offset, ts, text in chunk_messages(chunk_id, raw, start):
+        for offset, ts, text in batch_messages(batch):
             msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
             frames.append(codec.ws_text_frame(codec.broadcast_frame(msg)))
         if frames:

@@ -42,7 +42,6 @@ import logging
 from collections import deque
 
 from riverbed.engine import OffsetSpec
-from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
@@ -74,7 +73,7 @@ ALL_PERMISSIONS = _auth.User("zmq")
 class Subscription:
     """One (client, topic) subscription: a Tail once the stream exists (``tail``), else waiting.
     ``start``: the offset a waiting subscription starts at once its stream appears. ``held``: the rest
-    of a chunk the peer could not take, as ``[records, index, chunk_id]``."""
+    of a record batch the peer could not take, as ``[(offset, raw) iterator, the pair not yet sent]``."""
 
     __slots__ = ("client", "topic", "name", "tail", "start", "held")
 
@@ -312,22 +311,27 @@ class McSession(SessionKernel):
     def deliver_held(self, sub):
         """Send what is left of ``sub``'s current chunk; False (and the client blocked) when the peer's
         pipe is full."""
-        records, i, chunk_id = sub.held
+        held = sub.held
+        pairs, pending = held
         topic = sub.topic
         write = self.io.write
-        n = len(records)
-        while i < n:
+        while True:
+            if pending is None:
+                pending = next(pairs, None)
+                if pending is None:
+                    break
+            offset, raw = pending
             try:
-                frames = codec.record_message(topic, records[i], chunk_id + i)
+                frames = codec.record_message(topic, raw, offset)
             except Exception as e:   # a record this shell cannot render: skip it, say so in the log
-                log.warning("zmq: record %d of %r cannot be rendered: %s", chunk_id + i, sub.name, e)
-                i += 1
+                log.warning("zmq: record %d of %r cannot be rendered: %s", offset, sub.name, e)
+                pending = None
                 continue
             if write(frames):
-                i += 1
+                pending = None
                 self.messages_out += 1
                 continue
-            sub.held[1] = i
+            held[1] = pending
             return False
         sub.held = None
         self.last_sent = self.shell.now
@@ -641,13 +645,8 @@ class McShell:
     def start_tail(self, sub, offset, start=True):
         client = sub.client
 
-        def on_chunk(tail, chunk_id, raw, start):
-            try:
-                records = core.chunk_records(raw)
-            except Exception as e:   # a corrupt chunk must not take the server down
-                log.error("zmq: cannot read chunk %d of %r: %s", chunk_id, sub.name, e)
-                return 0
-            sub.held = [records, start - chunk_id, chunk_id]
+        def on_records(tail, batch):
+            sub.held = [iter(batch), None]
             client.deliver_held(sub)
             return 0
 
@@ -655,8 +654,8 @@ class McShell:
             if not client.gone and client.subs.get(sub.topic) is sub:
                 self.to_waiting(sub, 0)
 
-        sub.tail = Tail(self.broker, sub.name, offset, on_chunk, defer=self.io.defer, on_gone=on_gone,
-                        mode=MODE_CREDIT, credit=UNLIMITED)
+        sub.tail = Tail(self.broker, sub.name, offset, on_records, defer=self.io.defer, on_gone=on_gone,
+                        mode=MODE_CREDIT, credit=UNLIMITED, records=True)
         if client.blocked:
             sub.tail.pause()
         if start:

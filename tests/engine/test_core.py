@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from riverbed.engine import _pycore, core
 from riverbed.engine.errors import ChunkError, UnsupportedCompression
 from riverbed.engine.format import (
-    BLOOM_SEED_2, COMPRESSION_GZIP, COMPRESSION_NONE, H_BLOOM_SIZE, H_CHUNK_ID, H_CRC, H_DATA_LEN, H_ENTRIES,
+    BLOOM_SEED_2, CHUNK_TRACKING_DELTA, COMPRESSION_GZIP, COMPRESSION_NONE, H_BLOOM_SIZE, H_CHUNK_ID, H_CRC,
+    H_DATA_LEN, H_ENTRIES,
     H_EPOCH, H_MAGIC, H_RECORDS, H_TIMESTAMP, H_TRAILER_LEN, H_TYPE, gzip_compress,
 )
 
@@ -28,7 +29,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
 
 PUBLIC = ["crc32", "encode_entries", "encode_sub_batch", "build_chunk", "encode_chunk", "read_header",
           "check_chunk", "scan_entries", "data_records", "chunk_records", "build_bloom", "bloom_match",
-          "cut_entries", "walk_simple_entries"]
+          "chunk_bloom_match", "cut_entries", "walk_simple_entries"]
 
 # ---- golden bytes, built by hand ----------------------------------------------------------------------
 
@@ -569,6 +570,23 @@ def test_bloom_bit_0_flags_unfiltered_entries(twin):
     assert twin.bloom_match(with_unfiltered, stranger, True) is True
     assert twin.bloom_match(with_unfiltered, stranger, False) is False
     assert twin.bloom_match(without, stranger, True) is False
+
+
+def test_chunk_bloom_match_reads_the_bloom_of_a_stored_chunk(twin):
+    data = twin.encode_entries([b"r"])
+    bloom = twin.build_bloom([b"eu"], False, 16)
+    chunk = twin.build_chunk(data, 1, 1, 5, 0, bloom=bloom)
+    assert twin.chunk_bloom_match(chunk, [b"eu"], False) is True
+    assert twin.chunk_bloom_match(memoryview(chunk), [b"no-such-value"], False) is False
+    plain = twin.build_chunk(data, 1, 1, 5, 0)         # no bloom: only unfiltered subscribers
+    assert twin.chunk_bloom_match(plain, [b"eu"], True) is True
+    assert twin.chunk_bloom_match(plain, [b"eu"], False) is False
+    tracking = twin.build_chunk(data, 1, 1, 5, 0, chunk_type=CHUNK_TRACKING_DELTA, bloom=bloom)
+    assert twin.chunk_bloom_match(tracking, [b"eu"], True) is False      # the log's own chunk: never
+    with pytest.raises(ChunkError):
+        twin.chunk_bloom_match(chunk[:50], [b"eu"], False)                 # bloom cut off
+    with pytest.raises(ChunkError):
+        twin.chunk_bloom_match(b"\x51" + chunk[1:], [b"eu"], False)       # bad magic
 
 
 def test_empty_bloom_matches_only_unfiltered_subscribers(twin):

@@ -333,3 +333,68 @@ def test_two_brokers_on_two_engines_keep_separate_document_stores(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+# ---- record-level reads (records.py): offset, timestamp by the one rule, decoded view ------------------
+
+def test_record_tail_hands_batches_with_offsets_timestamps_and_views(lp):
+    from riverbed.engine.record import CT_JSON, encode_record
+    lp.eng.create_stream("s").result()
+    stamped = encode_record(b'{"n":1}', CT_JSON, 1234)           # a creation-time: that is its timestamp
+    plain = encode_record(b'{"n":2}', CT_JSON)                   # none: its chunk's timestamp
+    lp.eng.append("s", [b"skipped", stamped, plain]).result()
+    lp.eng.append("s", [b"raw"]).result()
+    got = []
+
+    def on_records(t, batch):
+        got.extend((off, ts, view.payload, batch.chunk_timestamp) for off, ts, view in batch.records())
+        return 1
+    tail = Tail(lp.broker, "s", 1, on_records, defer=lp.io.defer, credit=5, records=True)
+    tail.start()
+    lp.settle()
+    chunk_ts = got[1][3]
+    assert chunk_ts > 1_700_000_000_000
+    assert [(o, ts, p) for o, ts, p, _ in got] == [(1, 1234, b'{"n":1}'), (2, chunk_ts, b'{"n":2}'),
+                                                   (3, got[2][3], b"raw")]
+    assert tail.offset == 4
+
+
+def test_record_tail_stops_inside_a_chunk_and_resumes_there(lp):
+    lp.eng.create_stream("s").result()
+    lp.eng.append("s", [b"a", b"b", b"c", b"d"]).result()
+    got = []
+
+    def on_records(t, batch):
+        for off, raw in batch:
+            got.append((off, raw))
+            if off == 1:
+                t.offset = 2       # the window filled up: the rest is read again later
+                return 1000
+        return 1
+    tail = Tail(lp.broker, "s", 0, on_records, defer=lp.io.defer, mode=MODE_WINDOW, window_high=500,
+                window_low=100, records=True)
+    tail.start()
+    lp.settle()
+    assert got == [(0, b"a"), (1, b"b")]
+    tail.ack(1000)
+    lp.settle()
+    assert got == [(0, b"a"), (1, b"b"), (2, b"c"), (3, b"d")]
+
+
+def test_read_records_starts_inside_a_chunk_and_stops_at_the_bound(lp):
+    lp.eng.create_stream("s").result()
+    lp.eng.append("s", [b"a", b"b"]).result()
+    lp.eng.append("s", [b"c"]).result()
+    lp.eng.append("s", [b"d"]).result()
+    batches, nxt = lp.broker.read_records("s", 1, 10, stop=3)
+    assert [[(o, r) for o, r in b] for b in batches] == [[(1, b"b")], [(2, b"c")]] and nxt == 3
+    assert [o for o, _, _ in lp.broker.scan_records("s", 1, 3, batch_chunks=1)] == [1, 2]
+    assert lp.broker.read_records("s", 4, 10) == ([], 4)
+
+
+def test_the_timestamp_rule_is_creation_time_else_the_chunks():
+    from riverbed.engine.record import decode_record, encode_record
+    from riverbed.shells.broker import record_timestamp
+    assert record_timestamp(decode_record(encode_record(b"x", "text/plain", 7)), 99) == 7
+    assert record_timestamp(decode_record(encode_record(b"x", "text/plain")), 99) == 99
+    assert record_timestamp(decode_record(b"not amqp"), 99) == 99

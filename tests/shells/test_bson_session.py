@@ -219,3 +219,22 @@ def test_inflight_budget_pauses_publishers_and_resumes_them_in_turn(h):
     assert b.frames() == [{"type": "RESPONSE", "frame": {"ok": True, "rID": 2}}]
     assert a.io.reading and b.io.reading and h.broker.inflight.used == 0
     assert h.broker.inflight.paused_total == 2
+
+
+def test_recev_timestamp_is_the_records_by_the_one_rule_and_start_timestamp_filters_on_it(h):
+    # the broker's rule (shells/broker/records.py): creation-time when the record has one, else the
+    # chunk's; a BSON subscription used to stamp every event with its chunk's time
+    from riverbed.engine.record import CT_BSON, encode_record
+    h.eng.create_stream("t").result()
+    h.eng.append("t", [encode_record(bson.encode({"i": 0}), CT_BSON, 1000),
+                       encode_record(bson.encode({"i": 1}), CT_BSON, 6000),
+                       bson.encode({"i": 2})]).result()          # raw BSON (RabbitMQ Stream): no creation-time
+    chunk_ts = h.broker.read_records("t", 0, 1)[0][0].chunk_timestamp
+    c = Conn(h)
+    c.send("SUBSCRIBE", {"channel": "t", "rID": 1, "startPos": Int64(0)})
+    evs = [f["frame"] for f in c.frames() if f["type"] == "RECEV"]
+    assert [(e["pos"], e["timestamp"], e["event"]["i"]) for e in evs] == [(0, 1000, 0), (1, 6000, 1),
+                                                                         (2, chunk_ts, 2)]
+    c.send("SUBSCRIBE", {"channel": "t", "rID": 2, "startTimestamp": Int64(5000)})
+    evs = [f["frame"] for f in c.frames() if f["type"] == "RECEV"]
+    assert [(e["pos"], e["timestamp"]) for e in evs] == [(1, 6000), (2, chunk_ts)]

@@ -8,7 +8,7 @@ SERVE_STAMP := $(VENV)/.riverbed-serve-installed
 DATA   ?= riverbed-data
 PYTEST_ARGS ?=
 
-CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi) setup.py pyproject.toml
+CORE_SOURCES := $(wildcard engine/*.pyx engine/*.pxi shells/*.pyx shells/*.pxi) setup.py pyproject.toml
 
 .PHONY: install install-serve serve test test-compiled test-pure bench bench-compare fuzz soak clean
 
@@ -16,8 +16,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# Editable install: setuptools builds the Cython core in place (engine/_core*.so) and maps the
-# folders onto riverbed.engine / riverbed.shells / riverbed.spark. SERVE_STAMP is the base package, all
+# Editable install: setuptools builds the Cython modules in place (engine/_core*.so, shells/_wire*.so) and
+# maps the folders onto riverbed.engine / riverbed.shells / riverbed.spark. SERVE_STAMP is the base package, all
 # that `riverbed serve` and the admin CLI need (make serve); STAMP adds the test and spark extras
 # (pytest, playwright, pyspark, pyarrow, ...: make install, and every test and bench target).
 $(SERVE_STAMP): $(BIN)/python $(CORE_SOURCES)
@@ -36,7 +36,8 @@ serve: install-serve
 	@echo "riverbed is in $(BIN): '. $(BIN)/activate' puts it on PATH in another shell"
 	$(BIN)/riverbed serve --data-dir $(DATA)
 
-# The whole suite against the compiled core, then the engine suite again against the pure-Python twin.
+# The whole suite against the compiled modules, then the engine suite and the shells' wire-parser tests
+# again against the pure-Python twins.
 test: test-compiled test-pure
 
 test-compiled: install
@@ -45,10 +46,11 @@ test-compiled: install
 	@ci/npm-test-deps.sh >/dev/null
 	@ci/npm-rmq-js-deps.sh >/dev/null
 	@ci/ensure-chromium.sh
+	@ci/ensure-etcd.sh
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-pure: install
-	RIVERBED_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/engine -m "not slow" $(PYTEST_ARGS)
+	RIVERBED_NO_EXTENSIONS=1 $(BIN)/python -m pytest tests/engine tests/shells/test_wire_*.py -m "not slow" $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python -m pytest bench/bench_engine.py bench/bench_core.py --benchmark-only \

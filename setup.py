@@ -1,8 +1,11 @@
 """Cython extensions only; everything else is in pyproject.toml.
 
 RIVERBED_DEBUG_BUILD=1 builds with bounds checks, line tracing and -O0 -g (for gdb, coverage and
-sanitizers). The compiled core is one extension made of several ``.pxi`` parts, because a ``cimport``
-between our own modules cannot resolve under the ``riverbed.*`` package-dir mapping.
+sanitizers). Two extensions, each made of several ``.pxi`` parts, because a ``cimport`` between our own
+modules cannot resolve under the ``riverbed.*`` package-dir mapping: the engine's core
+(``riverbed.engine._core``: chunks, CRC, index, record format, document store) and the shells' wire
+parsers (``riverbed.shells._wire``: RabbitMQ Stream and mewbase frames), which includes the engine's
+byte, CRC and chunk-header parts by relative path so the chunk layout has one definition.
 """
 import os
 
@@ -33,6 +36,13 @@ extensions = [
         define_macros=macros,
         extra_compile_args=cflags,
     ),
+    Extension(
+        "riverbed.shells._wire",
+        ["shells/_wire.pyx"],
+        libraries=["z"],
+        define_macros=macros,
+        extra_compile_args=cflags,
+    ),
 ]
 
 setup(
@@ -40,6 +50,6 @@ setup(
         extensions,
         compiler_directives=directives,
         include_path=["engine"],
-        # the generated C lands next to the .pyx; keep it out of git (see .gitignore)
+        # the generated C lands next to each .pyx; keep it out of git (see .gitignore)
     ),
 )

@@ -33,8 +33,10 @@ Workloads (bodies are ``--size`` bytes, default 100):
   published to each and every one delivered; then, with all of them still connected, the server's
   VmRSS and RssAnon (process tree) go into the RESULT (``server_rss_kb``, ``server_anon_kb``).
 
-The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``; they use
-the same Runner (READY/GO, snapshots, RESULT).
+The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``, and the
+server-bound load generator (``loadgen-publish``, ``loadgen-consume``: pre-encoded frames on a plain
+socket, any RabbitMQ Stream broker) in ``bench._loadgen``; they use the same Runner (READY/GO, snapshots,
+RESULT).
 """
 
 import argparse
@@ -52,6 +54,8 @@ WORKLOADS = ("rstream-raw", "rbfly-raw", "rbfly-amqp", "rbfly-amqp-batch", "cons
 # peer workloads -> the module that runs them (``await module.run(runner)``)
 PEER_CLIENTS = {w: "bench._redis" for w in ("redis-publish", "redis-consume", "redis-latency")}
 PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-publish", "nats-consume", "nats-latency")})
+# the server-bound load generator (raw frames, any RabbitMQ Stream broker): bench._loadgen
+PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume")})
 
 
 # --------------------------------------------------------------------------------------------------

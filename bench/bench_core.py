@@ -1,4 +1,4 @@
-"""Micro-benchmarks of the core twins, compiled vs pure Python side by side.
+"""Micro-benchmarks of the core twins and the shells' wire parsers, compiled vs pure Python side by side.
 
 Run: ``.venv/bin/python -m pytest bench/bench_core.py --benchmark-only -q``. Throughput figures (MB/s,
 records/s) are attached to each result as ``extra_info`` and summed up in a table after the run. They use
@@ -10,9 +10,13 @@ import struct
 import pytest
 
 from riverbed.engine import _pycore, core
+from riverbed.shells import _pywire, wire
 
 RECORDS = [bytes([i % 251]) * 100 for i in range(1000)]    # 1,000 x 100-byte records
 FRAMES_1MB = b"".join(struct.pack(">I", 100) + bytes([i % 251]) * 100 for i in range((1 << 20) // 104))
+# one RabbitMQ Stream Publish v1 frame of 5,000 x 100-byte messages, as rstream's send_batch sends it
+PUBLISH_5000 = struct.pack(">HHBi", 2, 1, 1, 5000) + b"".join(
+    struct.pack(">QI", i, 100) + bytes([i % 251]) * 100 for i in range(5000))
 
 _RESULTS = []
 
@@ -25,6 +29,16 @@ def twin(request):
         from riverbed.engine import _core
         return _core
     return _pycore
+
+
+@pytest.fixture(params=["compiled", "python"])
+def wire_twin(request):
+    if request.param == "compiled":
+        if wire.NO_EXTENSIONS:
+            pytest.skip("RIVERBED_NO_EXTENSIONS=1")
+        from riverbed.shells import _wire
+        return _wire
+    return _pywire
 
 
 class _Summary:
@@ -93,7 +107,13 @@ def test_read_header(benchmark, twin):
                                      "ns/call": benchmark.extra_info["ns/call"]}))
 
 
-def test_split_frames_1mb(benchmark, twin):
-    frames, consumed = benchmark(twin.split_frames, FRAMES_1MB, 1 << 20)
+def test_split_frames_1mb(benchmark, wire_twin):
+    frames, consumed = benchmark(wire_twin.split_frames, FRAMES_1MB, 1 << 20)
     assert consumed == len(FRAMES_1MB) and len(frames) == len(FRAMES_1MB) // 104
-    _report(benchmark, twin, "split_frames 1 MB of 100 B", nbytes=len(FRAMES_1MB), records=len(frames))
+    _report(benchmark, wire_twin, "split_frames 1 MB of 100 B", nbytes=len(FRAMES_1MB), records=len(frames))
+
+
+def test_publish_chunk_5000x100(benchmark, wire_twin):
+    out = benchmark(wire_twin.publish_chunk, PUBLISH_5000, False)
+    assert out[1] == 5000 and len(out[2]) == 48 + 5000 * 104
+    _report(benchmark, wire_twin, "publish_chunk 5000 x 100 B", nbytes=len(PUBLISH_5000), records=5000)

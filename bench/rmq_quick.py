@@ -27,7 +27,7 @@ from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
 # every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
 OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
-                       "--http-port", "off")
+                       "--http-port", "off", "--kafka-port", "off")
 LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
 
 

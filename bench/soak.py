@@ -64,7 +64,7 @@ class Server:
 
     def start(self, timeout=30):
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir, "--host", "127.0.0.1"]
-        for flag in ("--stream-port", "--bson-port", "--zmq-port", "--ws-port", "--text-port", "--http-port"):
+        for flag in ("--stream-port", "--bson-port", "--zmq-port", "--ws-port", "--text-port", "--http-port", "--kafka-port"):
             cmd += [flag, "0"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      cwd=ROOT)

@@ -3,8 +3,10 @@
 The byte layouts are documented in :mod:`riverbed.engine.format`; ``_pycore.py`` is the readable
 reference and its docstrings are the spec for every function here. The code is split into ``.pxi`` parts
 (``include``, not ``cimport``: a cimport between our own modules cannot resolve under the ``riverbed.*``
-package-dir mapping). All functions are pure (no shared state) and thread-safe; the long byte loops
-(CRC, copies into a fresh result) run with the GIL released.
+package-dir mapping). The protocols' frame parsers (RabbitMQ Stream Publish, mewbase PUB, both frame
+splitters) are not here but in the shells' compiled module :mod:`riverbed.shells._wire`, which includes
+``bytes.pxi``, ``crc.pxi`` and ``header.pxi`` from this folder. All functions are pure (no shared state)
+and thread-safe; the long byte loops (CRC, copies into a fresh result) run with the GIL released.
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
@@ -18,7 +20,6 @@ from cpython.number cimport PyIndex_Check, PyNumber_Index
 from cpython.object cimport PyObject
 from cpython.tuple cimport PyTuple_GET_ITEM
 
-import math
 import struct
 
 from riverbed.engine.errors import ChunkError, FrameError, FrameTooLarge
@@ -73,11 +74,9 @@ cdef uint32_t SEED_2 = BLOOM_SEED_2
 
 include "bytes.pxi"
 include "crc.pxi"
+include "header.pxi"
 include "chunk.pxi"
-include "frames.pxi"
 include "bloom.pxi"
 include "arrow.pxi"
-include "rmq.pxi"
 include "record.pxi"
 include "docs.pxi"
-include "bsonpub.pxi"

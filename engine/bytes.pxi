@@ -17,6 +17,14 @@ cdef inline int32_t ld_i32le(const unsigned char* p) noexcept nogil:
     return <int32_t>((<uint32_t>p[3] << 24) | (<uint32_t>p[2] << 16) | (<uint32_t>p[1] << 8) | <uint32_t>p[0])
 
 
+cdef inline uint32_t c_ld_u32le(const unsigned char* p) noexcept nogil:
+    return (<uint32_t>p[3] << 24) | (<uint32_t>p[2] << 16) | (<uint32_t>p[1] << 8) | <uint32_t>p[0]
+
+
+cdef inline int64_t c_ld_i64le(const unsigned char* p) noexcept nogil:
+    return <int64_t>((<uint64_t>c_ld_u32le(p + 4) << 32) | c_ld_u32le(p))
+
+
 cdef inline void st_u16(unsigned char* p, uint16_t v) noexcept nogil:
     p[0] = <unsigned char>(v >> 8)
     p[1] = <unsigned char>v

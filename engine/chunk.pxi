@@ -1,34 +1,18 @@
-# Chunk header, data-section encoders and decoders. Layouts: riverbed.engine.format.
+# Chunk header readers, data-section encoders and decoders, and the public crc32. Layouts:
+# riverbed.engine.format; the header struct and its writer are header.pxi.
 
-cdef struct Header:
-    uint8_t magic
-    uint8_t ctype
-    uint16_t entries
-    uint32_t records
-    int64_t timestamp
-    uint64_t epoch
-    uint64_t chunk_id
-    uint32_t crc
-    uint32_t data_len
-    uint32_t trailer_len
-    uint8_t bloom
-
-
-cdef void c_put_header(unsigned char* p, const Header* h) noexcept nogil:
-    p[0] = h.magic
-    p[1] = h.ctype
-    st_u16(p + 2, h.entries)
-    st_u32(p + 4, h.records)
-    st_u64(p + 8, <uint64_t>h.timestamp)
-    st_u64(p + 16, h.epoch)
-    st_u64(p + 24, h.chunk_id)
-    st_u32(p + 32, h.crc)
-    st_u32(p + 36, h.data_len)
-    st_u32(p + 40, h.trailer_len)
-    p[44] = h.bloom
-    p[45] = 0
-    p[46] = 0
-    p[47] = 0
+def crc32(data, value=0):
+    """zlib crc32 of ``data`` (any buffer), continuing from ``value``."""
+    cdef Py_buffer view
+    # zlib.crc32 masks the start value to 32 bits; so do we (and a non-integer raises TypeError).
+    cdef uint32_t start = <uint32_t>(<uint64_t>(value & 0xFFFFFFFF))
+    cdef uint32_t crc
+    c_get_buffer(data, &view)
+    try:
+        crc = c_crc32(start, <const unsigned char*>view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
 
 
 cdef int c_read_header(const unsigned char* p, Py_ssize_t n, Header* h) except -1:

@@ -3,6 +3,8 @@
 ``RIVERBED_NO_EXTENSIONS=1`` forces the twin. Otherwise the compiled module must import: a silent
 fallback would make every benchmark and the "both twins pass" guarantee meaningless, so the test suite
 asserts ``COMPILED`` (see tests/conftest.py). Outside tests a missing build only logs a warning.
+
+The protocols' frame parsers are not here: :mod:`riverbed.shells.wire` picks those the same way.
 """
 
 import logging
@@ -34,13 +36,10 @@ scan_entries = impl.scan_entries
 walk_simple_entries = impl.walk_simple_entries
 cut_entries = impl.cut_entries
 chunk_records = impl.chunk_records
-split_frames = impl.split_frames
-split_bson_frames = impl.split_bson_frames
 build_bloom = impl.build_bloom
 bloom_match = impl.bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
-publish_chunk = impl.publish_chunk
 # the one record format (AMQP 1.0 bare messages): riverbed.engine.record is the layer shells call
 encode_message = impl.encode_message
 decode_message = impl.decode_message
@@ -57,4 +56,3 @@ KIND_BSON = impl.KIND_BSON
 DocMatcher = impl.DocMatcher
 bson_values = impl.bson_values
 bson_index_keys = impl.bson_index_keys
-bson_pub = impl.bson_pub     # a mewbase PUB frame recognised without decoding it (bsonpub.pxi / _pybsonpub.py)

@@ -1,3 +1,6 @@
+# zlib's CRC-32 as the chunk header's DataCrc uses it. C-level only: the engine's ``crc32`` is in chunk.pxi,
+# and the shells' wire module includes this part too (its Publish path seals chunks).
+
 cdef extern from "zlib.h":
     unsigned long z_crc32 "crc32"(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
 
@@ -18,17 +21,3 @@ cdef uint32_t c_crc32(uint32_t crc, const unsigned char* p, size_t n) noexcept:
             crc = c_crc32_nogil(crc, p, n)
         return crc
     return c_crc32_nogil(crc, p, n)
-
-
-def crc32(data, value=0):
-    """zlib crc32 of ``data`` (any buffer), continuing from ``value``."""
-    cdef Py_buffer view
-    # zlib.crc32 masks the start value to 32 bits; so do we (and a non-integer raises TypeError).
-    cdef uint32_t start = <uint32_t>(<uint64_t>(value & 0xFFFFFFFF))
-    cdef uint32_t crc
-    c_get_buffer(data, &view)
-    try:
-        crc = c_crc32(start, <const unsigned char*>view.buf, <size_t>view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return crc

@@ -62,19 +62,11 @@ cdef struct DNode:
     PyObject* regex          # borrowed: DocMatcher.keep holds the reference
 
 
-cdef inline uint32_t c_ld_u32le(const unsigned char* p) noexcept nogil:
-    return (<uint32_t>p[3] << 24) | (<uint32_t>p[2] << 16) | (<uint32_t>p[1] << 8) | <uint32_t>p[0]
-
-
 cdef inline double c_ld_f64le(const unsigned char* p) noexcept nogil:
     cdef uint64_t u = (<uint64_t>c_ld_u32le(p + 4) << 32) | c_ld_u32le(p)
     cdef double d
     memcpy(&d, &u, 8)
     return d
-
-
-cdef inline int64_t c_ld_i64le(const unsigned char* p) noexcept nogil:
-    return <int64_t>((<uint64_t>c_ld_u32le(p + 4) << 32) | c_ld_u32le(p))
 
 
 cdef inline int c_bson_kind(int t) noexcept nogil:

@@ -1,8 +1,10 @@
 """``riverbed dump DATA_DIR [--stream NAME]``: the streams of a data directory and their chunks.
 
 Opens the environment read-only, so it is safe while ``riverbed serve`` writes to it. For each stream
-it prints the statistics, then one line per chunk: id, type, entries, records, timestamp, stored size
-and whether the CRC checks out (like osiris's dump tools). Exit status 1 when any chunk is corrupt.
+it prints the statistics, then one line per chunk: id, type, entries, records, timestamp, stored size,
+leader epoch, the data CRC the header holds (8 hex digits) and whether it checks out (like osiris's dump
+tools). Two members of a cluster hold the same chunks, so their dumps agree line for line up to the
+committed offset. Exit status 1 when any chunk is corrupt.
 
 Then (unless ``--stream`` picks one stream) the super streams, one line each with their partitions and
 binding keys in order::
@@ -24,7 +26,7 @@ import sys
 from riverbed.engine import core
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import ChunkError
-from riverbed.engine.format import H_ENTRIES, H_RECORDS, H_TIMESTAMP, H_TYPE
+from riverbed.engine.format import H_CRC, H_ENTRIES, H_EPOCH, H_RECORDS, H_TIMESTAMP, H_TYPE
 from riverbed.engine.log import _CHUNK_KEY, Engine
 
 
@@ -53,7 +55,7 @@ def dump(path, stream=None, out=sys.stdout, chunks=True):
             if not chunks:
                 continue
             print(f"  {'chunk_id':>12} {'type':>4} {'entries':>7} {'records':>7} {'timestamp':<29} "
-                  f"{'size':>9} crc", file=out)
+                  f"{'size':>9} {'epoch':>5} {'crc':<8} check", file=out)
             sid = eng._current(name).sid
             with eng.read_txn() as txn:
                 cur = txn.cursor(db=eng._db_chunks)
@@ -71,7 +73,7 @@ def dump(path, stream=None, out=sys.stdout, chunks=True):
                         except ChunkError as e:
                             status, bad = f"BAD ({e.reason})", bad + 1
                         print(f"  {chunk_id:>12} {h[H_TYPE]:>4} {h[H_ENTRIES]:>7} {h[H_RECORDS]:>7} "
-                              f"{_ts(h[H_TIMESTAMP]):<29} {len(raw):>9} {status}", file=out)
+                              f"{_ts(h[H_TIMESTAMP]):<29} {len(raw):>9} {h[H_EPOCH]:>5} {h[H_CRC]:08x} {status}", file=out)
                     except ChunkError as e:
                         bad += 1
                         print(f"  {chunk_id:>12} BAD HEADER ({e.reason}) size={len(raw)}", file=out)

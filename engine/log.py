@@ -51,7 +51,7 @@ from riverbed.engine.stats import EngineStats
 from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
-    _OP_SYNC, _OP_TXN, Done, WriteContext, _Append, _Writer,
+    _OP_SYNC, _OP_TXN, _OP_REPLICA, _OP_TRUNCATE, Done, WriteContext, _Append, _Writer,
 )
 
 log = logging.getLogger("riverbed.engine")
@@ -206,12 +206,16 @@ class Engine(SuperStreamBindings):
         # name -> _Stream as last committed; replaced (never mutated) by the writer after each commit
         self._streams = {}
         self._lock = threading.Lock()        # guards _streams, _waiters and listener lists
-        self._waiters = {}                   # sid -> list of (offset, callback)
+        self._waiters = {}                   # sid -> list of (offset, callback, limited)
         self._delete_listeners = []
         self._create_listeners = []
         self._trusted_from = {}              # sid -> first chunk id written by this process (read_chunks)
         self._verified = {}                  # sid -> [first, last] chunk ids of a run already CRC-checked
         self._doc_shared = None              # the document store's committed collections (docstore._Shared)
+        # replication (a cluster member, shells/cluster): the leader epoch stamped into new chunks per
+        # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
+        self.epochs = {}
+        self._read_limits = {}
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None
@@ -249,8 +253,8 @@ class Engine(SuperStreamBindings):
         with self._lock:
             waiters, self._waiters = self._waiters, {}
         for items in waiters.values():
-            for _, cb in items:
-                cb(EngineClosed("engine closed"))
+            for entry in items:
+                entry[1](EngineClosed("engine closed"))
         self.env.close()
         if self._space is not None:
             self._space.close()
@@ -350,6 +354,9 @@ class Engine(SuperStreamBindings):
         at or after ms (``next`` when there is none).
         """
         s = self._current(name)
+        limit = self._read_limits.get(name)
+        if limit is not None and limit < s.next_offset:
+            s = self._limited_state(s, limit)
         kind = spec.kind
         if kind == "next":
             return s.next_offset
@@ -374,15 +381,136 @@ class Engine(SuperStreamBindings):
             return s.next_offset
         raise InvalidArgument(f"unknown offset spec {spec!r}")
 
-    def read_chunks(self, name, from_offset, max_chunks=1):
+    def _limited_state(self, s, limit):
+        """A copy of stream state ``s`` cut at ``limit`` (a chunk boundary), as readers may see it."""
+        t = s.copy()
+        t.next_offset = limit
+        last = -1
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_chunks)
+            if cur.set_range(_CHUNK_KEY.pack(s.sid, limit)) and cur.prev() or cur.last():
+                ksid, cid = _CHUNK_KEY.unpack(cur.key())
+                if ksid == s.sid and cid < limit:
+                    last = cid
+        t.last_chunk = last
+        if last < 0 or s.first_chunk < 0 or s.first_chunk > last:
+            t.chunks = 0
+        return t
+
+    # ---------------------------------------------------------------------------- replication support
+
+    def set_epoch(self, name, epoch):
+        """Stamp leader ``epoch`` into every chunk of ``name`` written from now on (a cluster leader)."""
+        self.epochs[name] = int(epoch)
+
+    def read_limit(self, name):
+        """The read limit of ``name`` (see :meth:`set_read_limit`), or None."""
+        return self._read_limits.get(name)
+
+    def set_read_limit(self, name, offset):
+        """Let readers of ``name`` see only the chunks below ``offset`` (a chunk boundary: the committed
+        offset of a replicated stream); None lifts the limit. Raising it wakes the watchers it lets
+        through. Any thread."""
+        wake = []
+        with self._lock:
+            if offset is None:
+                self._read_limits.pop(name, None)
+            else:
+                self._read_limits[name] = int(offset)
+            s = self._streams.get(name)
+            if s is not None:
+                visible = s.next_offset if offset is None else min(s.next_offset, offset)
+                items = self._waiters.get(s.sid)
+                if items:
+                    keep = []
+                    for entry in items:
+                        (wake if entry[0] < visible and entry[2] else keep).append(entry)
+                    self._waiters[s.sid] = keep
+        for entry in wake:
+            try:
+                entry[1](None)
+            except Exception:   # a broken callback must not stop the others
+                import logging
+                logging.getLogger("riverbed.engine").exception("commit waiter failed")
+
+    def replicate_chunk(self, stream, chunk, *, sequences=None, on_done=None):
+        """Store ``chunk`` (bytes: a whole chunk as the leader stored it, header and CRC included) at its
+        own chunk id, unchanged: a cluster member copying its leader. The chunk id must be the stream's
+        next offset (ChunkError otherwise: a gap or an overlap); its CRC is checked here.
+        ``sequences`` ({publisher: last publishing id}) are stored in the same transaction, so dedup
+        survives a failover. Future (or ``on_done``) of the stream's next offset after it."""
+        h = core.check_chunk(chunk)
+        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, on_done=on_done)
+
+    def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
+        """``(chunks, sequences)`` read in one transaction, past any read limit: up to ``max_chunks``
+        chunks (``(chunk_id, bytes)``, at most about ``max_bytes``) from the one at ``from_offset``, and
+        every publisher sequence of the stream as of that same commit ({reference: id}) when the batch
+        reaches the end of the log (they then cover exactly the chunks read; None otherwise). What a
+        leader sends its members. Raises StreamNotFound."""
+        s = self._current(name)
+        out, size, seqs = [], 0, {}
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_chunks)
+            ok = self._seek(cur, name, s.sid, from_offset)
+            while ok and len(out) < max_chunks and size < max_bytes:
+                ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+                if ksid != s.sid:
+                    ok = False
+                    break
+                raw = bytes(cur.value())
+                out.append((chunk_id, raw))
+                size += len(raw)
+                ok = cur.next()
+                if ok and _CHUNK_KEY.unpack(cur.key())[0] != s.sid:
+                    ok = False
+            if ok:
+                return out, None       # more chunks follow: the sequences would be ahead of the batch
+            prefix = _SID.pack(s.sid) + bytes((TRACKING_SEQUENCE,))
+            tcur = txn.cursor(db=self._db_tracking)
+            ok = tcur.set_range(prefix)
+            while ok:
+                key = bytes(tcur.key())
+                if not key.startswith(prefix):
+                    break
+                seqs[key[len(prefix):].decode("utf-8")] = _U64.unpack(tcur.value())[0]
+                ok = tcur.next()
+        return out, seqs
+
+    def stored_offsets(self, name):
+        """Every consumer offset stored on ``name``: {reference: offset}. Raises StreamNotFound."""
+        s = self._current(name)
+        out = {}
+        prefix = _SID.pack(s.sid) + bytes((TRACKING_OFFSET,))
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_tracking)
+            ok = cur.set_range(prefix)
+            while ok:
+                key = bytes(cur.key())
+                if not key.startswith(prefix):
+                    break
+                out[key[len(prefix):].decode("utf-8")] = _U64.unpack(cur.value())[0]
+                ok = cur.next()
+        return out
+
+    def truncate(self, stream, offset):
+        """Remove every chunk of ``stream`` at or after ``offset`` (a chunk boundary): a member drops the
+        unconfirmed tail of an older epoch before following a new leader. Future of the new next
+        offset."""
+        return self._submit(_OP_TRUNCATE, stream, int(offset))
+
+    def read_chunks(self, name, from_offset, max_chunks=1, *, limited=True):
         """Up to ``max_chunks`` committed chunks, in order, as ``(chunk_id, bytes)`` pairs: first the
         chunk holding ``from_offset`` (or, when retention removed it, the first chunk after it).
 
         The bytes are the chunk as stored (header, bloom, data). Raises StreamNotFound, and ChunkError
-        (naming stream and chunk id) for a chunk whose header or CRC is bad.
+        (naming stream and chunk id) for a chunk whose header or CRC is bad. With a read limit set
+        (:meth:`set_read_limit`) no chunk at or past it is returned, unless ``limited`` is False (the
+        replication of the log itself).
         """
         s = self._current(name)
         sid = s.sid
+        limit = self._read_limits.get(name) if limited else None
         out = []
         # A chunk's CRC is checked once: when it is written (this process built or checked it), or at
         # its first read. Chunks from before this process are remembered as one verified run per
@@ -395,7 +523,7 @@ class Engine(SuperStreamBindings):
             ok = self._seek(cur, name, sid, from_offset)
             while ok and len(out) < max_chunks:
                 ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
-                if ksid != sid:
+                if ksid != sid or (limit is not None and chunk_id >= limit):
                     break
                 raw = cur.value()
                 if chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]):
@@ -448,6 +576,9 @@ class Engine(SuperStreamBindings):
         """
         s = self._current(name)
         sid = s.sid
+        limit = self._read_limits.get(name)
+        if limit is not None and (to_offset is None or limit < to_offset):
+            to_offset = limit
         pos = from_offset
         while True:
             batch = []
@@ -534,18 +665,20 @@ class Engine(SuperStreamBindings):
 
     # ------------------------------------------------------------------------------------------ waiting
 
-    def watch(self, name, offset, callback):
+    def watch(self, name, offset, callback, *, limited=True):
         """Call ``callback(None)`` once a committed chunk holds ``offset`` (at once, on this thread, if
         one does already), or ``callback(exc)`` with StreamNotFound when the stream is deleted or
-        EngineClosed. Later calls come from the writer thread. Returns a cancel function."""
+        EngineClosed. Later calls come from the writer thread. Returns a cancel function. Under a read
+        limit (:meth:`set_read_limit`) the chunk must also be below it, unless ``limited`` is False."""
         with self._lock:
             s = self._streams.get(name)
+            limit = self._read_limits.get(name) if limited else None
             if s is None:
                 exc = StreamNotFound(f"stream {name!r} does not exist")
-            elif offset < s.next_offset:
+            elif offset < s.next_offset and (limit is None or offset < limit):
                 exc = None
             else:
-                entry = (offset, callback)
+                entry = (offset, callback, limited)
                 self._waiters.setdefault(s.sid, []).append(entry)
                 return lambda: self._unwatch(s.sid, entry)
         callback(exc)
@@ -640,14 +773,14 @@ class Engine(SuperStreamBindings):
     def append_chunk(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
                      crc_done=True, on_done=None):
         """Append a chunk the caller built whole: a ``bytearray`` laid out as :func:`core.encode_chunk_buffer`
-        or :func:`core.publish_chunk` make it (48-byte header with the data CRC, length and counts, then
-        the data section; no bloom, no filter values). The writer stamps chunk id and timestamp into it in
-        place, so the caller hands it over and must not use it again.
+        or the shells' :func:`riverbed.shells.wire.publish_chunk` make it (48-byte header with the data CRC,
+        length and counts, then the data section; no bloom, no filter values). The writer stamps chunk id
+        and timestamp into it in place, so the caller hands it over and must not use it again.
 
         ``num_entries`` and ``num_records`` must be exact. Over 65535 entries (more than a header can
         count), or over the stream's records or bytes per chunk, the data section is appended as entries
         and split over several chunks. ``crc_done=False`` says the header CRC is not filled in yet
-        (``core.publish_chunk(..., crc=False)``): the writer computes it only if the chunk is stored whole.
+        (``wire.publish_chunk(..., crc=False)``): the writer computes it only if the chunk is stored whole.
         ``publishing_ids``
         (per entry: a list of ints or a :class:`PublishingIds`) and ``publisher`` work as in
         append_entries. Returns a Future of AppendResult.

@@ -79,8 +79,8 @@ log = logging.getLogger("riverbed.record")
 # allows 100 levels, Jackson 1000; pymongo's C codec and Python's json take about 1000 (the interpreter's
 # recursion limit) and json_util's BSON -> Extended JSON conversion fails near 500 (two frames a level:
 # the 600-deep event of issue 21). 64 is the AMQP decoder's own bound (``_pyrecord.MAX_DEPTH``) and the
-# BSON PUB fast path's (``_pybsonpub.MAX_DEPTH``); ``--max-depth`` may set 1..MAX_DEPTH_CAP, which keeps
-# every renderer clear of the recursion limit.
+# BSON PUB fast path's (``riverbed.shells._pybsonpub.MAX_DEPTH``); ``--max-depth`` may set
+# 1..MAX_DEPTH_CAP, which keeps every renderer clear of the recursion limit.
 DEFAULT_MAX_DEPTH = 64
 MAX_DEPTH_CAP = 256
 _max_depth = DEFAULT_MAX_DEPTH

@@ -24,7 +24,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import (
     ChunkError, InvalidArgument, RiverbedError, StorageFull, StreamExists, StreamNotFound,
 )
-from riverbed.engine.format import H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
+from riverbed.engine.format import H_CHUNK_ID, H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
 from riverbed.engine.layout import (
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult,
     PublishingIds, _check_name, _Stream, _tracking_key,
@@ -45,7 +45,7 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # requests queued to the writer
 
 (_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION, _OP_TXN, _OP_SUPER_CREATE,
- _OP_SUPER_DELETE) = range(10)
+ _OP_SUPER_DELETE, _OP_REPLICA, _OP_TRUNCATE) = range(12)
 
 
 class _Append:
@@ -367,6 +367,10 @@ class _Writer(threading.Thread):
                 return staged.create_super(*args)
             if op == _OP_SUPER_DELETE:
                 return staged.delete_super(args[0])
+            if op == _OP_REPLICA:
+                return staged.replicate(*args)
+            if op == _OP_TRUNCATE:
+                return staged.truncate(*args)
             return None  # SYNC and STOP: completing after this commit is their whole job
         except RiverbedError as e:
             return e
@@ -385,8 +389,8 @@ class _Writer(threading.Thread):
                 old = eng._streams.pop(name, None)
                 if old is not None:
                     self._purge.append(old.sid)
-                    for _, cb in eng._waiters.pop(old.sid, ()):
-                        wake.append((cb, StreamNotFound(f"stream {name!r} was deleted")))
+                    for entry in eng._waiters.pop(old.sid, ()):
+                        wake.append((entry[1], StreamNotFound(f"stream {name!r} was deleted")))
             for name, s in staged.streams.items():
                 if name in staged.deleted:
                     continue
@@ -394,8 +398,9 @@ class _Writer(threading.Thread):
                 items = eng._waiters.get(s.sid)
                 if items:
                     keep = []
+                    limit = eng._read_limits.get(name)
                     for entry in items:
-                        if entry[0] < s.next_offset:
+                        if entry[0] < s.next_offset and (limit is None or entry[0] < limit or not entry[2]):
                             wake.append((entry[1], None))
                         else:
                             keep.append(entry)
@@ -927,7 +932,8 @@ class _Staged:
         bloom = core.build_bloom(list(p.filters), p.unfiltered, s.bloom_size) if p.filters else b""
         ts, chunk_id = self._stamp(s)
         # built with its final header, so it needs no writable copy to be stamped
-        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, CHUNK_EPOCH, 0, bloom, b"")
+        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, self.engine.epochs.get(s.name, CHUNK_EPOCH),
+                                 0, bloom, b"")
         self._store(s, chunk, p.records, ts, chunk_id)
         p.__init__()   # callers keep using the same object for the next chunk
 
@@ -940,7 +946,7 @@ class _Staged:
         """Stamp chunk id, epoch and timestamp into the caller's sealed ``chunk`` (a bytearray) and store it."""
         ts, chunk_id = self._stamp(s)
         _STAMP_TS.pack_into(chunk, 8, ts)
-        _STAMP_ID.pack_into(chunk, 16, CHUNK_EPOCH)
+        _STAMP_ID.pack_into(chunk, 16, self.engine.epochs.get(s.name, CHUNK_EPOCH))
         _STAMP_ID.pack_into(chunk, 24, chunk_id)
         self._store(s, chunk, records, ts, chunk_id)
 
@@ -960,6 +966,75 @@ class _Staged:
         s.chunks += 1
         s.last_ts = ts
         self.dirty = True
+
+    def replicate(self, name, chunk, h, sequences):
+        """Store a leader's chunk unchanged at its own id (Engine.replicate_chunk), with the publisher
+        sequences it carries. Returns the stream's next offset after it."""
+        s = self.stream(name)
+        p = self.pending.get(name)
+        if p is not None:
+            self._flush(s, p)
+        chunk_id = h[H_CHUNK_ID]
+        if chunk_id != s.next_offset:
+            raise ChunkError(f"replicated chunk {chunk_id} is not at the stream's end {s.next_offset}", name,
+                             chunk_id)
+        for publisher, seq in sequences.items():
+            self.seqs[(s.sid, publisher)] = seq
+            self.txn.put(_tracking_key(s.sid, TRACKING_SEQUENCE, publisher), _U64.pack(seq),
+                         db=self.engine._db_tracking)
+        ts = h[H_TIMESTAMP]
+        self._store(s, chunk, h[H_RECORDS], ts if ts > s.last_ts else s.last_ts, chunk_id)
+        return s.next_offset
+
+    def truncate(self, name, offset):
+        """Delete the chunks of ``name`` at or after ``offset`` (Engine.truncate); the next offset."""
+        s = self.stream(name)
+        p = self.pending.get(name)
+        if p is not None:
+            self._flush(s, p)
+        eng = self.engine
+        txn = self.txn
+        cur = txn.cursor(db=eng._db_chunks)
+        doomed = []
+        ok = cur.set_range(_CHUNK_KEY.pack(s.sid, offset))
+        while ok:
+            ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+            if ksid != s.sid:
+                break
+            h = core.read_header(cur.value())
+            doomed.append((chunk_id, h[H_RECORDS], h[H_TIMESTAMP], len(cur.value())))
+            ok = cur.next()
+        if not doomed and offset >= s.next_offset:
+            return s.next_offset
+        if not doomed or doomed[0][0] != offset:
+            raise InvalidArgument(f"offset {offset} is not a chunk boundary of {name!r}")
+        for chunk_id, records, ts, size in doomed:
+            txn.delete(_CHUNK_KEY.pack(s.sid, chunk_id), db=eng._db_chunks)
+            txn.delete(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), db=eng._db_time)
+            s.records -= records
+            s.bytes -= size
+            s.chunks -= 1
+        s.next_offset = offset
+        last, last_ts = -1, -1
+        if cur.set_range(_CHUNK_KEY.pack(s.sid, offset)) and cur.prev() or cur.last():
+            ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+            if ksid == s.sid and chunk_id < offset:
+                last, last_ts = chunk_id, core.read_header(cur.value())[H_TIMESTAMP]
+        s.last_chunk = last
+        if last < 0:
+            s.first_chunk = -1
+        s.last_ts = max(last_ts, 0) if last >= 0 else s.last_ts
+        # the publisher sequences may count ids of the removed chunks: dropping them risks a duplicate
+        # when those are published again, keeping them would drop (and confirm) what is not stored
+        prefix = _SID.pack(s.sid) + bytes((TRACKING_SEQUENCE,))
+        tcur = txn.cursor(db=eng._db_tracking)
+        ok = tcur.set_range(prefix)
+        while ok and bytes(tcur.key()).startswith(prefix):
+            ok = tcur.delete()
+        self.seqs = {k: v for k, v in self.seqs.items() if k[0] != s.sid}
+        self.writer._seq_cache = {k: v for k, v in self.writer._seq_cache.items() if k[0] != s.sid}
+        self.dirty = True
+        return s.next_offset
 
     def flush_all(self):
         for name, p in list(self.pending.items()):

@@ -16,6 +16,7 @@ import asyncio
 import getpass
 import importlib
 import logging
+import os
 import signal
 import sys
 
@@ -30,6 +31,7 @@ SHELLS = [
     ("zmq_port", "zmq", "riverbed.shells.zmq_mc0"),
     ("ws_port", "ws", "riverbed.shells.ws_json"),
     ("text_port", "text", "riverbed.shells.ream_text"),
+    ("kafka_port", "kafka", "riverbed.shells.kafka"),
     ("http_port", "http", "riverbed.shells.http"),
 ]
 DEFAULT_USERS_FILE = "riverbed-users.toml"
@@ -117,7 +119,13 @@ async def run_server(cfg, stop=None, started=None):
     broker.disk = DiskMonitor(engine, free_limit=cfg.disk_free_limit, max_disk=cfg.max_disk)
     broker.disk.start(loop)
     listeners = []
+    cluster = None
     try:
+        if cfg.etcd:
+            # a cluster member (shells/cluster): imported only with --etcd, so a lone node pays nothing
+            from riverbed.shells.cluster.node import ClusterNode
+            cluster = ClusterNode(broker, cfg)
+            await cluster.start()
         for key, name, module in enabled:
             server = await _start_listener(name, module, broker, cfg, cfg[key])
             listeners.append(server)
@@ -130,6 +138,10 @@ async def run_server(cfg, stop=None, started=None):
             log.info("listening %s %s", "rabbitmq-stream-tls", _fmt_addr(cfg.host, server.port))
         # GET /healthz checks each listener started above; GET /readyz is 200 from here until stopping
         broker.listeners.extend((getattr(s, "name", type(s).__name__), s) for s in listeners)
+        if cluster is not None:
+            ports = {key: server.port for (key, _, _), server in zip(enabled, listeners)}
+            await cluster.register({"stream_port": cfg.advertised_port or ports.get("stream_port"),
+                                    "http_port": ports.get("http_port")})
         broker.ready = True
         log.info("ready")
         if started is not None:
@@ -145,6 +157,9 @@ async def run_server(cfg, stop=None, started=None):
                 await server.shutdown()
             except Exception:
                 log.exception("error while stopping a listener")
+        if cluster is not None:
+            # after the listeners: their last publishes may still wait for a majority
+            await cluster.stop()
         broker.disk.stop()
         broker.close()
         await loop.run_in_executor(None, engine.close)
@@ -304,6 +319,15 @@ def build_parser():
     from riverbed.shells import admin    # streams, tail, publish, consumers
     admin.add_parsers(sub)
     sub.add_parser("dump", help="print the streams and chunks of a data directory", add_help=False)
+    c = sub.add_parser("cluster", help="the cluster's nodes and streams (etcd)")
+    cs = c.add_subparsers(dest="action", required=True)
+    st = cs.add_parser("status", help="nodes (up/down, addresses, streams led) and, per stream, epoch, leader "
+                                      "and each member's committed offset and lag")
+    st.add_argument("--etcd", default=os.environ.get("RIVERBED_ETCD"), metavar="URL[,URL]",
+                    help="etcd client URL(s) (also RIVERBED_ETCD)")
+    st.add_argument("--cluster", default=os.environ.get("RIVERBED_CLUSTER", "riverbed"), metavar="NAME",
+                    help="cluster name (also RIVERBED_CLUSTER; default riverbed)")
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
     sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
                    add_help=False)
     return p
@@ -327,6 +351,12 @@ def main(argv=None):
         return admin.run(args)
     if args.command == "zmq-keygen":
         return cmd_zmq_keygen(args)
+    if args.command == "cluster":
+        if not args.etcd:
+            print("riverbed cluster: give --etcd URL (or RIVERBED_ETCD)", file=sys.stderr)
+            return 2
+        from riverbed.shells.cluster.status import main_status
+        return main_status(args)
     return 2
 
 

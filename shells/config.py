@@ -190,6 +190,7 @@ OPTIONS = [
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
     Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
+    Option("kafka_port", parse_port, 9092, "Kafka port (default 9092; 0 = any free; off)", "PORT"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
            "--tls-cert (default 5551; 0 = any free; off)", "PORT"),
@@ -240,6 +241,18 @@ OPTIONS = [
     Option("http_max_body", parse_size, 16 << 20, "HTTP and WebSocket REST: largest request body (default 16MiB)",
            "BYTES"),
     Option("text_max_line", parse_size, 64 << 10, "REAM text: longest request line (default 64KiB)", "BYTES"),
+    # the cluster (shells/cluster): all off without --etcd
+    Option("etcd", _opt_str, None, "etcd client URL(s), comma-separated: join a cluster (default: run alone)",
+           "URL[,URL]"),
+    Option("node", _opt_str, None, "this node's name in the cluster (required with --etcd)", "NAME"),
+    Option("cluster", str, "riverbed", "cluster name: the etcd key prefix (default riverbed)", "NAME"),
+    Option("replication_port", parse_port, 5553, "cluster: port members copy chunks over (default 5553; "
+           "0 = any free)", "PORT"),
+    Option("advertised_replication_port", _opt_port, None, "cluster: replication port members are told to dial "
+           "(default: the bound one; a proxy or NAT in between)", "PORT"),
+    Option("lease_ttl", _positive_float, 3.0, "cluster: etcd lease TTL, seconds (default 3)", "SECONDS"),
+    Option("replication_timeout", _positive_float, 10.0, "cluster: seconds a publish waits for a majority "
+           "before it is refused (default 10)", "SECONDS"),
 ]
 BY_NAME = {o.name: o for o in OPTIONS}
 ENV_PREFIX = "RIVERBED_"
@@ -316,6 +329,8 @@ def load(flags=None, env=None, config_file=None):
         raise ConfigError(f"fsync must be always, batch or never, not {values['fsync']!r} ({sources['fsync']})")
     if values["log_level"].lower() not in ("debug", "info", "warning", "error"):
         raise ConfigError(f"log_level must be debug, info, warning or error, not {values['log_level']!r}")
+    if values["etcd"] and not values["node"]:
+        raise ConfigError("--etcd needs --node NAME (this node's name in the cluster)")
     return Config(values, sources)
 
 

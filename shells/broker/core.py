@@ -104,6 +104,7 @@ class Broker:
         self.listeners = []        # (name, server) of every listener `riverbed serve` started (GET /healthz)
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
         self.disk = None           # the DiskMonitor (disk.py) whose alarm refuses publishes; None: no alarm
+        self.cluster = None        # the ClusterNode (shells/cluster) with --etcd: confirms wait for a majority
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -520,7 +521,7 @@ class Broker:
             num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
 
     def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
-        """Append a sealed chunk (core.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
+        """Append a sealed chunk (wire.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
         counts must be exact; the chunk belongs to the engine from here on. ``crc_done=False``: its
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(
@@ -564,6 +565,14 @@ class Broker:
             disk.refused += 1
             cb(None, disk.error())
             return
+        cluster = self.cluster
+        if cluster is not None:
+            # a replicated stream: only its leader appends, and a confirm waits for a majority of members
+            refusal = cluster.check_write(stream)
+            if refusal is not None:
+                cb(None, refusal)
+                return
+            cb = cluster.hold(stream, cb)
         # every append counts against the broker-wide in-flight budget until it completes, whoever asked
         # for it and whether or not that connection is still there (sessions check inflight.over())
         budget = self.inflight

@@ -1,20 +1,10 @@
-"""The transport layer every TCP shell shares: asyncio glue around a sans-I/O session, and a listener
-with the lifecycle ``riverbed serve`` drives (start, stop accepting, graceful shutdown).
+"""The TCP adapter of the session kernel's io contract (:mod:`riverbed.shells.broker.session`): asyncio
+glue around a sans-I/O session, and a listener with the lifecycle ``riverbed serve`` drives (start,
+stop accepting, graceful shutdown through the kernel's one :func:`~riverbed.shells.broker.session.drain`).
 
-A session (one per connection, built by the shell's ``session_factory``) takes bytes and flow-control
-signals and writes through its ``io``, which is the :class:`SessionProtocol` here::
-
-    io.write(bytes)  io.writelines(list)  io.close()  io.pause_reading()  io.resume_reading()
-    io.defer(fn, *args)        # run soon on the loop (yield between deliveries)
-
-and offers, for the listener::
-
-    data_received(bytes)  connection_lost()  pause_writing()  resume_writing()
-    tick(now)             # seconds, the broker's clock, every TICK_INTERVAL: heartbeats, timeouts
-    begin_shutdown()      # stop reading; in-flight work still completes
-    pending_ops           # engine operations not completed yet (shutdown waits for 0)
-    close_gracefully(reason)   # say goodbye in the protocol's terms, then close
-    peer                  # "host:port", for logs
+:class:`SessionProtocol` is a session's ``io`` (write, writelines, close, abort, pause_reading,
+resume_reading, defer, call_later) and hands the session bytes and the transport's flow-control signals,
+each under the session's :meth:`~riverbed.shells.broker.session.SessionKernel.guard`.
 """
 
 import asyncio
@@ -22,14 +12,13 @@ import logging
 
 from riverbed.shells import auth as _auth
 from riverbed.shells import tls as _tls
+from riverbed.shells.broker.session import CLOSE_GRACE, TICK_INTERVAL, drain, tick_all  # noqa: F401
 from riverbed.shells.broker.stats import ERR_INTERNAL, ERR_TRANSPORT
 
 log = logging.getLogger("riverbed.broker")
 
-TICK_INTERVAL = 0.25         # seconds between heartbeat/timeout checks of all sessions
 WRITE_BUFFER_HIGH = 4 << 20  # transport write buffer marks, bytes: delivery pauses above the high mark
 WRITE_BUFFER_LOW = 1 << 20
-CLOSE_GRACE = 1.0            # seconds a graceful close may take before the socket is aborted
 
 
 class SessionProtocol(asyncio.Protocol):
@@ -49,25 +38,24 @@ class SessionProtocol(asyncio.Protocol):
         peer = transport.get_extra_info("peername") or ("?", 0)
         local = transport.get_extra_info("sockname") or (None, 0)
         transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH, low=WRITE_BUFFER_LOW)
-        self.session = self.listener.session_factory(
-            self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
-            peer_loopback=_auth.is_loopback(peer[0]))
-        self.listener.protocols.add(self)
         self.listener.stats.connections_total += 1     # metrics
-
-    def _guard(self, fn, *args):
         try:
-            fn(*args)
-        except Exception:  # a bug must cost this connection only, never the server
-            log.exception("%s: internal error; closing the connection", getattr(self.session, "peer", "?"))
-            self.listener.stats.error(ERR_INTERNAL)       # metrics
-            self.transport.abort()
+            self.session = self.listener.session_factory(
+                self, peer=f"{peer[0]}:{peer[1]}", local=(local[0], local[1]), remote=(peer[0], peer[1]),
+                peer_loopback=_auth.is_loopback(peer[0]))
+        except Exception:  # a bug in a session's set-up costs this connection only, as one in its life
+            log.exception("%s:%s: internal error while setting up a session; closing the connection", *peer[:2])
+            self.abort(internal=True)
+            return
+        self.listener.protocols.add(self)
 
     def data_received(self, data):
         stats = self.listener.stats     # metrics: two int updates per read, no lock (loop thread)
         stats.reads += 1
         stats.bytes_in += len(data)
-        self._guard(self.session.data_received, data)
+        session = self.session
+        if session is not None:
+            session.guard(session.data_received, data)
 
     def eof_received(self):
         return False
@@ -77,13 +65,15 @@ class SessionProtocol(asyncio.Protocol):
         if exc is not None:     # metrics: reset, broken pipe (a close by either side passes None)
             self.listener.stats.error(ERR_TRANSPORT)
         if self.session is not None:
-            self._guard(self.session.connection_lost)
+            self.session.guard(self.session.connection_lost)
 
     def pause_writing(self):
-        self._guard(self.session.pause_writing)
+        if self.session is not None:
+            self.session.guard(self.session.pause_writing)
 
     def resume_writing(self):
-        self._guard(self.session.resume_writing)
+        if self.session is not None:
+            self.session.guard(self.session.resume_writing)
 
     # the session's io
     def write(self, data):
@@ -92,8 +82,13 @@ class SessionProtocol(asyncio.Protocol):
     def writelines(self, parts):
         self.transport.writelines(parts)
 
-    def close(self):
-        self.transport.close()
+    def close(self, code=None, reason=""):
+        self.transport.close()      # TCP has no close code: the protocol said its goodbye already
+
+    def abort(self, internal=False):
+        if internal:
+            self.listener.stats.error(ERR_INTERNAL)       # metrics
+        self.transport.abort()
 
     def pause_reading(self):
         if not self.transport.is_closing():
@@ -104,14 +99,21 @@ class SessionProtocol(asyncio.Protocol):
             self.transport.resume_reading()
 
     def defer(self, fn, *args):
-        self.loop.call_soon(self._guard, fn, *args)
+        self.loop.call_soon(self.session.guard, fn, *args)
+
+    def call_later(self, delay, fn, *args):
+        return self.loop.call_later(delay, self.session.guard, fn, *args)
 
 
 class TcpListener:
     """One TCP listener of a shell over the shared :class:`~riverbed.shells.broker.core.Broker`.
 
-    ``session_factory(io, *, peer, local, remote, peer_loopback)`` builds a session per connection
-    (``local``/``remote`` are (host, port)). ``port`` is the bound port once :meth:`start` returned
+    A protocol's listener names its ``session_class`` (a
+    :class:`~riverbed.shells.broker.session.SessionKernel`) and passes its ``shell`` (the state the
+    connections of one listener share): each connection gets ``session_class(shell, io, peer=...,
+    local=..., remote=..., peer_loopback=..., **session_options())``; or pass a ``session_factory(io, *,
+    peer, local, remote, peer_loopback)``. ``local``/``remote`` are (host, port). A shell that has
+    ``start()`` / ``close()`` gets them once bound / after the shutdown drain. ``port`` is the bound port once :meth:`start` returned
     (useful with port 0). ``ssl``, an ``ssl.SSLContext`` (see :mod:`riverbed.shells.tls`), makes it a
     TLS listener: a session is built only once the handshake succeeded, and a client that fails it (a
     plaintext client) is closed and logged in one line (:class:`riverbed.shells.tls.TlsServer`).
@@ -119,10 +121,12 @@ class TcpListener:
     """
 
     name = "tcp"
+    session_class = None
 
-    def __init__(self, broker, session_factory, *, host="127.0.0.1", port=0, name=None, ssl=None):
+    def __init__(self, broker, session_factory=None, *, shell=None, host="127.0.0.1", port=0, name=None, ssl=None):
         self.broker = broker
-        self.session_factory = session_factory
+        self.shell = shell
+        self.session_factory = session_factory or self._new_session
         self.host = host
         self.port = port
         self.ssl = ssl
@@ -146,18 +150,23 @@ class TcpListener:
                                                     self.name, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
         self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
+        start = getattr(self.shell, "start", None)
+        if start is not None:
+            start()
         return self
+
+    def _new_session(self, io, **where):
+        return self.session_class(self.shell, io, **where, **self.session_options())
+
+    def session_options(self):
+        """Keyword arguments every session of this listener gets besides where it is (default none)."""
+        return {}
 
     def sessions(self):
         return [p.session for p in list(self.protocols) if p.session is not None]
 
     def _tick(self):
-        now = self.broker.clock()
-        for s in self.sessions():
-            try:
-                s.tick(now)
-            except Exception:
-                log.exception("%s: internal error in tick", s.peer)
+        tick_all(self.sessions(), self.broker.clock())
         self._ticker = self.loop.call_later(TICK_INTERVAL, self._tick)
 
     def stop_accepting(self):
@@ -168,21 +177,12 @@ class TcpListener:
         """Stop accepting, stop reading, let in-flight work complete and be answered (at most
         ``drain_timeout`` seconds), close every session gracefully, wait briefly, abort the rest."""
         self.stop_accepting()
-        for s in self.sessions():
-            s.begin_shutdown()
-        deadline = self.loop.time() + drain_timeout
-        while any(s.pending_ops for s in self.sessions()) and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
-        for s in self.sessions():
-            try:
-                s.close_gracefully("server shutdown")
-            except Exception:
-                log.exception("%s: error while closing", s.peer)
-        deadline = self.loop.time() + CLOSE_GRACE
-        while self.protocols and self.loop.time() < deadline:
-            await asyncio.sleep(0.01)
+        await drain(self.loop, self.sessions, drain_timeout=drain_timeout, alive=self.protocols.__len__)
         for p in list(self.protocols):
             p.transport.abort()
         if self._ticker is not None:
             self._ticker.cancel()
+        close = getattr(self.shell, "close", None)
+        if close is not None:
+            close()
         await asyncio.sleep(0)

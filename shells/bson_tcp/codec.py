@@ -1,10 +1,10 @@
 """mewbase wire format: BSON documents over TCP, pure functions (no I/O, no state).
 
 Every frame is one BSON document, whose leading int32 little-endian length counts its own 4 bytes,
-shaped as the envelope ``{type: <string>, frame: <document>}``. Splitting is the compiled core's
-(:func:`riverbed.engine.core.split_bson_frames`); encoding and decoding is pymongo's ``bson``, except
-for the two frames sent in bulk (RECEV and QUERYRESULT), which are assembled around the event's stored
-BSON bytes without decoding them.
+shaped as the envelope ``{type: <string>, frame: <document>}``. Splitting is the shells' compiled wire
+parsers' (:func:`riverbed.shells.wire.split_bson_frames`); encoding and decoding is pymongo's ``bson``,
+except for the two frames sent in bulk (RECEV and QUERYRESULT), which are assembled around the event's
+stored BSON bytes without decoding them.
 """
 
 import math

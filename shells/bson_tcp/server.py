@@ -1,5 +1,5 @@
-"""The BSON/TCP (mewbase) listener: a broker-layer TcpListener whose sessions are BsonSessions; it also
-runs the stored projections for as long as it listens."""
+"""The BSON/TCP (mewbase) listener: a broker-layer TcpListener whose sessions are BsonSessions; its
+shell runs the stored projections for as long as it listens."""
 
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
@@ -14,22 +14,10 @@ class BsonServer(TcpListener):
     port; ``shell`` the listener's :class:`BsonShell`. Loop-thread only."""
 
     name = "bson"
+    session_class = BsonSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, idle_timeout=DEFAULT_IDLE_TIMEOUT, ssl=None):
-        self.shell = BsonShell(broker, idle_timeout=idle_timeout)
-        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
-
-    def _new_session(self, io, *, peer, local, remote, peer_loopback):
-        return BsonSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
-
-    async def start(self):
-        await super().start()
-        self.shell.projections.load()
-        return self
-
-    async def shutdown(self, drain_timeout=10.0):
-        await super().shutdown(drain_timeout)
-        self.shell.close()
+        super().__init__(broker, shell=BsonShell(broker, idle_timeout=idle_timeout), host=host, port=port, ssl=ssl)
 
 
 async def serve(broker, *, host="127.0.0.1", port=DEFAULT_PORT, config=None, idle_timeout=DEFAULT_IDLE_TIMEOUT):

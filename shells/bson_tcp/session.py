@@ -1,8 +1,7 @@
-"""A BSON/TCP (mewbase) connection as a sans-I/O state machine.
-
-It takes bytes (``data_received``), clock ticks (``tick``) and the transport's flow-control signals, and
-writes through ``io`` (``write``/``writelines``/``close``/``pause_reading``/``resume_reading``/``defer``);
-storage is reached only through the broker layer and the document store.
+"""A BSON/TCP (mewbase) connection on the session kernel (:mod:`riverbed.shells.broker.session`: io
+contract, lifecycle, flow control, shutdown drain): this module is its framing, its commands
+(:data:`COMMANDS`, handlers ``_on_<frame type>``) and their error rendering; storage is reached only
+through the broker layer and the document store.
 
 Behaviour where the protocol leaves a choice:
 
@@ -10,7 +9,7 @@ Behaviour where the protocol leaves a choice:
   RESPONSE ok:false (errCode 6, with the rID when one could be read) and close; the body of an
   oversized frame is never read. An unknown ``type``: RESPONSE {ok:false, rID, errCode 6}, and the
   connection stays open. Any frame before a successful CONNECT: errCode 2 and close.
-* A PUB frame that ``core.bson_pub`` recognises (exactly the PUB envelope, strictly checked BSON) is
+* A PUB frame that ``wire.bson_pub`` recognises (exactly the PUB envelope, strictly checked BSON) is
   not decoded: its event's bytes are stored as the frame has them, which are the bytes decoding and
   encoding them again would give. Any other frame is decoded in full (and a PUB's event encoded again).
 * Pipelined PUBs read in one go are appended per channel as one batch (one engine append, contiguous);
@@ -29,28 +28,29 @@ Behaviour where the protocol leaves a choice:
 
 import logging
 
-from riverbed.engine import OffsetSpec, core
+from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import (
     FrameError, FrameTooLarge, InvalidArgument, RiverbedError, StorageFull, StreamNotFound,
 )
 from riverbed.engine.predicate import from_mongo
 from riverbed.engine.record import CT_BSON, encode_record, max_depth
 from riverbed.shells import auth as _auth
+from riverbed.shells import wire
 from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.admin import AdminCommands
 from riverbed.shells.bson_tcp.queries import Matcher, Subscription
 from riverbed.shells.broker import READ, WRITE
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 
 log = logging.getLogger("riverbed.bson")
 LISTENER = "bson"       # the listener label of riverbed_rejected_total
 # what a handler raises for a value the frame check let through: answered as the request's error (errCode
 # 6), never left to the listener's guard (which drops the connection as an internal error)
 _VALUE_ERRORS = (TypeError, ValueError, OverflowError, LookupError, AttributeError, RecursionError)
-FAST_PUB_DEPTH = 64      # core.bson_pub leaves events nested deeper than this to the checked slow path
+FAST_PUB_DEPTH = 64      # wire.bson_pub leaves events nested deeper than this to the checked slow path
 
-ST_CONNECTING, ST_OPEN, ST_CLOSED = 0, 1, 2
-PENDING_OPS_HIGH, PENDING_OPS_LOW = 10_000, 5_000
+ST_CONNECTING, ST_OPEN, ST_CLOSED = State.HANDSHAKE, State.OPEN, State.CLOSED   # before CONNECT, after it
 TX_MAX_BYTES = 256 << 20
 DURABLE_PREFIX = "mewbase-durable:"
 MAX_DURABLE_ID = 200
@@ -74,51 +74,31 @@ class _Tx:
         self.nbytes = 0
 
 
-class BsonSession(AdminCommands):
+class BsonSession(AdminCommands, SessionKernel):
     """One mewbase connection. Loop-thread only; bad input never raises out of here (it ends in a
     RESPONSE ok:false, and for framing errors a close)."""
 
+    LISTENER = LISTENER
+    PROTOCOL = "bson"
+
     def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=False):
-        self.shell = shell
-        self.broker = broker = shell.broker
-        self.io = io
-        self.peer = peer
-        self.local = local or (None, 0)
-        self.remote = remote or (peer.rpartition(":")[0] or peer, 0)
-        self.peer_loopback = peer_loopback
-        self.state = ST_CONNECTING
-        self.user = None
-        self.username = None
+        super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
         self.client_version = None
-        self.connected_at = broker.wall_clock()
-        self.last_recv = broker.clock()
         self.subscriptions = {}
         self.queries = {}
         self.txs = {}
         self.tx_bytes = 0
-        self.pending_ops = 0
         self._next_sub = 0
         self._buf = bytearray()
-        self._out = []
         self._held = []               # replies waiting for durable ACKEV writes to commit
         self._acks_inflight = 0
         self._batch = {}              # channel -> ([records], [rIDs]) of pipelined PUBs not yet appended
-        self._write_paused = False
-        self._read_paused = False
-        self._shutting_down = False
         self._writable = {}           # channel -> whether this connection's user may write to it
         self._now_ms = None           # wall clock (ms) read once per data_received, for PUB records
-        self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
-        self._budget_paused = False     # reading paused by the broker-wide in-flight budget
-        broker.register(self)
 
     # ------------------------------------------------------------------------------------ input
 
-    def data_received(self, data):
-        if self.state == ST_CLOSED:
-            return
-        self.last_recv = self.broker.clock()
-        inflight_before = self.broker.inflight.used
+    def _received(self, data):
         buf = self._buf
         if buf:
             buf += data
@@ -129,7 +109,7 @@ class BsonSession(AdminCommands):
         max_frame = self.limits.bson_max_frame
         try:
             # a declared length over the limit is refused as soon as its 4 bytes are in, before buffering
-            frames, used = core.split_bson_frames(src, max_frame)
+            frames, used = wire.split_bson_frames(src, max_frame)
         except FrameError as e:
             frames, used = self._split_until_bad(src, max_frame)
             bad = e
@@ -143,10 +123,6 @@ class BsonSession(AdminCommands):
                 return
         self._now_ms = None
         self._send_batch()
-        if self.broker.inflight.used > inflight_before and not self._budget_paused:
-            # this read published: past the broker's budget, reading stops until it is back at its low mark
-            # (a connection that only reads or pings is never held)
-            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
         if bad is not None:
             if isinstance(bad, FrameTooLarge):
                 _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(bad), self.peer)
@@ -171,9 +147,9 @@ class BsonSession(AdminCommands):
 
     def _dispatch(self, raw):
         if self.state == ST_OPEN and max_depth() >= FAST_PUB_DEPTH:
-            pub = core.bson_pub(raw)
+            pub = wire.bson_pub(raw)
             if pub is not None:
-                # a well-formed PUB, checked without decoding (event nesting included, up to the core's
+                # a well-formed PUB, checked without decoding (event nesting included, up to the parser's
                 # bound): its event is stored as the frame has it
                 self._pub(pub[0], pub[1], pub[2], bytes(raw[pub[3]:pub[4]]))
                 return
@@ -199,18 +175,15 @@ class BsonSession(AdminCommands):
             return
         self._send_batch()
         rid = f.get("rID")
-        if self.state == ST_CONNECTING:
-            if ftype == c.FT_CONNECT:
-                self._on_connect(f)
-            else:
+        command = COMMANDS.get(ftype)
+        if command is None or command.min_state > self.state:
+            if self.state < ST_OPEN:
                 self._fatal(rid, c.ERR_NOT_AUTHORISED, "CONNECT first")
-            return
-        handler = _HANDLERS.get(ftype)
-        if handler is None:
-            self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, f"unknown frame type {ftype!r}"))
+            else:
+                self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, f"unknown frame type {ftype!r}"))
             return
         try:
-            handler(self, f)
+            command.handler(self, f)
         except (InvalidArgument, c.DecodeError) + _VALUE_ERRORS as e:
             self._reply(c.response(rid, False, c.ERR_COMMAND_NOT_PROCESSED, str(e)))
 
@@ -232,9 +205,6 @@ class BsonSession(AdminCommands):
 
     # ----------------------------------------------------------------------------------- output
 
-    def _send(self, data):
-        self._out.append(data)
-
     def _send_many(self, parts):
         self._out.extend(parts)
         self._flush()
@@ -249,106 +219,30 @@ class BsonSession(AdminCommands):
             self._flush()
             after()
 
-    def _flush(self):
-        if self._out and self.state != ST_CLOSED:
-            out, self._out = self._out, []
-            self.io.writelines(out)
-
-    def _later(self, fn):
-        """Wrap an engine completion: counted (flow control, shutdown), dropped once the connection is
-        gone, flushes after running."""
-        self.pending_ops += 1
-        if self.pending_ops > PENDING_OPS_HIGH:
-            self._update_reading()
-
-        def run(*args):
-            self.pending_ops -= 1
-            if self.state == ST_CLOSED:
-                return
-            fn(*args)
-            if self._read_paused:
-                self._update_reading()
-            self._flush()
-        return run
-
     # ------------------------------------------------------------------------- flow, lifecycle
 
-    def pause_writing(self):
-        self._write_paused = True
-        for sub in self.subscriptions.values():
-            sub.tail.pause()
-        self._update_reading()
-
-    def resume_writing(self):
-        self._write_paused = False
-        self._update_reading()
-        for sub in list(self.subscriptions.values()):
-            sub.tail.resume()
+    def _on_writable(self):
         for q in list(self.queries.values()):
             q.pump()
-        self._flush()
 
-    def _budget_pause(self):
-        self._budget_paused = True
-        self._update_reading()
+    def _idle_timeout(self):
+        return self.shell.idle_timeout
 
-    def _budget_resume(self):
-        self._budget_paused = False
-        if self.state != ST_CLOSED:
-            self._update_reading()
-
-    def _update_reading(self):
-        want = self._write_paused or self._shutting_down or self.pending_ops > PENDING_OPS_HIGH or self._budget_paused
-        if want and not self._read_paused:
-            self._read_paused = True
-            self.io.pause_reading()
-        elif self._read_paused and not want and self.pending_ops <= PENDING_OPS_LOW:
-            self._read_paused = False
-            self.io.resume_reading()
-
-    def tick(self, now):
-        if self.state == ST_CLOSED:
-            return
-        t = self.shell.idle_timeout
-        if t and now - self.last_recv > t:
-            log.info("%s: no frame for %.1f s; closing the idle connection", self.peer, now - self.last_recv)
-            self._hard_close()
-
-    def begin_shutdown(self):
-        self._shutting_down = True
+    def _on_shutdown(self):
         self._send_batch()
         self._flush()
-        self._update_reading()
-
-    def close_gracefully(self, reason="server shutdown"):
-        # mewbase has no goodbye frame: answer what is queued, then close
-        log.info("%s: closing: %s", self.peer, reason)
-        self._hard_close()
-
-    def close_by_admin(self, reason="closed via management API"):
-        self.close_gracefully(reason)
 
     def _fatal(self, rid, code, msg):
         log.info("%s: %s (errCode %d); closing", self.peer, msg, code)
         self._out.append(c.response(rid, False, code, msg))
         self._hard_close()
 
-    def _hard_close(self):
-        if self.state == ST_CLOSED:
-            return
+    def _before_close(self):
         for data, _ in self._held:
             self._out.append(data)
         self._held = []
-        self._flush()
-        self.state = ST_CLOSED
-        self._release()
-        self.io.close()
 
-    def connection_lost(self):
-        self.state = ST_CLOSED
-        self._release()
-
-    def _release(self):
+    def _drop_all(self):
         for sub in list(self.subscriptions.values()):
             sub.close()
         self.subscriptions.clear()
@@ -356,8 +250,6 @@ class BsonSession(AdminCommands):
         self.txs.clear()        # open transactions are discarded with the connection
         self.tx_bytes = 0
         self._batch = {}
-        self._out = []
-        self.broker.unregister(self)
 
     def stream_deleted(self, name):
         for sub in list(self.subscriptions.values()):
@@ -372,21 +264,11 @@ class BsonSession(AdminCommands):
     def consumer_infos(self):
         """This connection's SUBSCRIBEs (see the RabbitMQ Stream session's): the reference is the durable
         subscription's name (None for a plain one); no credits (a byte window). Loop-thread only."""
-        name = f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}"
-        return [{"stream": sub.channel, "protocol": "bson", "connection": name, "subscription_id": sub.sub_id,
-                 "reference": sub.durable_ref, "offset": sub.tail.offset, "credits": None}
+        return [self._consumer_info(sub.channel, sub.sub_id, sub.tail.offset, sub.durable_ref)
                 for sub in list(self.subscriptions.values())]
 
-    def connection_info(self):
-        return {
-            "name": f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}",
-            "protocol": "bson", "peer_host": self.remote[0], "peer_port": self.remote[1],
-            "host": self.local[0], "port": self.local[1], "user": self.username or "",
-            "client_properties": {"version": self.client_version} if self.client_version else {},
-            "connected_at": self.connected_at,
-            "state": {ST_CONNECTING: "starting", ST_OPEN: "running"}.get(self.state, "closed"),
-            "subscriptions": len(self.subscriptions),
-        }
+    def _info(self):
+        return {"subscriptions": len(self.subscriptions)}
 
     def _can(self, what, resource):
         return self.broker.allowed(self.user, what, resource)
@@ -394,6 +276,9 @@ class BsonSession(AdminCommands):
     # --------------------------------------------------------------------------------- CONNECT
 
     def _on_connect(self, f):
+        if self.state >= ST_OPEN:
+            self._reply(c.response(f.get("rID"), False, c.ERR_COMMAND_NOT_PROCESSED, "already connected"))
+            return
         version = c.parse_version(f.get("version"))
         if version is None or version > c.SERVER_VERSION:
             self._fatal(None, c.ERR_SERVER_ERROR, "Client version not supported")
@@ -418,6 +303,8 @@ class BsonSession(AdminCommands):
         self.user = user
         self.username = user.name
         self.client_version = f.get("version")
+        if self.client_version:
+            self.client_properties = {"version": self.client_version}
         self.state = ST_OPEN
         self._reply(c.response(None, True))
 
@@ -438,7 +325,7 @@ class BsonSession(AdminCommands):
 
     def _pub(self, channel, rid, sess_id, event):
         """A PUB with a non-empty string ``channel``; ``event`` is a decoded document (encoded here), or
-        its BSON bytes as they came in a frame :func:`core.bson_pub` accepted (stored as they are)."""
+        its BSON bytes as they came in a frame :func:`wire.bson_pub` accepted (stored as they are)."""
         allowed = self._writable.get(channel)
         if allowed is None:
             # the user is fixed at CONNECT, so its answer per channel can be kept for the connection
@@ -701,24 +588,25 @@ class BsonSession(AdminCommands):
         self._on_subclose(f, delete=True)
 
 
-_HANDLERS = {
-    c.FT_SUBSCRIBE: BsonSession._on_subscribe,
-    c.FT_ACKEV: BsonSession._on_ackev,
-    c.FT_SUBCLOSE: BsonSession._on_subclose,
-    c.FT_UNSUBSCRIBE: BsonSession._on_unsubscribe,
-    c.FT_STARTTX: BsonSession._on_starttx,
-    c.FT_COMMITTX: BsonSession._on_committx,
-    c.FT_ABORTTX: BsonSession._on_aborttx,
-    c.FT_PING: BsonSession._on_ping,
-    c.FT_LISTCHANNELS: BsonSession._on_listchannels,
-    c.FT_LISTCHANNELS_SIC: BsonSession._on_listchannels,
-    c.FT_CREATECHANNEL: BsonSession._on_createchannel,
-    c.FT_LISTBINDERS: BsonSession._on_listbinders,
-    c.FT_CREATEBINDER: BsonSession._on_createbinder,
-    c.FT_CREATEPROJECTION: BsonSession._on_createprojection,
-    c.FT_FINDBYID: BsonSession._on_findbyid,
-    c.FT_QUERY: BsonSession._on_query,
-    c.FT_QUERYACK: BsonSession._on_queryack,
-    c.FT_CONNECT: lambda self, f: self._reply(c.response(f.get("rID"), False, c.ERR_COMMAND_NOT_PROCESSED,
-                                                         "already connected")),
-}
+# frame type -> (name, lowest state); the handler is ``_on_<type in lower case>``
+COMMANDS = commands(BsonSession, {
+    c.FT_CONNECT: ("CONNECT", ST_CONNECTING),
+    c.FT_PUB: ("PUB", ST_OPEN),         # handled before the table while open (hot path)
+    c.FT_SUBSCRIBE: ("SUBSCRIBE", ST_OPEN),
+    c.FT_ACKEV: ("ACKEV", ST_OPEN),
+    c.FT_SUBCLOSE: ("SUBCLOSE", ST_OPEN),
+    c.FT_UNSUBSCRIBE: ("UNSUBSCRIBE", ST_OPEN),
+    c.FT_STARTTX: ("STARTTX", ST_OPEN),
+    c.FT_COMMITTX: ("COMMITTX", ST_OPEN),
+    c.FT_ABORTTX: ("ABORTTX", ST_OPEN),
+    c.FT_PING: ("PING", ST_OPEN),
+    c.FT_LISTCHANNELS: ("LISTCHANNELS", ST_OPEN),
+    c.FT_LISTCHANNELS_SIC: ("LISTCHANNELS", ST_OPEN),     # the real server's spelling, same command
+    c.FT_CREATECHANNEL: ("CREATECHANNEL", ST_OPEN),
+    c.FT_LISTBINDERS: ("LISTBINDERS", ST_OPEN),
+    c.FT_CREATEBINDER: ("CREATEBINDER", ST_OPEN),
+    c.FT_CREATEPROJECTION: ("CREATEPROJECTION", ST_OPEN),
+    c.FT_FINDBYID: ("FINDBYID", ST_OPEN),
+    c.FT_QUERY: ("QUERY", ST_OPEN),
+    c.FT_QUERYACK: ("QUERYACK", ST_OPEN),
+})

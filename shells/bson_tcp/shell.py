@@ -29,7 +29,12 @@ class BsonShell:
             self._readers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="bson-query")
         return self._readers.submit(fn)
 
+    def start(self):
+        """The listener is bound: run the stored projections."""
+        self.projections.load()
+
     def close(self):
+        """The listener stopped (after its drain): stop the projections and the reader threads."""
         self.projections.stop_all()
         if self._readers is not None:
             self._readers.shutdown(wait=False, cancel_futures=True)

@@ -143,6 +143,16 @@ class BrokerCollector:
         yield from self._listeners()
         yield from self._engine()
         yield from self._hostile_input()
+        if getattr(self.broker, "cluster", None) is not None:
+            yield from self._cluster()
+
+    def _cluster(self):
+        # on the leader of each stream: how many records each member is behind (shells/cluster)
+        lag = GaugeMetricFamily("riverbed_replica_lag_records", "Records a member of a stream this node leads "
+                                "holds fewer than the leader.", labels=["stream", "node"])
+        for stream, node, records in self.broker.cluster.replica_lag():
+            lag.add_metric([stream, node], records)
+        yield lag
 
     @staticmethod
     def _hostile_input():

@@ -26,6 +26,7 @@ from riverbed.engine.record import json_within_depth, max_depth
 
 from riverbed.engine.errors import RiverbedError, UniqueViolation
 from riverbed.shells.ream_text.expr import ExprError
+from riverbed.shells.broker.session import State
 
 log = logging.getLogger("riverbed.ream")
 
@@ -76,7 +77,8 @@ SIZE_POSITIONS = {
 }
 
 
-ST_OPEN, ST_CLOSING, ST_CLOSED = "open", "closing", "closed"     # connection states
+# connection states: the session kernel's (a REAM connection is open from its banner on)
+ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED
 
 # request kinds, for ordering effects within a connection (see session.py)
 K_READ, K_WRITE, K_NEUTRAL = "read", "write", "neutral"

@@ -17,7 +17,7 @@ class DocumentRequests:
         self._need(req, nwords)
         return req.words[2], req.words[3], C.parse_id(req.words[3])
 
-    def _aggregate_set(self, req, payloads):
+    def _on_aggregate_set(self, req, payloads):
         name, word, doc_id = self._agg_args(req, 5)
         self._allow("write", name)
         doc = C.parse_json_object(payloads[0])
@@ -31,7 +31,7 @@ class DocumentRequests:
                 self._fill(req.slot, C.line("AGGREGATE", "SET", "DONE", name, word))
         self.shell.aggregates.set(name, doc_id, doc, done)
 
-    def _aggregate_get(self, req, payloads):
+    def _on_aggregate_get(self, req, payloads):
         name, word, doc_id = self._agg_args(req, 4)
         self._allow("read", name)
 
@@ -44,7 +44,7 @@ class DocumentRequests:
                 self._answer(req, C.sized(f"AGGREGATE GOT {name} {word}", C.dumps(doc)))
         self.shell.aggregates.get(name, doc_id, done)
 
-    def _aggregate_remove(self, req, payloads):
+    def _on_aggregate_remove(self, req, payloads):
         name, word, doc_id = self._agg_args(req, 4)
         self._allow("write", name)
         slot = req.slot
@@ -58,7 +58,7 @@ class DocumentRequests:
                 self._fill(slot, C.line("AGGREGATE", "REMOVED", name, word))
         self.shell.aggregates.remove(name, doc_id, done)
 
-    def _aggregate_list(self, req, payloads):
+    def _on_aggregate_list(self, req, payloads):
         self._need(req, 2)
         names = self.shell.aggregates.list()
         self._answer(req, C.line("AGGREGATE", "LISTED", len(names), *names))
@@ -79,7 +79,7 @@ class DocumentRequests:
                 self._fill(slot, ok(res))
         return done
 
-    def _projection_create(self, req, payloads):
+    def _on_projection_create(self, req, payloads):
         if len(req.words) < 4:
             raise usage_error((req.noun, req.verb))
         name = req.words[2]
@@ -88,13 +88,13 @@ class DocumentRequests:
         self.shell.projections.create(name, fields, self._async(req, lambda r: C.line("PROJECTION", "CREATED",
                                                                                       name)))
 
-    def _projection_drop(self, req, payloads):
+    def _on_projection_drop(self, req, payloads):
         self._need(req, 3)
         name = req.words[2]
         self._allow("configure", name)
         self.shell.projections.drop(name, self._async(req, lambda r: C.line("PROJECTION", "DROPPED", name)))
 
-    def _projection_set(self, req, payloads):
+    def _on_projection_set(self, req, payloads):
         name = req.words[2]
         self._allow("write", name)
         row = C.parse_json_object(payloads[0])
@@ -108,14 +108,14 @@ class DocumentRequests:
             raise ReamError("Invalid expression: not UTF-8") from None
         return text
 
-    def _projection_select(self, req, payloads):
+    def _on_projection_select(self, req, payloads):
         name = req.words[2]
         self._allow("read", name)
         pred = X.compile_where(self._expr(payloads[0]))
         self.shell.projections.select(name, pred, self._async(
             req, lambda rows: C.sized(f"PROJECTION SELECTED {name}", C.dumps(rows))))
 
-    def _projection_update(self, req, payloads):
+    def _on_projection_update(self, req, payloads):
         name = req.words[2]
         self._allow("write", name)
         pred = X.compile_where(self._expr(payloads[0]))
@@ -126,7 +126,7 @@ class DocumentRequests:
         self.shell.projections.update(name, pred, spec, self._async(
             req, lambda n: C.line("PROJECTION", "UPDATED", name, n)))
 
-    def _projection_delete(self, req, payloads):
+    def _on_projection_delete(self, req, payloads):
         name = req.words[2]
         self._allow("write", name)
         pred = X.compile_where(self._expr(payloads[0]))

@@ -31,7 +31,7 @@ class Subscription:
 class EventRequests:
     """EVENT PUBLISH/SUBSCRIBE/UNSUBSCRIBE/LIST/REMOVE handlers."""
 
-    def _event_publish(self, req, payloads):
+    def _on_event_publish(self, req, payloads):
         stream = req.words[2]
         self._allow("write", stream)
         if not self.broker.has_stream(stream):
@@ -74,7 +74,7 @@ class EventRequests:
         except RiverbedError as e:
             done(None, e)
 
-    def _event_subscribe(self, req, payloads):
+    def _on_event_subscribe(self, req, payloads):
         self._need(req, 4)
         stream = req.words[2]
         self._allow("read", stream)
@@ -140,7 +140,7 @@ class EventRequests:
         tail = Tail(self.broker, stream, sub.start, on_chunk, defer=self.io.defer, on_gone=on_gone,
                     mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW)
         sub.tail = tail
-        if self._transport_paused:
+        if self._write_paused:
             tail.pause()
         tail.start()
 
@@ -150,7 +150,7 @@ class EventRequests:
             sub.tail.close()
             sub.tail = None
 
-    def _event_unsubscribe(self, req, payloads):
+    def _on_event_unsubscribe(self, req, payloads):
         self._need(req, 3)
         stream = req.words[2]
         sub = self.subs.pop(stream, None)
@@ -170,12 +170,12 @@ class EventRequests:
                     out.insert(i + j, s)
         self._answer(req, C.line("EVENT", "UNSUBSCRIBED", C.name_token(stream)))
 
-    def _event_list(self, req, payloads):
+    def _on_event_list(self, req, payloads):
         self._need(req, 2)
         names = self.broker.list_streams()
         self._answer(req, C.line("EVENT", "LISTED", len(names), *map(C.name_token, names)))
 
-    def _event_remove(self, req, payloads):
+    def _on_event_remove(self, req, payloads):
         self._need(req, 3)
         stream = req.words[2]
         self._allow("configure", stream)

@@ -1,17 +1,13 @@
-"""The REAM text listener: a broker-layer TcpListener whose sessions are ReamSessions, plus a small
-thread pool for document-store reads that may scan many rows (PROJECTION SELECT)."""
+"""The REAM text listener: a broker-layer TcpListener whose sessions are ReamSessions (its shell keeps a
+small thread pool for document-store reads that may scan many rows, PROJECTION SELECT)."""
 
-import asyncio
-import concurrent.futures
 import logging
 
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
 from riverbed.shells.ream_text.session import ReamSession
-from riverbed.shells.ream_text.shell import ReamShell
-
-READ_WORKERS = 2    # threads for offloaded reads (each its own LMDB read transaction)
+from riverbed.shells.ream_text.shell import READ_WORKERS, ReamShell
 
 log = logging.getLogger("riverbed.ream")
 
@@ -25,33 +21,13 @@ class ReamServer(TcpListener):
     port; ``shell`` the listener's :class:`ReamShell`. Loop-thread only."""
 
     name = "text"
+    session_class = ReamSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=7461, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD,
                  text_user=None, ssl=None):
-        self._pool = concurrent.futures.ThreadPoolExecutor(READ_WORKERS, thread_name_prefix="ream-read")
-        self.shell = ReamShell(broker, keepalive=keepalive, max_payload=max_payload, text_user=text_user,
-                               offload=self._offload)
-        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
-
-    def _new_session(self, io, *, peer, local, remote, peer_loopback):
-        return ReamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
-
-    def _offload(self, fn, cb):
-        fut = self.loop.run_in_executor(self._pool, fn)
-
-        def done(f):
-            if f.cancelled():
-                cb(None, asyncio.CancelledError())
-                return
-            exc = f.exception()
-            cb(None if exc else f.result(), exc)
-        fut.add_done_callback(done)
-
-    async def shutdown(self, drain_timeout=10.0):
-        try:
-            await super().shutdown(drain_timeout)
-        finally:
-            self._pool.shutdown(wait=False)
+        shell = ReamShell(broker, keepalive=keepalive, max_payload=max_payload, text_user=text_user,
+                          read_threads=READ_WORKERS)
+        super().__init__(broker, shell=shell, host=host, port=port, ssl=ssl)
 
 
 def check_config(config, auth):

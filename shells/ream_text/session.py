@@ -15,8 +15,9 @@ Effects are ordered too (read-your-writes on one connection): a read (GET, LIST,
 once this connection's earlier writes have committed, a write once its earlier reads still running have
 taken their snapshot; writes pipeline freely among themselves (the engine applies them in order).
 
-The request handlers live in :mod:`.events` and :mod:`.documents` (mixins); this module is the framing,
-the output queue, ordering, keep-alive and the listener interface.
+The request handlers (``_on_<noun>_<verb>``, table :data:`COMMANDS`) live in :mod:`.events` and
+:mod:`.documents` (mixins); this module is the framing, the output queue, ordering and keep-alive. The
+lifecycle, flow control and io contract are the session kernel's (:mod:`riverbed.shells.broker.session`).
 
 Loop-thread only; never touches sockets or LMDB writes (reads of single documents and stream metadata
 are short LMDB lookups through the broker/DocStore).
@@ -27,6 +28,7 @@ from collections import deque
 
 from riverbed.engine.errors import RiverbedError
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, commands
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text import expr as X
 from riverbed.shells.ream_text.codec import (
@@ -63,105 +65,86 @@ class _Request:
         self.extra = 0          # bytes of the current payload line dropped while it overran its size
 
 
-class ReamSession(EventRequests, DocumentRequests):
-    """A REAM connection. ``io`` is the listener's SessionProtocol (write, writelines, close,
-    pause_reading, resume_reading, defer). See the module docstring."""
+class ReamSession(EventRequests, DocumentRequests, SessionKernel):
+    """A REAM connection on the session kernel. See the module docstring."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "ream"
+    INITIAL_STATE = ST_OPEN     # no handshake: the banner says it is open
 
     def __init__(self, shell, io, *, peer, local=("", 0), remote=("", 0), peer_loopback=True):
-        self.shell = shell
-        self.broker = shell.broker
-        self.io = io
-        self.peer = peer
-        self.local = local
-        self.remote = remote
-        self.connected_at = self.broker.wall_clock()
-        self.name = f"{remote[0]}:{remote[1]} -> {local[0]}:{local[1]}"
-        self.state = ST_OPEN
+        super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
         self.buf = bytearray()
         self.out = deque()
         self.req = None                 # a request waiting for its payload line(s)
         self.subs = {}                  # stream -> events.Subscription
         self.batch = None               # (stream, [(slot, record)]): publishes of this read, not submitted
-        self._inflight = 0              # operations in flight (engine writes, offloaded reads)
+        self._running = 0               # operations in flight (engine writes, offloaded reads)
         self.pending_reads = 0          # reads in flight that must not see later writes (SELECT, SUBSCRIBE)
         self.pending_writes = 0         # writes in flight that later reads must see
         self.queue = deque()            # (kind, fn): requests waiting for the ones before them (ordering)
-        self._input_paused = False      # too many replies queued, or the transport is full
-        self._budget_paused = False     # the broker-wide in-flight budget is exceeded
-        self._transport_paused = False
         self._stop_reading = False      # shutdown/close: input is ignored from now on
         self._close_after_flush = False
-        self.last_rx = self.broker.clock()
         self.ping_sent_at = None
         user, reason = shell.user_for(peer_loopback)
         self.user = user
-        self.broker.register(self)
-        shell.sessions.add(self)
+        self.username = user.name if user is not None else None
         if user is None:
             log.info("%s: refused: %s", peer, reason)
             io.write(C.error_line(reason))
-            self._close()
+            self._hard_close()
             return
         io.write(C.BANNER)
 
-    # ---------------------------------------------------------------------------- listener interface
+    # ---------------------------------------------------------------------------- kernel hooks
 
     @property
     def pending_ops(self):
         """Requests accepted and not answered yet: in flight or queued behind others (shutdown waits)."""
-        return self._inflight + len(self.queue)
+        return self._running + len(self.queue)
 
-    def data_received(self, data):
+    def _received(self, data):
         if self._stop_reading:
             return
-        self.last_rx = self.broker.clock()
         self.buf += data
         self._process()
 
-    def connection_lost(self):
-        self.state = ST_CLOSED
+    def _drop_all(self):
         self._stop_reading = True
         for sub in self.subs.values():
             self._end_sub(sub)
         self.subs.clear()
         self.out.clear()
-        self.broker.unregister(self)
-        self.shell.sessions.discard(self)
 
-    def pause_writing(self):
-        self._transport_paused = True
-        for sub in self.subs.values():
-            if sub.tail is not None:
-                sub.tail.pause()
+    def _tails(self):
+        return [sub.tail for sub in self.subs.values() if sub.tail is not None]
 
-    def resume_writing(self):
-        self._transport_paused = False
-        for sub in list(self.subs.values()):
-            if sub.tail is not None:
-                sub.tail.resume()
-        self._maybe_resume_input()
+    def _backlogged(self):
+        return len(self.out) > MAX_QUEUED
 
-    def tick(self, now):
-        if self.state != ST_OPEN:
-            return
+    def _drained(self):
+        return len(self.out) <= RESUME_QUEUED and not self._stop_reading
+
+    def _reading_resumed(self):
+        self.io.defer(self._process)
+
+    def _on_tick(self, now):
         ka = self.shell.keepalive
         if not ka:
             return
         if self.ping_sent_at is not None:
             if now - self.ping_sent_at >= C.PONG_TIMEOUT:
                 log.info("%s: no PONG within %.0f s; closing", self.peer, C.PONG_TIMEOUT)
-                self._close()
-        elif now - self.last_rx >= ka:
+                self._hard_close()
+        elif now - self.last_recv >= ka:
             self.ping_sent_at = now
             self._push(C.PING)
 
-    def begin_shutdown(self):
+    def _on_shutdown(self):
         self._stop_reading = True
 
-    def close_gracefully(self, reason):
+    def _goodbye(self, reason):
         """REAM has no goodbye message: flush what is queued, then close."""
-        if self.state == ST_CLOSED:
-            return
         self._stop_reading = True
         if self.req is not None:        # a request whose payload never came: answer it, do not wait
             req, self.req = self.req, None
@@ -169,9 +152,8 @@ class ReamSession(EventRequests, DocumentRequests):
         self._close_after_flush = True
         self._flush()
 
-    def close_by_admin(self, reason="closed via management API"):
-        log.info("%s: closing: %s", self.peer, reason)
-        self.close_gracefully(reason)
+    def _info(self):
+        return {"subscriptions": len(self.subs)}
 
     def consumer_infos(self):
         """This connection's EVENT SUBSCRIBEs (see the RabbitMQ Stream session's): the subscription id
@@ -183,18 +165,8 @@ class ReamSession(EventRequests, DocumentRequests):
                 continue
             offset = sub.tail.offset if sub.tail is not None else sub.start
             if offset is not None:
-                out.append({"stream": stream, "protocol": "ream", "connection": self.name, "subscription_id": stream,
-                            "reference": None, "offset": offset, "credits": None})
+                out.append(self._consumer_info(stream, stream, offset))
         return out
-
-    def connection_info(self):
-        return {
-            "name": self.name, "protocol": "ream", "peer_host": self.remote[0], "peer_port": self.remote[1],
-            "host": self.local[0], "port": self.local[1], "user": self.user.name if self.user else "",
-            "client_properties": {}, "connected_at": self.connected_at,
-            "state": "running" if self.state == ST_OPEN else self.state,
-            "subscriptions": len(self.subs),
-        }
 
     def stream_deleted(self, name):
         """A stream was deleted (any protocol): its subscription here waits for it to appear again and
@@ -229,7 +201,7 @@ class ReamSession(EventRequests, DocumentRequests):
         self._flush()
 
     def _flush(self):
-        if self.state != ST_OPEN:
+        if self.state >= ST_CLOSED:
             return
         out = self.out
         if out and out[0].data is not None:
@@ -244,35 +216,11 @@ class ReamSession(EventRequests, DocumentRequests):
             for tail, n in acks:
                 tail.ack(n)
         if self._close_after_flush and not out:
-            self._close()
+            if self.state < ST_CLOSING:
+                self._hard_close()
             return
-        self._maybe_resume_input()
-
-    def _close(self):
-        if self.state == ST_CLOSED:
-            return
-        self.state = ST_CLOSING
-        self._stop_reading = True
-        for sub in self.subs.values():
-            self._end_sub(sub)
-        self.io.close()
-
-    def _budget_pause(self):
-        self._budget_paused = True
-        if not self._input_paused:
-            self._input_paused = True
-            self.io.pause_reading()
-
-    def _budget_resume(self):
-        self._budget_paused = False
-        self._maybe_resume_input()
-
-    def _maybe_resume_input(self):
-        if self._input_paused and not self._transport_paused and len(self.out) <= RESUME_QUEUED \
-                and not self._stop_reading and not self._budget_paused:
-            self._input_paused = False
-            self.io.resume_reading()
-            self.io.defer(self._process)
+        if self._read_paused:
+            self._update_reading()
 
     # ------------------------------------------------------------------------------------- input
 
@@ -284,13 +232,10 @@ class ReamSession(EventRequests, DocumentRequests):
         inflight_before = budget.used
         try:
             while pos < n and not self._stop_reading:
-                if len(self.out) > MAX_QUEUED or self._transport_paused or self._budget_paused:
-                    if not self._input_paused:
-                        self._input_paused = True
-                        self.io.pause_reading()
+                if self._backlogged() or self._write_paused or self._budget_paused:
+                    self._update_reading()
                     break
-                if budget.used > inflight_before and \
-                        self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume):
+                if budget.used > inflight_before and self._hold_if_over_budget():
                     break       # this connection published: it waits until the broker is back at its low mark
                 nl = buf.find(b"\n", pos)
                 req = self.req
@@ -437,14 +382,14 @@ class ReamSession(EventRequests, DocumentRequests):
             fn()
 
     def _begin(self, kind):
-        self._inflight += 1
+        self._running += 1
         if kind == K_READ:
             self.pending_reads += 1
         elif kind == K_WRITE:
             self.pending_writes += 1
 
     def _end(self, kind):
-        self._inflight -= 1
+        self._running -= 1
         if kind == K_READ:
             self.pending_reads -= 1
         elif kind == K_WRITE:
@@ -472,9 +417,8 @@ class ReamSession(EventRequests, DocumentRequests):
             self._run(KINDS.get(key, K_WRITE), lambda: self._handle(req, payloads))
 
     def _handle(self, req, payloads):
-        handler = getattr(self, _HANDLERS[(req.noun, req.verb)])
         try:
-            handler(req, payloads)
+            COMMANDS[(req.noun, req.verb)].handler(self, req, payloads)
         except ReamError as e:
             if e.rejected is not None:
                 _limits.reject(LISTENER, e.rejected, e.reason, self.peer)
@@ -499,20 +443,5 @@ class ReamSession(EventRequests, DocumentRequests):
 
 _NOUNS = {EVENT, AGGREGATE, PROJECTION, "PING", "PONG"}
 
-_HANDLERS = {
-    (EVENT, "PUBLISH"): "_event_publish",
-    (EVENT, "SUBSCRIBE"): "_event_subscribe",
-    (EVENT, "UNSUBSCRIBE"): "_event_unsubscribe",
-    (EVENT, "LIST"): "_event_list",
-    (EVENT, "REMOVE"): "_event_remove",
-    (AGGREGATE, "SET"): "_aggregate_set",
-    (AGGREGATE, "GET"): "_aggregate_get",
-    (AGGREGATE, "REMOVE"): "_aggregate_remove",
-    (AGGREGATE, "LIST"): "_aggregate_list",
-    (PROJECTION, "CREATE"): "_projection_create",
-    (PROJECTION, "SET"): "_projection_set",
-    (PROJECTION, "SELECT"): "_projection_select",
-    (PROJECTION, "UPDATE"): "_projection_update",
-    (PROJECTION, "DELETE"): "_projection_delete",
-    (PROJECTION, "DROP"): "_projection_drop",
-}
+# (noun, verb) -> (name, lowest state); the handler is ``_on_<noun>_<verb>`` (events.py, documents.py)
+COMMANDS = commands(ReamSession, {key: (f"{key[0]} {key[1]}", ST_OPEN) for key in C.COMMANDS})

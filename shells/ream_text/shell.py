@@ -4,13 +4,17 @@ store operations, stream creation on first publish, and waking subscriptions tha
 Loop-thread only.
 """
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from riverbed.shells.ream_text.aggregates import Aggregates
 from riverbed.shells.ream_text.codec import DEFAULT_MAX_PAYLOAD
 from riverbed.shells.ream_text.projections import Projections
 
 log = logging.getLogger("riverbed.ream")
+
+READ_WORKERS = 2    # threads for offloaded reads on a listener (each its own LMDB read transaction)
 
 
 def _run_now(fn, cb):
@@ -28,19 +32,40 @@ class ReamShell:
     ``keepalive``: seconds of client silence before the server sends PING (None/0 = never).
     ``max_payload``: the largest declared payload size accepted, bytes. ``text_user``: the user every
     connection acts as when the broker has a users file. ``offload(fn, cb)`` runs ``fn()`` off the loop
-    thread and ``cb(result, exc)`` on it (default: at once, for sans-I/O tests).
+    thread and ``cb(result, exc)`` on it: with ``read_threads`` on a pool of that many threads (a
+    listener's, shut down by :meth:`close`), else ``offload`` if given, else at once (sans-I/O tests).
     """
 
-    def __init__(self, broker, *, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD, text_user=None, offload=None):
+    def __init__(self, broker, *, keepalive=None, max_payload=DEFAULT_MAX_PAYLOAD, text_user=None, offload=None,
+                 read_threads=0):
         self.broker = broker
         self.keepalive = keepalive or None
         self.max_payload = max_payload
         self.text_user = text_user
+        self._pool = None
+        if read_threads:
+            self._pool = ThreadPoolExecutor(read_threads, thread_name_prefix="ream-read")
+            offload = self._offload_to_pool
         self.offload = offload or _run_now
         self.docs = broker.docs
         self.aggregates = Aggregates(self.docs, broker.transact)
         self.projections = Projections(self.docs, broker.transact, self.offload)
-        self.sessions = set()
+
+    def _offload_to_pool(self, fn, cb):
+        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn)
+
+        def done(f):
+            if f.cancelled():
+                cb(None, asyncio.CancelledError())
+                return
+            exc = f.exception()
+            cb(None if exc else f.result(), exc)
+        fut.add_done_callback(done)
+
+    def close(self):
+        """The listener stopped (after its drain): the read threads go."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     def user_for(self, peer_loopback):
         """The user a new connection acts as, or (None, reason) when it is refused."""

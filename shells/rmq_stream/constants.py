@@ -1,6 +1,6 @@
 """Constants of the RabbitMQ Stream protocol (FACTS.md 003 and Appendix A) and of this shell's limits."""
 
-
+from riverbed.shells.broker.session import State
 
 # ======================================================================================== constants
 
@@ -112,12 +112,12 @@ PRODUCT = "Riverbed"
 # (ResolveOffsetSpec, key 0x1f); its command list and response codes are exactly these.
 RABBITMQ_VERSION = "4.3.0"
 
-# session states
-ST_HANDSHAKE = 0    # connected: PeerProperties, SASL
-ST_TUNING = 1       # authenticated, Tune sent: waiting for the Tune echo and Open
-ST_OPEN = 2
-ST_CLOSING = 3      # the server sent Close and waits for the CloseResponse
-ST_CLOSED = 4
+# session states: the kernel's (riverbed.shells.broker.session.State), by their RabbitMQ roles
+ST_HANDSHAKE = State.HANDSHAKE  # connected: PeerProperties, SASL
+ST_TUNING = State.AUTH          # authenticated, Tune sent: waiting for the Tune echo and Open
+ST_OPEN = State.OPEN
+ST_CLOSING = State.CLOSING      # a refusal is held (tarpit), or the server sent Close
+ST_CLOSED = State.CLOSED
 
 SAC_NONE = 0        # not a single-active consumer
 SAC_WAITING = 1     # in a group, not active

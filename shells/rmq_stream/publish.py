@@ -9,9 +9,10 @@ Duplicates (named publishers) are confirmed, as in RabbitMQ. Confirms go out aft
 
 import logging
 
-from riverbed.engine import PublishingIds, core
+from riverbed.engine import PublishingIds
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import FrameError
+from riverbed.shells import wire
 from riverbed.shells.broker import WRITE
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.rmq_stream.codec import (
@@ -114,7 +115,7 @@ class PublishCommands:
         """The hot path: one compiled pass turns the frame into a sealed chunk (CRC included) and the raw
         publishing ids, so nothing here is per message unless a sub-batch or the publisher is bad."""
         try:
-            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = core.publish_chunk(f, False)
+            publisher_id, count, chunk, raw_ids, first, last, increasing, records, subs = wire.publish_chunk(f, False)
         except FrameError as e:
             raise DecodeError(e.reason) from None
         pub = self.publishers.get(publisher_id)
@@ -148,7 +149,6 @@ class PublishCommands:
         # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut
         self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
                                  self._inflight(size, done), count, records, crc_done=False)
-        self._check_inflight()
 
     def _send_confirm(self, publisher_id, count, raw_ids):
         """Queue a confirm of ``count`` ids (``raw_ids``: their 8-byte big-endian bytes as they came).
@@ -237,6 +237,5 @@ class PublishCommands:
         # which spares the writer a walk over the data section
         self.broker.append(pub.stream, data, ids if pub.reference else None, pub.reference, filters,
                            self._inflight(size, done), len(ids), records)
-        self._check_inflight()
 
     # ------------------------------------------------------------------------------------- consuming

@@ -19,16 +19,17 @@ class RmqStreamServer(TcpListener):
     """
 
     name = "rabbitmq-stream"
+    session_class = RmqStreamSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=5552, ssl=None, shell=None, **shell_options):
-        self.shell = shell if shell is not None else RmqShell(broker, **shell_options)
-        super().__init__(broker, self._new_session, host=host, port=port, ssl=ssl)
+        super().__init__(broker, shell=shell if shell is not None else RmqShell(broker, **shell_options),
+                         host=host, port=port, ssl=ssl)
         if ssl is not None:
             self.name = "rabbitmq-stream-tls"
 
-    def _new_session(self, io, *, peer, local, remote, peer_loopback):
-        return RmqStreamSession(self.shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback,
-                                tls_port=self.port if self.ssl is not None else None)
+    def session_options(self):
+        # a client of the TLS listener is advertised the TLS port
+        return {"tls_port": self.port if self.ssl is not None else None}
 
     async def start(self):
         await super().start()

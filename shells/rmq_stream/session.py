@@ -1,12 +1,10 @@
-"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role).
-
-It takes bytes (``data_received``), clock ticks (``tick``) and flow-control signals, and it emits bytes
-and actions through a small ``io`` object (``write``/``writelines``/``close``/``pause_reading``/
-``resume_reading``/``defer``). Storage is reached only through the shared broker layer; the RabbitMQ
-specifics shared by the connections of a listener (settings, single-active-consumer groups) are in
-:class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
-consuming ones in ``consume.py``; this module has the connection itself: framing, handshake, lifecycle,
-stream administration and the dispatch table.
+"""A RabbitMQ Stream connection as a sans-I/O state machine (the asyncpg ``coreproto`` role), on the
+session kernel (:mod:`riverbed.shells.broker.session`), which owns the io contract, the states, the
+lifecycle, heartbeats and flow control. Storage is reached only through the shared broker layer; the
+RabbitMQ specifics shared by the connections of a listener (settings, single-active-consumer groups)
+are in :class:`~riverbed.shells.rmq_stream.shell.RmqShell`. Publishing commands live in ``publish.py``,
+consuming ones in ``consume.py``; this module has the framing, the handshake and stream administration
+commands, the RabbitMQ error rendering and the dispatch table (:data:`COMMANDS`).
 
 Behaviour where the protocol leaves a choice (each covered by tests/shells/test_rmq_session.py):
 
@@ -62,10 +60,11 @@ rabbit_mgmt_wm_connection.erl``), which this module does the same way:
 
 import logging
 
-from riverbed.engine import core
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
+from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, commands
 from riverbed.shells.rmq_stream.codec import (
     _AUTH_CODES, _I32, _KEY_VERSION, _U32, NO_RESPONSE_KEYS, REFUSAL_BODIES, DecodeError, FieldError, Reader,
     enc_properties, enc_strings, encode_close,
@@ -96,70 +95,45 @@ LISTENER = "rabbitmq-stream"       # the listener label of riverbed_rejected_tot
 _ACTIVITY = {SAC_NONE: "up", SAC_ACTIVE: "single_active"}
 
 
-class RmqStreamSession(PublishCommands, ConsumeCommands):
-    """One RabbitMQ Stream connection as a sans-I/O state machine.
-
-    Feed it bytes with :meth:`data_received`, the clock with :meth:`tick` (seconds, the broker's clock),
-    and the transport's flow-control signals with :meth:`pause_writing` / :meth:`resume_writing`. It
-    writes through ``io`` (``write``, ``writelines``, ``close``, ``pause_reading``, ``resume_reading``,
-    ``defer(fn, *args)``) and reaches storage only through ``broker`` (:class:`RmqBroker`).
+class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
+    """One RabbitMQ Stream connection on the session kernel (:mod:`riverbed.shells.broker.session`:
+    io contract, lifecycle, flow control); this class adds the framing, the commands of
+    :data:`COMMANDS` and their error rendering. It reaches storage only through ``broker``.
 
     Not thread-safe: every method, and every callback the broker runs for it, must run on one thread
     (the event loop's). Bad input never raises out of here: it ends in a response code or a
     server-initiated Close (0x0d unknown frame, 0x0e frame too large, ...) and the connection closes.
     """
 
+    LISTENER = LISTENER
+    PROTOCOL = "stream"
+    PENDING_OPS_HIGH = PENDING_OPS_HIGH
+    PENDING_OPS_LOW = PENDING_OPS_LOW
+
     def __init__(self, shell, io, *, peer="?", local_host=None, peer_loopback=False, local=None, remote=None,
                  tls_port=None):
-        self.shell = shell
+        local_host = local_host if local_host is not None else (local[0] if local else None)
+        super().__init__(shell, io, peer=peer, local=local or (local_host, shell.listen_port or 0), remote=remote,
+                         peer_loopback=peer_loopback)
         self.tls_port = tls_port        # set on the TLS listener: the port advertised to this client
-        self.broker = broker = shell.broker
-        self.io = io
-        self.peer = peer
-        self.local_host = local_host if local_host is not None else (local[0] if local else None)
-        self.local = local or (self.local_host, shell.listen_port or 0)
-        self.remote = remote or (peer.rpartition(":")[0] or peer, 0)
-        self.peer_loopback = peer_loopback
-        self.state = ST_HANDSHAKE
-        now = broker.clock()
-        self.created = now
-        self.connected_at = broker.wall_clock()
-        self.last_recv = now
-        self.last_sent = now
+        self.local_host = local_host
         self.frame_max = shell.frame_max
         self.heartbeat = shell.heartbeat
-        self.user = None
-        self.username = None
         self.mechanism = None
-        self.client_properties = {}
         self.publishers = {}
         self.subscriptions = {}
         self.deliver_version = 1
         self._buf = bytearray()
         self._need = 0
         self._max_frame = INITIAL_FRAME_MAX
-        self._out = []
         self._confirms = {}             # publisher id -> its confirm being merged in _out (publish.py)
         self._corr = 0
         self._pending_updates = {}      # correlation id of a ConsumerUpdate we sent -> subscription id
-        self._write_paused = False
-        self._read_paused = False
-        self._shutting_down = False
-        self._inflight_bytes = 0        # Publish data handed to the engine and not committed yet
-        self._budget_paused = False     # reading paused by the broker-wide in-flight budget
-        self.limits = broker.limits     # the named limits (limits.py), as they were when it connected
-        self.pending_ops = 0            # engine operations of this connection not completed yet
-        self._close_deadline = None
-        self._held = None               # the refusal sent when a delayed close (_refuse_and_close) is due
-        broker.register(self)
 
     # ------------------------------------------------------------------------------- input and output
 
-    def data_received(self, data):
-        """Bytes from the peer. Processes every complete frame and writes the replies."""
-        if self.state >= ST_CLOSING:
-            return              # closed, or holding a refusal before closing: the peer's frames are moot
-        self.last_recv = self.broker.clock()
+    def _received(self, data):
+        """Bytes from the peer (the kernel's ``data_received``): every complete frame, then the replies."""
         buf = self._buf
         if buf:
             buf += data
@@ -169,9 +143,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         else:
             src = data
         try:
-            # Publish payloads come as views of src, not copies (the compiled core copies each once,
+            # Publish payloads come as views of src, not copies (the compiled parser copies each once,
             # into its chunk): so src is never changed after this; its unused tail moves to a new buffer
-            frames, used = core.split_frames(src, self._max_frame, CMD_PUBLISH)
+            frames, used = wire.split_frames(src, self._max_frame, CMD_PUBLISH)
         except FrameTooLarge:
             # Frames before the big one may include Open, which raises the cap: go one at a time.
             frames, used = self._split_slowly(src)
@@ -214,16 +188,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
                 return None, 0
         return [], pos
 
-    def _send(self, data):
-        self._out.append(data)
-
-    def _flush(self):
-        if self._out and self.state < ST_CLOSED:
-            out, self._out = self._out, []
-            if self._confirms:
-                out = self._merged_confirms(out)
-            self.io.writelines(out)
-            self.last_sent = self.broker.clock()
+    def _outgoing(self, out):
+        return self._merged_confirms(out) if self._confirms else out
 
     def _next_corr(self):
         self._corr = (self._corr + 1) & 0xFFFFFFFF
@@ -232,131 +198,30 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     def _respond(self, key, corr, code, body=b""):
         self._send(response(key, corr, code, body))
 
-    def _later(self, fn):
-        """Wrap a completion callback: counted for flow control and shutdown, dropped once the
-        connection is gone, flushes after running."""
-        self.pending_ops += 1
-        if self.pending_ops > PENDING_OPS_HIGH and not self._read_paused:
-            self._update_reading()
-
-        def run(*args):
-            self.pending_ops -= 1
-            if self.state >= ST_CLOSED:
-                return
-            fn(*args)
-            if self._read_paused:
-                self._update_reading()
-            self.broker.flush_soon(self, self._flush)
-        return run
-
     # ------------------------------------------------------------------------------ flow and lifecycle
 
-    def pause_writing(self):
-        """The transport's buffer is over its high-water mark: stop delivering and stop reading (a peer
-        that does not read its replies must not make us buffer them without bound)."""
-        self._write_paused = True
-        for sub in self.subscriptions.values():
-            sub.tail.pause()
-        self._update_reading()
+    def _handshake_timeout(self):
+        return self.shell.handshake_timeout
 
-    def resume_writing(self):
-        self._write_paused = False
-        self._update_reading()
-        for sub in list(self.subscriptions.values()):
-            sub.tail.resume()
-        self._flush()
+    def _idle_timeout(self):
+        # as RabbitMQ: two heartbeat intervals without a frame from the client (only once open)
+        return 2 * self.heartbeat if self.heartbeat and self.state >= ST_OPEN else None
 
-    def _inflight(self, size, done):
-        """``done`` wrapped as ``_later`` does, with ``size`` bytes counted against this connection
-        (``max_pending_bytes``) until the append completes (the broker counts every append against the
-        broker-wide budget itself)."""
-        self._inflight_bytes += size
-        run = self._later(done)
+    def _heartbeat_interval(self):
+        return self.heartbeat if self.state >= ST_OPEN else None
 
-        def complete(*args):
-            self._inflight_bytes -= size
-            run(*args)
-        return complete
+    def _heartbeat_frame(self):
+        return encode_heartbeat()
 
-    def _check_inflight(self):
-        """After handing on an append: pause reading past this connection's bound or the broker's."""
-        if self.broker.inflight.over() and not self._budget_paused:
-            # back-pressure through TCP: resumed (in turn with the others) once the broker is at its low mark
-            self._budget_paused = True
-            self.broker.inflight.wait(self, self._budget_resume)
-            self._update_reading()
-        elif self._inflight_bytes > self.limits.max_pending_bytes:
-            self._update_reading()
-
-    def _budget_resume(self):
-        self._budget_paused = False
-        if self.state < ST_CLOSED:
-            self._update_reading()
-
-    def _update_reading(self):
-        high = self.limits.max_pending_bytes
-        want_pause = self._write_paused or self._shutting_down or self._inflight_bytes > high \
-            or self.pending_ops > PENDING_OPS_HIGH or self._budget_paused
-        if want_pause and not self._read_paused:
-            self._read_paused = True
-            self.io.pause_reading()
-        elif self._read_paused and not want_pause and self._inflight_bytes <= high // 4 \
-                and self.pending_ops <= PENDING_OPS_LOW:
-            self._read_paused = False
-            self.io.resume_reading()
-
-    def tick(self, now):
-        """Clock tick (seconds): heartbeats both ways, the handshake, Close and SAC step-down timeouts."""
-        if self.state >= ST_CLOSED:
-            return
-        if self.state == ST_CLOSING:
-            if now >= self._close_deadline:
-                self._send(self._held)
-                self._hard_close()
-            return
-        if self.state < ST_OPEN:
-            if now - self.created > self.shell.handshake_timeout:
-                log.info("%s: no Open within %.0f s; closing", self.peer, self.shell.handshake_timeout)
-                self._hard_close()
-            return
-        hb = self.heartbeat
-        if hb:
-            if now - self.last_recv > 2 * hb:
-                log.info("%s: nothing received for %.1f s (heartbeat %d s); closing", self.peer,
-                         now - self.last_recv, hb)
-                self._hard_close()
-                return
-            if now - self.last_sent >= hb:
-                self._send(encode_heartbeat())
-                self._flush()
-        self.check_step_downs(now)
-        self._flush()
-
-    def begin_shutdown(self):
-        """Server shutdown, step 1: stop reading; in-flight appends still complete and confirm."""
-        self._shutting_down = True
-        self._update_reading()
-
-    def close_gracefully(self, reason="server shutdown"):
-        """End the connection as RabbitMQ does when it stops (see the module docstring): what is queued
-        (the confirms of the drained appends) goes out, then the socket closes; no Close frame."""
-        if self.state >= ST_CLOSED:
-            return
-        log.debug("%s: closing connection: %s", self.peer, reason)
-        self._hard_close()
+    def _on_tick(self, now):
+        if self.state >= ST_OPEN:
+            self.check_step_downs(now)
+            self._flush()
 
     def _refuse_and_close(self, frame):
         """RabbitMQ's ``silent_close``: hold the refusing ``frame`` for the shell's ``auth_failure_delay``
         seconds (reading nothing meanwhile), then send it and close the socket."""
-        delay = self.shell.auth_failure_delay
-        if not delay:
-            self._send(frame)
-            self._hard_close()
-            return
-        self._flush()
-        self._held = frame
-        self.state = ST_CLOSING
-        self._close_deadline = self.broker.clock() + delay
+        self._refuse_later(frame, self.shell.auth_failure_delay)
 
     def _refuse_frame(self, reason, text):
         """A frame over a named limit: counted (``riverbed_rejected_total``), then Close 0x0e."""
@@ -372,27 +237,11 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         self._flush()
         self._hard_close()
 
-    def _hard_close(self):
-        if self.state >= ST_CLOSED:
-            return
-        self._flush()
-        self.state = ST_CLOSED
-        self._release()
-        self.io.close()
-
-    def connection_lost(self):
-        """The transport is gone (peer closed, reset, or we closed it)."""
-        self.state = ST_CLOSED
-        self._release()
-
-    def _release(self):
+    def _drop_all(self):
         for sub in list(self.subscriptions.values()):
             self._drop_subscription(sub)
         self.subscriptions.clear()
-        self._out = []
         self._confirms.clear()
-        self.broker.inflight.cancel(self)
-        self.broker.unregister(self)
 
     # ----------------------------------------------------------------------------- management API
 
@@ -405,17 +254,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
             return chosen
         return f"{self.remote[0]}:{self.remote[1]} -> {self.local[0]}:{self.local[1]}"
 
-    def connection_info(self):
-        """What the management API shows of this connection (RabbitMQ's field names)."""
-        state = {ST_HANDSHAKE: "starting", ST_TUNING: "tuning", ST_OPEN: "running", ST_CLOSING: "closing"}
-        return {
-            "name": self.name, "protocol": "stream", "peer_host": self.remote[0], "peer_port": self.remote[1],
-            "host": self.local[0], "port": self.local[1], "user": self.username or "",
-            "client_properties": dict(self.client_properties), "connected_at": self.connected_at,
-            "state": state.get(self.state, "closed"), "vhost": "/",
-            "publishers": len(self.publishers), "subscriptions": len(self.subscriptions),
-            "ssl": self.tls_port is not None,
-        }
+    def _info(self):
+        return {"vhost": "/", "publishers": len(self.publishers), "subscriptions": len(self.subscriptions),
+                "ssl": self.tls_port is not None}
 
     def consumer_infos(self):
         """This connection's subscriptions for the dashboard and ``/api/stream/consumers``: dicts with
@@ -424,10 +265,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         may still take), ``properties`` (the Subscribe properties), ``active`` and ``activity_status`` (as
         RabbitMQ: ``up``, or ``single_active`` / ``waiting`` for a single active consumer). Subscriptions
         still resolving their start are left out. Loop-thread only."""
-        return [{"stream": sub.stream, "protocol": "stream", "connection": self.name, "subscription_id": sub.sub_id,
-                 "reference": sub.sac_name, "offset": sub.tail.offset, "credits": sub.tail.units,
-                 "properties": dict(sub.properties), "active": sub.sac in (SAC_NONE, SAC_ACTIVE),
-                 "activity_status": _ACTIVITY.get(sub.sac, "waiting")}
+        return [self._consumer_info(sub.stream, sub.sub_id, sub.tail.offset, sub.sac_name, sub.tail.units,
+                                    properties=dict(sub.properties), active=sub.sac in (SAC_NONE, SAC_ACTIVE),
+                                    activity_status=_ACTIVITY.get(sub.sac, "waiting"))
                 for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
 
     def publisher_infos(self):
@@ -437,12 +277,6 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         return [{"stream": pub.stream, "protocol": "stream", "connection": self.name,
                  "publisher_id": pub.publisher_id, "reference": pub.reference or None, "published": None}
                 for pub in list(self.publishers.values()) if not pub.stream_gone]
-
-    def close_by_admin(self, reason="closed via management API"):
-        """Close the connection as RabbitMQ does for a management DELETE: no Close frame, what is
-        queued goes out and the socket closes (see the module docstring)."""
-        log.info("%s: closing connection %r: %s", self.peer, self.name, reason)
-        self._hard_close()
 
     # -------------------------------------------------------------------------------------- dispatch
 
@@ -469,7 +303,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         if entry is None:
             self._fatal(RC_UNKNOWN_FRAME, f"unknown command key 0x{key:04x}")
             return
-        method, versions, min_state, name = entry
+        method, min_state, name, versions = entry
         if version not in versions:
             self._fatal(RC_UNKNOWN_FRAME, f"unsupported version {version} of {name}")
             return
@@ -662,6 +496,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
         r.done()
         host, port = self._advertised()
         has = self.broker.has_stream
+        cluster = getattr(self.broker, "cluster", None)
+        if cluster is not None:
+            # a cluster member: each stream's leader and replicas with their advertised addresses
+            brokers, entries = cluster.rmq_metadata(streams, has, (host, port))
+            self._send(encode_metadata_response(corr, brokers, entries))
+            return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
                    for s in streams]
         self._send(encode_metadata_response(corr, [(0, host, port)], entries))
@@ -771,37 +611,34 @@ class RmqStreamSession(PublishCommands, ConsumeCommands):
     # ------------------------------------------------------------------------------------ publishing
 
 
-# key -> (method, accepted versions, lowest state, name)
-COMMANDS = {
-    CMD_PEER_PROPERTIES: (RmqStreamSession._on_peer_properties, (1,), ST_HANDSHAKE, "PeerProperties"),
-    CMD_SASL_HANDSHAKE: (RmqStreamSession._on_sasl_handshake, (1,), ST_HANDSHAKE, "SaslHandshake"),
-    CMD_SASL_AUTHENTICATE: (RmqStreamSession._on_sasl_authenticate, (1,), ST_HANDSHAKE, "SaslAuthenticate"),
-    CMD_TUNE: (RmqStreamSession._on_tune, (1,), ST_TUNING, "Tune"),
-    CMD_OPEN: (RmqStreamSession._on_open, (1,), ST_TUNING, "Open"),
-    CMD_CLOSE: (RmqStreamSession._on_close, (1,), ST_HANDSHAKE, "Close"),
-    CMD_CLOSE | RESPONSE: (RmqStreamSession._on_close_response, (1,), ST_HANDSHAKE, "CloseResponse"),
-    CMD_HEARTBEAT: (RmqStreamSession._on_heartbeat, (1,), ST_HANDSHAKE, "Heartbeat"),
-    CMD_DECLARE_PUBLISHER: (RmqStreamSession._on_declare_publisher, (1,), ST_OPEN, "DeclarePublisher"),
-    CMD_PUBLISH: (None, (1, 2), ST_OPEN, "Publish"),   # handled before the table (hot path)
-    CMD_QUERY_PUBLISHER_SEQUENCE: (RmqStreamSession._on_query_publisher_sequence, (1,), ST_OPEN,
-                                   "QueryPublisherSequence"),
-    CMD_DELETE_PUBLISHER: (RmqStreamSession._on_delete_publisher, (1,), ST_OPEN, "DeletePublisher"),
-    CMD_SUBSCRIBE: (RmqStreamSession._on_subscribe, (1,), ST_OPEN, "Subscribe"),
-    CMD_CREDIT: (RmqStreamSession._on_credit, (1,), ST_OPEN, "Credit"),
-    CMD_STORE_OFFSET: (RmqStreamSession._on_store_offset, (1,), ST_OPEN, "StoreOffset"),
-    CMD_QUERY_OFFSET: (RmqStreamSession._on_query_offset, (1,), ST_OPEN, "QueryOffset"),
-    CMD_UNSUBSCRIBE: (RmqStreamSession._on_unsubscribe, (1,), ST_OPEN, "Unsubscribe"),
-    CMD_CREATE: (RmqStreamSession._on_create, (1,), ST_OPEN, "Create"),
-    CMD_DELETE: (RmqStreamSession._on_delete, (1,), ST_OPEN, "Delete"),
-    CMD_METADATA: (RmqStreamSession._on_metadata, (1,), ST_OPEN, "Metadata"),
-    CMD_ROUTE: (RmqStreamSession._on_route, (1,), ST_OPEN, "Route"),
-    CMD_PARTITIONS: (RmqStreamSession._on_partitions, (1,), ST_OPEN, "Partitions"),
-    CMD_CONSUMER_UPDATE | RESPONSE: (RmqStreamSession._on_consumer_update_response, (1,), ST_OPEN,
-                                     "ConsumerUpdateResponse"),
-    CMD_EXCHANGE_COMMAND_VERSIONS: (RmqStreamSession._on_exchange_command_versions, (1,), ST_OPEN,
-                                    "ExchangeCommandVersions"),
-    CMD_STREAM_STATS: (RmqStreamSession._on_stream_stats, (1,), ST_OPEN, "StreamStats"),
-    CMD_CREATE_SUPER_STREAM: (RmqStreamSession._on_create_super_stream, (1,), ST_OPEN, "CreateSuperStream"),
-    CMD_DELETE_SUPER_STREAM: (RmqStreamSession._on_delete_super_stream, (1,), ST_OPEN, "DeleteSuperStream"),
-    CMD_RESOLVE_OFFSET_SPEC: (RmqStreamSession._on_resolve_offset_spec, (1,), ST_OPEN, "ResolveOffsetSpec"),
-}
+# key -> (name, lowest state[, accepted versions]); the handler is ``_on_<name in snake_case>``
+COMMANDS = commands(RmqStreamSession, {
+    CMD_PEER_PROPERTIES: ("PeerProperties", ST_HANDSHAKE),
+    CMD_SASL_HANDSHAKE: ("SaslHandshake", ST_HANDSHAKE),
+    CMD_SASL_AUTHENTICATE: ("SaslAuthenticate", ST_HANDSHAKE),
+    CMD_TUNE: ("Tune", ST_TUNING),
+    CMD_OPEN: ("Open", ST_TUNING),
+    CMD_CLOSE: ("Close", ST_HANDSHAKE),
+    CMD_CLOSE | RESPONSE: ("CloseResponse", ST_HANDSHAKE),
+    CMD_HEARTBEAT: ("Heartbeat", ST_HANDSHAKE),
+    CMD_DECLARE_PUBLISHER: ("DeclarePublisher", ST_OPEN),
+    CMD_PUBLISH: ("Publish", ST_OPEN, (1, 2)),      # handled before the table while open (hot path)
+    CMD_QUERY_PUBLISHER_SEQUENCE: ("QueryPublisherSequence", ST_OPEN),
+    CMD_DELETE_PUBLISHER: ("DeletePublisher", ST_OPEN),
+    CMD_SUBSCRIBE: ("Subscribe", ST_OPEN),
+    CMD_CREDIT: ("Credit", ST_OPEN),
+    CMD_STORE_OFFSET: ("StoreOffset", ST_OPEN),
+    CMD_QUERY_OFFSET: ("QueryOffset", ST_OPEN),
+    CMD_UNSUBSCRIBE: ("Unsubscribe", ST_OPEN),
+    CMD_CREATE: ("Create", ST_OPEN),
+    CMD_DELETE: ("Delete", ST_OPEN),
+    CMD_METADATA: ("Metadata", ST_OPEN),
+    CMD_ROUTE: ("Route", ST_OPEN),
+    CMD_PARTITIONS: ("Partitions", ST_OPEN),
+    CMD_CONSUMER_UPDATE | RESPONSE: ("ConsumerUpdateResponse", ST_OPEN),
+    CMD_EXCHANGE_COMMAND_VERSIONS: ("ExchangeCommandVersions", ST_OPEN),
+    CMD_STREAM_STATS: ("StreamStats", ST_OPEN),
+    CMD_CREATE_SUPER_STREAM: ("CreateSuperStream", ST_OPEN),
+    CMD_DELETE_SUPER_STREAM: ("DeleteSuperStream", ST_OPEN),
+    CMD_RESOLVE_OFFSET_SPEC: ("ResolveOffsetSpec", ST_OPEN),
+})

@@ -11,15 +11,18 @@ fan-out of live messages.
 * :class:`WsSession` - requests (subscribe, unsubscribe, publish, resend), auth, publishing with
   auto-creation, resends (:class:`ResendJob`, paced by the connection's send buffer).
 
-A session talks to the transport only through ``io``:
+A session is a :class:`~riverbed.shells.broker.session.SessionKernel` (states, lifecycle, flow, drain)
+and talks to the transport through the kernel's io contract:
 
 * ``io.write(data)`` - bytes holding complete WebSocket frames (see ``codec.ws_text_frame``);
-* ``io.buffer_size()`` - bytes written and not yet sent;
 * ``io.close(code, reason)`` - close the WebSocket (a close frame, then the socket);
 * ``io.abort(reason)`` - drop the connection at once (a peer that does not read);
 * ``io.defer(fn)`` / ``io.call_later(seconds, fn)`` - run ``fn()`` on the loop soon / later;
 * ``io.pause_reading()`` / ``io.resume_reading()`` - stop / restart taking client frames (a publisher
-  faster than the log commits waits instead of queueing without limit).
+  faster than the log commits waits instead of queueing without limit);
+* ``io.buffer_size()`` - bytes written and not yet sent: only the memory bound of live delivery
+  (``send_buffer_max``: past it the peer is dropped); flow is the adapter's ``session.pause_writing()``
+  / ``session.resume_writing()`` calls (resends wait in between).
 
 Loop-thread only.
 """
@@ -33,6 +36,7 @@ from riverbed.engine import record as _record
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, MODE_WINDOW, READ, WRITE, Tail
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
@@ -41,12 +45,11 @@ log = logging.getLogger("riverbed.ws")
 LISTENER = "ws"
 
 DEFAULT_SEND_BUFFER_MAX = 16 << 20   # bytes a connection may have unsent before it is dropped
-RESEND_HIGH_WATER = 1 << 20          # a resend waits while more than this is unsent
+RESEND_HIGH_WATER = 1 << 20          # unsent bytes past which the transport says pause_writing (resends wait)
 RESEND_CHUNKS = 16                   # chunks one resend step reads before yielding to other work
-RESEND_RETRY = 0.005                 # seconds between send-buffer checks of a waiting resend
 MAX_IN_FLIGHT = 32                   # appends of one connection not yet committed before it stops reading
 
-ST_OPEN, ST_CLOSING, ST_CLOSED = 0, 1, 2
+ST_OPEN, ST_CLOSING, ST_CLOSED = State.OPEN, State.CLOSING, State.CLOSED   # names of issue 10 (tests)
 
 
 def chunk_messages(chunk_id, raw, start, stop=None):
@@ -69,10 +72,73 @@ def chunk_messages(chunk_id, raw, start, stop=None):
     return out
 
 
+def read_messages(broker, log_stream, pos, hi, chunks=RESEND_CHUNKS):
+    """One bounded step of a read of offsets ``pos..hi`` (inclusive) of ``log_stream``: at most ``chunks``
+    stored chunks. Returns ``(messages, next_pos)``: ``(offset, timestamp_ms, json_text)`` as
+    :func:`chunk_messages` gives them, and the offset the next step starts at; the read is over when no
+    message came back and ``next_pos`` did not move, or ``next_pos > hi``. Chunks that hold no user
+    records (tracking) are skipped. The one record walk of the resends and the REST reads.
+    Raises RiverbedError from the broker's read."""
+    out = []
+    for chunk_id, raw in broker.read_chunks(log_stream, pos, chunks):
+        header = core.read_header(raw)
+        if header[fmt.H_TYPE] == fmt.CHUNK_USER:
+            out += chunk_messages(chunk_id, raw, pos, hi)
+        pos = chunk_id + (header[fmt.H_RECORDS] or 1)
+        if pos > hi:
+            break
+    return out, pos
+
+
 def previous_offset(offset):
     """The offset of the record before ``offset`` in its log stream (offsets are contiguous there), None
     for the first record."""
     return offset - 1 if offset > 0 else None
+
+
+def authenticate(auth, key, peer_loopback):
+    """The user a request acts as, the one rule of the WebSocket requests and the REST API: without a
+    users file the implicit user (by ``peer_loopback``); else the user of API key ``key`` (None: no key
+    given, the request acts as nobody and returns None). Raises RequestError(ERR_AUTH_FAILED) for a key
+    that is wrong or, for a loopback-only user, used from another host."""
+    if auth.open_to_loopback:
+        return auth.implicit_user(peer_loopback)
+    if key is None:
+        return None
+    user = auth.user_for_api_key(key)
+    if user is None or (user.loopback_only and not peer_loopback):
+        raise RequestError(codec.ERR_AUTH_FAILED)
+    return user
+
+
+def publish_target(broker, user, stream, pkey):
+    """The log stream a publish of ``user`` to stream id ``stream`` (routed by ``pkey``, may be None)
+    goes to, the one rule of the WebSocket and REST publishes. A missing one is fine when ``user`` may
+    create it (configure permission; the append creates it: ``broker.append_or_create``); a missing
+    partition of a super stream never is. Raises RequestError("Stream ... not found.") otherwise. The
+    write permission is the caller's check (its denial text differs)."""
+    logs = log_streams(broker, stream)
+    log_stream = logs[partition_for_key(pkey, len(logs)) if pkey is not None else 0]
+    if not broker.has_stream(log_stream) and (len(logs) > 1 or not broker.allowed(user, CONFIGURE, stream)):
+        raise RequestError(f"Stream {stream} not found.")
+    return log_stream
+
+
+def publish_record(broker, json_text, ts, pkey):
+    """The stored record of one published message: ``json_text`` with creation time ``ts`` (ms; None:
+    now) and the ``pkey`` property when given."""
+    return _record.from_json_text(json_text, broker.wall_clock() if ts is None else ts,
+                                  {"pkey": pkey} if pkey is not None else None)
+
+
+def publish_error(broker, stream, log_stream, exc, was_missing, count=None):
+    """``(created, text)`` for a publish that ``broker.append_or_create`` failed: ``created`` when it was
+    the creation that failed (``log_stream`` was missing at submission, ``was_missing``, and still is),
+    and the client-facing text (``count``, when given, says how many messages were lost)."""
+    if was_missing and not broker.has_stream(log_stream) and not isinstance(exc, StreamNotFound):
+        lost = f" ({count} message(s) not published)" if count is not None else ""
+        return True, f"Cannot create stream {stream}: {exc}{lost}"
+    return False, f"Stream {log_stream} not found." if isinstance(exc, StreamNotFound) else f"Publish failed: {exc}"
 
 
 class WsShell:
@@ -93,11 +159,6 @@ class WsShell:
         if f is None or f.log_stream != log_stream:
             f = self.fanouts[key] = Fanout(self, stream_id, partition, log_stream, from_first)
         return f
-
-    def ensure_stream(self, name, cb):
-        """``cb(exc)`` once the log stream ``name`` exists (created with default arguments if missing;
-        concurrent callers share one creation; a stream created meanwhile by anyone counts)."""
-        self.broker.ensure_stream(name, cb)
 
 
 class Fanout:
@@ -177,8 +238,8 @@ class Fanout:
 
 class ResendJob:
     """One resend request: resending, one unicast frame per message in offset order, resent; or only
-    no_resend when nothing matches. Reads a few chunks per step and waits while the connection's send
-    buffer is over :data:`RESEND_HIGH_WATER`."""
+    no_resend when nothing matches. Reads a few chunks per step and waits while the connection's
+    writing is paused (the kernel's ``pause_writing``, until ``resume_writing``)."""
 
     def __init__(self, session, log_stream, stream_id, partition, sub, variant):
         self.session = session
@@ -223,37 +284,32 @@ class ResendJob:
 
     def step(self):
         s = self.session
-        if self.done or s.state == ST_CLOSED:
+        if self.done or s.state == State.CLOSED:
             self.done = True
             return
-        if s.io.buffer_size() > RESEND_HIGH_WATER:
-            s.io.call_later(RESEND_RETRY, self.step)
+        if s._write_paused:        # the transport is over its high mark: on until it drains (_on_writable)
+            s.paused_resends.add(self)
             return
         try:
-            chunks = s.shell.broker.read_chunks(self.log_stream, self.pos, RESEND_CHUNKS)
+            messages, pos = read_messages(s.shell.broker, self.log_stream, self.pos, self.hi)
         except RiverbedError:
-            chunks = []
+            messages, pos = [], self.pos
+        moved = pos != self.pos
+        self.pos = pos
         out = []
         sub, prefix, min_ts = self.sub, self.prefix, self.min_ts
-        for chunk_id, raw in chunks:
-            if raw[1] != fmt.CHUNK_USER:
-                self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+        for offset, ts, text in messages:
+            if min_ts is not None and ts < min_ts:
                 continue
-            for offset, ts, text in chunk_messages(chunk_id, raw, self.pos, self.hi):
-                if min_ts is not None and ts < min_ts:
-                    continue
-                if not self.sent_any:
-                    self.sent_any = True
-                    out.append(codec.ws_text_frame(codec.encode_frame(
-                        codec.TYPE_RESENDING, codec.stream_payload(self.stream_id, self.partition, sub))))
-                msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
-                out.append(codec.ws_text_frame(codec.unicast_frame(msg, sub)))
-            self.pos = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
-            if self.pos > self.hi:
-                break
+            if not self.sent_any:
+                self.sent_any = True
+                out.append(codec.ws_text_frame(codec.encode_frame(
+                    codec.TYPE_RESENDING, codec.stream_payload(self.stream_id, self.partition, sub))))
+            msg = codec.encode_msg(prefix, ts, offset, previous_offset(offset), text)
+            out.append(codec.ws_text_frame(codec.unicast_frame(msg, sub)))
         if out:
             s.io.write(b"".join(out))
-        if not chunks or self.pos > self.hi:
+        if not moved or self.pos > self.hi:
             self._finish()
         else:
             s.io.defer(self.step)
@@ -264,44 +320,42 @@ class ResendJob:
         self.done = True
         s = self.session
         s.resends.discard(self)
-        if s.state == ST_CLOSED:
+        if s.state == State.CLOSED:
             return
         t = codec.TYPE_RESENT if self.sent_any else codec.TYPE_NO_RESEND
         s.send_frame(codec.encode_frame(t, codec.stream_payload(self.stream_id, self.partition, self.sub)))
 
 
-class WsSession:
-    """One WebSocket connection speaking Streamr v28. ``io`` as in the module docstring; ``peer`` and
-    ``local`` are (host, port); ``peer_loopback`` decides the implicit user without a users file."""
+class WsSession(SessionKernel):
+    """One WebSocket connection speaking Streamr v28, on the session kernel (its states, lifecycle,
+    flow and drain). ``io`` as in the module docstring; ``peer`` and ``local`` are (host, port);
+    ``peer_loopback`` decides the implicit user without a users file."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "ws"
+    INITIAL_STATE = State.OPEN          # the HTTP upgrade was the handshake; auth is per request
+    PENDING_OPS_HIGH = MAX_IN_FLIGHT - 1     # appends in flight past which reading pauses ...
+    PENDING_OPS_LOW = MAX_IN_FLIGHT - 1      # ... and under which it resumes
 
     def __init__(self, shell, io, *, peer=("", 0), local=("", 0), peer_loopback=False):
-        self.shell = shell
-        self.broker = shell.broker
+        super().__init__(shell, io, peer=f"{peer[0]}:{peer[1]}", local=tuple(local), remote=tuple(peer),
+                         peer_loopback=peer_loopback)
         self.auth = self.broker.auth
-        self.io = io
-        self.peer = peer
-        self.local = local
-        self.peer_loopback = peer_loopback
-        self.state = ST_OPEN
-        self.connected_at = self.broker.wall_clock()
+        self.paused_resends = set()    # resends waiting for the transport to drain
         self.subscriptions = {}        # (stream id, partition) -> Fanout
         self.waiting = {}              # (stream id, partition) -> log stream: subscribed, the stream not there yet
         self.resends = set()
         self.last_user = None          # for connection_info
-        self._outbox = {}              # log stream -> [records] waiting for the next flush
-        self._blocked = set()          # log streams being created: their records wait
+        self._outbox = {}              # log stream -> (stream id, [records]) waiting for the next flush
         self._flush_scheduled = False
-        self._in_flight = 0            # appends sent to the broker, not yet committed
-        self._budget_paused = False    # reading paused by the broker-wide in-flight budget
         self._after_writes = []        # run once every publish accepted so far has committed
         self.published = 0
-        self.broker.register(self)
 
     # ------------------------------------------------------------------------------------- output
 
     def send_frame(self, text):
         """Write one server frame (JSON text)."""
-        if self.state != ST_CLOSED:
+        if self.state != State.CLOSED:
             self.io.write(codec.ws_text_frame(text))
 
     def send_error(self, payload):
@@ -309,7 +363,7 @@ class WsSession:
 
     def deliver(self, data):
         """Live frames from a Fanout: written, then the send-buffer bound is checked."""
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         self.io.write(data)
         if self.io.buffer_size() > self.shell.send_buffer_max:
@@ -321,16 +375,18 @@ class WsSession:
     # -------------------------------------------------------------------------------------- input
 
     def text_received(self, text):
-        """One client text frame (str). Every problem is answered with an error frame; the connection
-        stays usable."""
-        if self.state != ST_OPEN:
-            return
+        """One client text frame (str), through the kernel's entry point (ignored once closing)."""
+        self.data_received(text)
+
+    def _received(self, text):
+        """One client message: parsed, dispatched through :data:`COMMANDS`. Every problem is answered
+        with an error frame; the connection stays usable."""
         try:
             req = codec.parse_request(text)
-            handler = self.HANDLERS.get(req["type"])
-            if handler is None:
+            command = COMMANDS.get(req["type"])
+            if command is None:
                 raise RequestError(f"Unknown request type: {req['type']}")
-            handler(self, req)
+            command.handler(self, req)
         except RequestError as e:
             if e.reason is not None:
                 _limits.reject(LISTENER, e.reason, str(e)[:200], self.peer)
@@ -358,17 +414,10 @@ class WsSession:
 
     def _user(self, req):
         """The user a request acts as, or None (no key given). Raises RequestError for a wrong key."""
-        if self.auth.open_to_loopback:
-            user = self.auth.implicit_user(self.peer_loopback)
-        else:
-            key = req.get("authKey")
-            if key is None or key == "":
-                return None
-            user = self.auth.user_for_api_key(key)
-            if user is None or (user.loopback_only and not self.peer_loopback):
-                raise RequestError(codec.ERR_AUTH_FAILED)
+        user = authenticate(self.auth, req.get("authKey") or None, self.peer_loopback)
         if user is not None:
             self.last_user = user
+            self.username = user.name
         return user
 
     def _require(self, req, what, stream, denied):
@@ -379,7 +428,7 @@ class WsSession:
 
     # ----------------------------------------------------------------------------------- requests
 
-    def _subscribe(self, req):
+    def _on_subscribe(self, req):
         stream = codec.request_stream(req)
         p = codec.request_partition(req)
         self._require(req, READ, stream, f"Not authorized to subscribe to stream {stream} and partition {p}")
@@ -391,10 +440,12 @@ class WsSession:
             self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         log_stream = logs[p]
-        if log_stream in self._blocked or self.broker.creating(log_stream):
+        if log_stream in self._outbox:
+            self._flush()      # this connection's publishes first: they may be what creates the stream
+        if self.broker.creating(log_stream):
             # a publish (this connection's or another's) is making it: once made, the subscription starts
             # at the next record, so it never gets back what was published before it subscribed
-            self.shell.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
+            self.broker.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
             return
         if not self.broker.has_stream(log_stream):
             if len(logs) > 1:
@@ -408,7 +459,7 @@ class WsSession:
         self._subscribe_ready(stream, p, log_stream, None)
 
     def _subscribe_ready(self, stream, p, log_stream, exc):
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         if exc is not None:
             self.send_error(f"Stream {stream} not found." if isinstance(exc, StreamNotFound)
@@ -425,11 +476,11 @@ class WsSession:
         self.subscriptions[key] = fan
 
         def ready():
-            if self.state != ST_CLOSED and self.subscriptions.get(key) is fan:
+            if self.state != State.CLOSED and self.subscriptions.get(key) is fan:
                 self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
         fan.add(self, ready)
 
-    def _unsubscribe(self, req):
+    def _on_unsubscribe(self, req):
         stream = req.get("stream")
         try:
             p = codec.request_partition(req)
@@ -443,87 +494,56 @@ class WsSession:
             fan.remove(self)
         self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, p)))
 
-    def _publish(self, req):
+    def _on_publish(self, req):
         stream, msg, ts, pkey = codec.check_publish(req)
         user = self._require(req, WRITE, stream, f"Not authorized to publish to stream {stream}")
-        logs = log_streams(self.broker, stream)
-        log_stream = logs[partition_for_key(pkey, len(logs)) if pkey is not None else 0]
-        rec = _record.from_json_text(msg, self.broker.wall_clock() if ts is None else ts,
-                                     {"pkey": pkey} if pkey is not None else None)
-        if log_stream not in self._blocked and not self.broker.has_stream(log_stream):
-            if len(logs) > 1 or not self.broker.allowed(user, CONFIGURE, stream):
-                raise RequestError(f"Stream {stream} not found.")
-            self._blocked.add(log_stream)
-            self.shell.ensure_stream(log_stream, lambda exc: self._created(stream, log_stream, exc))
-        self._outbox.setdefault(log_stream, []).append(rec)
-        if not self._flush_scheduled and log_stream not in self._blocked:
+        log_stream = publish_target(self.broker, user, stream, pkey)
+        rec = publish_record(self.broker, msg, ts, pkey)
+        self._outbox.setdefault(log_stream, (stream, []))[1].append(rec)
+        if not self._flush_scheduled:
             self._flush_scheduled = True
             self.io.defer(self._flush)
 
-    def _created(self, stream, log_stream, exc):
-        self._blocked.discard(log_stream)
-        if exc is not None:
-            dropped = self._outbox.pop(log_stream, [])
-            if self.state != ST_CLOSED:
-                self.send_error(f"Cannot create stream {stream}: {exc} ({len(dropped)} message(s) not published)")
-            self._in_flight += 1
-            self._appended(log_stream, 0, None)     # release read-your-writes waiters
-            return
-        self._flush()
-
     def _flush(self):
-        """Append each stream's waiting records in one broker call (one commit, in publish order)."""
+        """Append each stream's waiting records in one broker call (one commit, in publish order; a
+        missing stream is created first, ``broker.append_or_create``)."""
         self._flush_scheduled = False
-        for log_stream in list(self._outbox):
-            if log_stream in self._blocked:
-                continue
-            records = self._outbox.pop(log_stream)
-            self._in_flight += 1
-            if self._in_flight == MAX_IN_FLIGHT:
-                self.io.pause_reading()
+        outbox, self._outbox = self._outbox, {}
+        for log_stream, (stream, records) in outbox.items():
             self.published += len(records)
-            self.broker.append_records(log_stream, records,
-                                       lambda res, exc, s=log_stream, n=len(records): self._appended(s, n, exc))
+            missing = not self.broker.has_stream(log_stream)
+            # _later: counted in pending_ops (the drain, and reading pauses past PENDING_OPS_HIGH)
+            self.broker.append_or_create(log_stream, records, self._later(
+                lambda res, exc, s=stream, ls=log_stream, n=len(records), m=missing: self._appended(s, ls, n, exc, m)))
+        if not self._read_paused:
+            self._update_reading()
         if not self._budget_paused:
-            self.broker.hold_if_over_budget(self, self._budget_pause, self._budget_resume)
+            self._hold_if_over_budget()
 
-    def _budget_pause(self):
-        self._budget_paused = True
-        self.io.pause_reading()
-
-    def _budget_resume(self):
-        self._budget_paused = False
-        if self._in_flight < MAX_IN_FLIGHT:
-            self.io.resume_reading()
-
-    def _appended(self, log_stream, n, exc):
-        self._in_flight -= 1
-        if self._in_flight == MAX_IN_FLIGHT - 1 and not self._budget_paused:
-            self.io.resume_reading()
-        if self._after_writes and not self.pending_ops:
+    def _appended(self, stream, log_stream, n, exc, was_missing=False):
+        if self._after_writes and not self.unsettled:
             waiting, self._after_writes = self._after_writes, []
             for fn in waiting:
                 fn()
-        if exc is not None and self.state != ST_CLOSED:
+        if exc is not None and self.state != State.CLOSED:
             if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
                 log.info("%s: publishing %d message(s) to %r failed: %s", self.peer, n, log_stream, exc)
-            self.send_error(f"Stream {log_stream} not found." if isinstance(exc, StreamNotFound)
-                            else f"Publish failed: {exc}")
+            self.send_error(publish_error(self.broker, stream, log_stream, exc, was_missing, n)[1])
 
-    def _resend(self, req):
+    def _on_resend(self, req):
         stream = codec.request_stream(req)
         p = codec.request_partition(req)
         sub = req.get("sub", "")
         self._require(req, READ, stream, f"Not authorized to request resend from stream {stream} and partition {p}")
         variant = codec.resend_variant(req)
-        if variant is not None and self.pending_ops:
+        if variant is not None and self.unsettled:
             # read-your-writes: a resend sees every publish this connection sent before it
             self._after_writes.append(lambda: self._resend_start(stream, p, sub, variant))
             return
         self._resend_start(stream, p, sub, variant)
 
     def _resend_start(self, stream, p, sub, variant):
-        if self.state == ST_CLOSED:
+        if self.state == State.CLOSED:
             return
         logs = log_streams(self.broker, stream)
         if variant is None or p >= len(logs) or not self.broker.has_stream(logs[p]):
@@ -533,20 +553,18 @@ class WsSession:
         self.resends.add(job)
         job.start()
 
-    HANDLERS = {"subscribe": _subscribe, "unsubscribe": _unsubscribe, "publish": _publish, "resend": _resend}
-
     # -------------------------------------------------------------------------------- broker side
 
     def subscription_gone(self, stream, partition):
         """The log stream behind a subscription was deleted: tell the client it is unsubscribed."""
-        if self.subscriptions.pop((stream, partition), None) is not None and self.state != ST_CLOSED:
+        if self.subscriptions.pop((stream, partition), None) is not None and self.state != State.CLOSED:
             self.send_frame(codec.encode_frame(codec.TYPE_UNSUBSCRIBED, codec.stream_payload(stream, partition)))
 
     def stream_created(self, name):
         """The broker says log stream ``name`` now exists: subscriptions waiting for it start at its first
         record (everything in it was published after they subscribed)."""
         for key, log_stream in list(self.waiting.items()):
-            if log_stream != name or self.state == ST_CLOSED:
+            if log_stream != name or self.state == State.CLOSED:
                 continue
             del self.waiting[key]
             fan = self.shell.fanout(key[0], key[1], name, from_first=True)
@@ -564,30 +582,33 @@ class WsSession:
     # ---------------------------------------------------------------------------------- lifecycle
 
     @property
-    def pending_ops(self):
-        """Publishes accepted and not yet committed (graceful shutdown waits for them)."""
-        return self._in_flight + sum(len(v) for v in self._outbox.values())
+    def unsettled(self):
+        """Publishes accepted and not yet committed: in flight (the kernel's ``pending_ops``) or still
+        in this turn's outbox (read-your-writes waits for them)."""
+        return self.pending_ops + sum(len(v[1]) for v in self._outbox.values())
 
-    def begin_shutdown(self):
-        """Stop taking requests; what was accepted still commits."""
-        if self.state == ST_OPEN:
-            self.state = ST_CLOSING
+    def _on_shutdown(self):
+        """Stop taking requests; what was accepted is handed on now and still commits (the drain)."""
+        if self.state == State.OPEN:
+            self.state = State.CLOSING
+        if self._outbox:
+            self._flush()
 
-    def close_gracefully(self, reason="server shutdown"):
-        if self.state == ST_CLOSED:
-            return
-        self.state = ST_CLOSING
+    def _goodbye(self, reason):
+        """A close frame (1001, going away), then the socket: the WebSocket's goodbye."""
+        self.state = State.CLOSING
         self.io.close(1001, reason)
 
-    def close_by_admin(self, reason="closed via management API"):
-        log.info("%s: closing WebSocket connection: %s", self.peer, reason)
-        self.close_gracefully(reason)
+    def _tails(self):
+        return ()       # live delivery is the shared Fanouts'; a slow reader is bounded in deliver()
 
-    def connection_lost(self):
-        """The connection is gone: end subscriptions and resends. Idempotent."""
-        if self.state == ST_CLOSED:
-            return
-        self.state = ST_CLOSED
+    def _on_writable(self):
+        waiting, self.paused_resends = self.paused_resends, set()
+        for job in waiting:
+            self.io.defer(job.step)
+
+    def _drop_all(self):
+        """The connection is gone: end subscriptions and resends."""
         for fan in self.subscriptions.values():
             fan.remove(self)
         self.subscriptions.clear()
@@ -595,28 +616,26 @@ class WsSession:
         for job in list(self.resends):
             job.done = True
         self.resends.clear()
-        self.broker.unregister(self)
+        self.paused_resends.clear()
 
     def consumer_infos(self):
         """This connection's subscriptions (see the RabbitMQ Stream session's): the subscription id is
         the stream id, with ``#PARTITION`` for a partition other than 0; the offset is its fan-out's (one
         reader per stream-partition, shared by its subscribers); no credits (a byte window).
         Subscriptions whose start is not resolved yet are left out. Loop-thread only."""
-        name = f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}"
-        out = []
-        for (stream_id, partition), fan in list(self.subscriptions.items()):
-            if fan.ready and fan.tail is not None:
-                out.append({"stream": fan.log_stream, "protocol": "ws", "connection": name,
-                            "subscription_id": stream_id if not partition else f"{stream_id}#{partition}",
-                            "reference": None, "offset": fan.tail.offset, "credits": None})
-        return out
+        return [self._consumer_info(fan.log_stream, stream_id if not partition else f"{stream_id}#{partition}",
+                                    fan.tail.offset)
+                for (stream_id, partition), fan in list(self.subscriptions.items())
+                if fan.ready and fan.tail is not None]
 
-    def connection_info(self):
-        user = self.last_user.name if self.last_user is not None else ""
-        return {
-            "name": f"{self.peer[0]}:{self.peer[1]} -> {self.local[0]}:{self.local[1]}", "protocol": "ws",
-            "peer_host": self.peer[0], "peer_port": self.peer[1], "host": self.local[0], "port": self.local[1],
-            "user": user, "client_properties": {}, "connected_at": self.connected_at,
-            "state": {ST_OPEN: "running", ST_CLOSING: "closing"}.get(self.state, "closed"),
-            "subscriptions": len(self.subscriptions) + len(self.waiting),
-        }
+    def _info(self):
+        return {"subscriptions": len(self.subscriptions) + len(self.waiting)}
+
+
+# request type -> Command(handler _on_<type>, lowest state, name): the Streamr session's dispatch table
+COMMANDS = commands(WsSession, {
+    "subscribe": ("subscribe", State.OPEN),
+    "unsubscribe": ("unsubscribe", State.OPEN),
+    "publish": ("publish", State.OPEN),
+    "resend": ("resend", State.OPEN),
+})

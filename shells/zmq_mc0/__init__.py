@@ -3,8 +3,9 @@
 The same shape as every shell::
 
     server.py    McServer: the pyzmq ROUTER on the asyncio loop, ZAP handler (CURVE allow-list), HWM
-      -> session.py   McShell + McClient: sans-I/O state per routing identity (verbs, TTL timers,
-                      subscriptions as broker-layer Tails, per-client request order behind PUT commits)
+      -> session.py   McSession per routing identity (states, COMMANDS, its PeerIO: SENT/BLOCKED/GONE as
+                      pause_writing/connection_lost, subscriptions as broker-layer Tails, request order
+                      behind PUT commits); McShell: the listener's shared state (PUT batches, TTL timers)
            -> codec.py    frame lists <-> requests and replies, stored records <-> MESSAGE, pure
     keys.py      Z85 key files, the allow-list directory, ``riverbed zmq-keygen``
 
@@ -17,4 +18,4 @@ from riverbed.shells.zmq_mc0.codec import (  # noqa: F401
     Request, RequestError, encode_error, encode_message, encode_ok, parse_request, put_record, record_message,
 )
 from riverbed.shells.zmq_mc0.server import DEFAULT_PORT, McServer, serve  # noqa: F401
-from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, McClient, McShell  # noqa: F401
+from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, McClient, McSession, McShell, PeerIO  # noqa: F401

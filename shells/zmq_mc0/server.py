@@ -1,4 +1,5 @@
-"""The mc0 listener: a pyzmq ROUTER on the asyncio loop, around a sans-I/O :class:`McShell`.
+"""The mc0 listener: a pyzmq ROUTER on the asyncio loop, around a sans-I/O :class:`McShell` whose
+sessions (one per routing identity) run on the session kernel; this module is their transport adapter.
 
 The ROUTER's file descriptor is registered with the loop (``add_reader``). ZeroMQ signals it
 edge-triggered, so after every receive batch and after every send from outside the reader the socket's
@@ -24,6 +25,7 @@ import zmq.backend
 
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import drain
 from riverbed.shells.broker.stats import ERR_REFUSED
 from riverbed.shells.zmq_mc0 import keys as _keys
 from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, TICK, McShell
@@ -133,10 +135,12 @@ class McServer:
             self._reading = False
             self.loop.remove_reader(self.sock.getsockopt(zmq.FD))
         self.shell.closing = True
-        deadline = self.loop.time() + drain_timeout
-        while (self.shell.pending_ops or self.shell._batches) and self.loop.time() < deadline:
+        # the kernel's drain: each session hands its gathered PUTs on, they commit and are answered,
+        # then it closes (what its blocked pipe holds goes out if it can)
+        await drain(self.loop, lambda: list(self.shell.clients.values()), drain_timeout=drain_timeout)
+        deadline = self.loop.time() + drain_timeout     # appends of sessions already forgotten
+        while self.shell.pending_ops and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
-        self.shell.tick()
         self.shell.close()
         if self._ticker is not None:
             self._ticker.cancel()

@@ -1,12 +1,18 @@
-"""mc0 sessions, sans-I/O: one :class:`McClient` per routing identity, run by one :class:`McShell` per
-ROUTER. Nothing here touches a socket, a loop or LMDB: the shell writes through its ``io`` and reaches
-the log through the broker layer.
+"""mc0 sessions, sans-I/O: one :class:`McSession` per routing identity, made on its first message by
+the :class:`McShell` of its ROUTER, which holds what the listener's sessions share (the PUT batches of a
+loop turn, waiting subscriptions, TTL timers, ZAP's peers). Nothing here touches a socket, a loop or
+LMDB: sessions write through their :class:`PeerIO` and reach the log through the broker layer.
 
-``io`` (the server, or a fake in unit tests)::
+The ROUTER's ``io`` (the server, or a fake in unit tests)::
 
     io.send(identity, frames) -> SENT | BLOCKED | GONE   # BLOCKED: the peer's pipe is at its HWM;
                                                           # GONE: no such peer (it disconnected)
     io.defer(fn)                                          # run fn() soon on the loop
+
+and a session's, one :class:`PeerIO` per identity over it: ``write(frames) -> sent``, where BLOCKED is
+the session's ``pause_writing()`` (resumed by the listener's tick: ``resume_writing()``) and GONE its
+``connection_lost()``. A session's requests dispatch through :data:`COMMANDS` (verb -> ``_on_<verb>``
+handler and lowest :class:`State`).
 
 Behaviour (issue 10):
 
@@ -37,10 +43,11 @@ from collections import deque
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine import core
-from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists
+from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.zmq_mc0 import codec
 from riverbed.shells.zmq_mc0.codec import (
     HDR_OFFSET, HDR_TOPIC, HDR_TTL, RequestError, VERB_CONNECT, VERB_DISCONNECT, VERB_NOOP, VERB_PUT, VERB_SUB,
@@ -86,33 +93,128 @@ class Subscription:
         self.held = None
 
 
-class McClient:
-    """The state of one routing identity; registered with the broker (``connection_info``,
-    ``close_by_admin``, ``stream_deleted``)."""
+class PeerIO:
+    """The io of one routing identity over the ROUTER's io (``router.send(identity, frames) -> SENT |
+    BLOCKED | GONE``, ``router.defer(fn)``): a message goes to that identity; a full pipe is the
+    session's :meth:`~McSession.pause_writing`, a peer that is gone its :meth:`~McSession.connection_lost`.
+    ZeroMQ owns the peer's TCP connection, so there is nothing to close, and a ROUTER cannot stop
+    reading one peer: reading is paused for the whole ROUTER by the listener (the broker's budget)."""
+
+    __slots__ = ("router", "identity", "session")
+
+    def __init__(self, router, identity):
+        self.router = router
+        self.identity = identity
+        self.session = None
+
+    def write(self, frames):
+        """Send one message (a list of frames); True when sent. BLOCKED pauses the session's writing,
+        GONE ends the session; both return False."""
+        status = self.router.send(self.identity, frames)
+        if status == SENT:
+            return True
+        session = self.session
+        if status == BLOCKED:
+            session.pause_writing()
+        else:
+            session.shell.forget(session, "no route to the peer")
+        return False
+
+    def writelines(self, messages):
+        for frames in messages:
+            if not self.write(frames):
+                return
+
+    def defer(self, fn, *args):
+        self.router.defer(fn, *args)
+
+    def close(self, *args):
+        """Nothing to close: the peer may send again, and then it is a new session."""
+
+    def abort(self, internal=False):
+        """Forget the session (a bug in it, caught by the kernel's guard)."""
+        self.session.shell.forget(self.session, "internal error" if internal else "aborted")
+
+    def pause_reading(self):
+        """Per peer a no-op (see the class doc)."""
+
+    def resume_reading(self):
+        """Per peer a no-op."""
+
+
+class McSession(SessionKernel):
+    """The session of one routing identity on the session kernel: its requests in order, its
+    subscriptions, its replies and flow (:class:`PeerIO`). ZAP admitted the peer before its first
+    message, so a session starts OPEN; it is CLOSED once forgotten (DISCONNECT, TTL expiry, peer gone,
+    admin close, idle). The TTL is the kernel's heartbeat (NOOP after ``NOOP_FACTOR`` x TTL without
+    output) and idle timeout (``EXPIRE_FACTOR`` x TTL without input), ticked when the shell's timer heap
+    says so."""
+
+    LISTENER = LISTENER
+    PROTOCOL = "zmq"
+    INITIAL_STATE = State.OPEN
 
     def __init__(self, shell, identity, now):
-        self.shell = shell
+        io = PeerIO(shell.io, identity)
+        super().__init__(shell, io, peer=shell.peer_of(identity) or identity.hex())
+        io.session = self
         self.identity = identity
         self.ttl = None               # seconds, or None: never expires, no NOOPs
         self.subs = {}                # topic bytes -> Subscription
         self.queue = deque()          # [done, fn] entries: the client's requests in order
         self.outbox = deque()         # replies waiting while blocked
-        self.blocked = False
-        self.gone = False
+        self.blocked = False          # the peer's pipe is full (writing paused)
         self.last_recv = now
-        self.last_send = now
+        self.last_sent = now
         self.timer_at = None          # when this client's heap entry fires
-        self.connected_at = shell.broker.wall_clock()
         self.user = shell.user_for(identity)
         self.messages_in = 0
         self.messages_out = 0
-        shell.broker.register(self)
-
-    # ------------------------------------------------------------------------------- management
 
     @property
-    def peer(self):
-        return self.shell.peer_of(self.identity) or self.identity.hex()
+    def gone(self):
+        return self.state == State.CLOSED
+
+    @property
+    def pending_ops(self):
+        """PUTs of this client not committed (or failed) yet: the shutdown drain waits for them."""
+        return sum(1 for entry in self.queue if not entry[0])
+
+    # ------------------------------------------------------------------------------- kernel hooks
+
+    def _send(self, frames):
+        self.send(frames)
+        self.last_sent = self.shell.now    # even when held: the peer is not reading anyway
+
+    def _heartbeat_interval(self):
+        return self.ttl * NOOP_FACTOR if self.ttl else None
+
+    def _heartbeat_frame(self):
+        return codec.FRAMES_NOOP
+
+    def _idle_timeout(self):
+        return self.ttl * EXPIRE_FACTOR if self.ttl else None
+
+    def _tails(self):
+        return [sub.tail for sub in self.subs.values() if sub.tail is not None]
+
+    def _backlogged(self):
+        return False      # a ROUTER is paused as a whole (PeerIO)
+
+    def _drained(self):
+        return True
+
+    def _on_shutdown(self):
+        self.shell.flush()          # the turn's gathered PUTs go to the engine before the drain
+
+    def _before_close(self):
+        if self.blocked:
+            self.resume_writing()   # what is held still goes out if the pipe took it meanwhile
+
+    def _drop_all(self):
+        self.shell.dropped(self)
+
+    # ------------------------------------------------------------------------------- management
 
     def consumer_infos(self):
         """This client's topic subscriptions (see the RabbitMQ Stream session's): the subscription id is
@@ -122,15 +224,18 @@ class McClient:
         for sub in list(self.subs.values()):
             offset = sub.tail.offset if sub.tail is not None else sub.start
             if offset is not None:
-                out.append({"stream": sub.name, "protocol": "zmq", "connection": f"zmq {self.identity.hex()}",
-                            "subscription_id": sub.topic.decode("utf-8", "replace"), "reference": None,
-                            "offset": offset, "credits": None})
+                out.append(self._consumer_info(sub.name, sub.topic.decode("utf-8", "replace"), offset))
         return out
+
+    @property
+    def name(self):
+        """A ZeroMQ peer is known by its routing identity."""
+        return f"zmq {self.identity.hex()}"
 
     def connection_info(self):
         host, port = self.shell.address_of(self.identity)
         return {
-            "name": f"zmq {self.identity.hex()}",
+            "name": self.name,
             "protocol": "zmq",
             "peer_host": host,
             "peer_port": port,
@@ -169,39 +274,34 @@ class McClient:
         self._transmit(frames, True)
 
     def _transmit(self, frames, hold):
-        status = self.shell.io.send(self.identity, frames)
-        if status == SENT:
-            self.last_send = self.shell.now
+        if self.io.write(frames):
+            self.last_sent = self.shell.now
             self.messages_out += 1
             return True
-        if status == BLOCKED:
-            if hold:
-                self.outbox.append(frames)
-            self.block()
-            return False
-        self.shell.forget(self, "no route to the peer")
+        if hold and self.blocked:
+            self.outbox.append(frames)
         return False
 
-    def block(self):
+    def pause_writing(self):
+        """The peer's pipe is full: its tails pause and replies wait in the outbox until
+        :meth:`resume_writing` (the listener's tick retries)."""
         if not self.blocked:
             self.blocked = True
-            for sub in self.subs.values():
-                if sub.tail is not None:
-                    sub.tail.pause()
             self.shell.blocked.add(self)
+            super().pause_writing()
 
-    def retry(self):
+    def resume_writing(self):
         """Flush what is held; resume the tails once everything went. Returns True when unblocked."""
         while self.outbox:
             if not self._transmit(self.outbox[0], False):
                 return False
             self.outbox.popleft()
         for sub in list(self.subs.values()):
-            if sub.held is not None and not self.shell.deliver_held(sub):
+            if sub.held is not None and not self.deliver_held(sub):
                 return False
             if self.gone:
                 return False
-        self.blocked = False
+        self.blocked = self._write_paused = False
         for sub in list(self.subs.values()):
             if sub.tail is not None:
                 sub.tail.resume()
@@ -209,7 +309,59 @@ class McClient:
                 return False
         return True
 
+    def deliver_held(self, sub):
+        """Send what is left of ``sub``'s current chunk; False (and the client blocked) when the peer's
+        pipe is full."""
+        records, i, chunk_id = sub.held
+        topic = sub.topic
+        write = self.io.write
+        n = len(records)
+        while i < n:
+            try:
+                frames = codec.record_message(topic, records[i], chunk_id + i)
+            except Exception as e:   # a record this shell cannot render: skip it, say so in the log
+                log.warning("zmq: record %d of %r cannot be rendered: %s", chunk_id + i, sub.name, e)
+                i += 1
+                continue
+            if write(frames):
+                i += 1
+                self.messages_out += 1
+                continue
+            sub.held[1] = i
+            return False
+        sub.held = None
+        self.last_sent = self.shell.now
+        return True
+
     # ------------------------------------------------------------------------------ request order
+
+    def _received(self, frames):
+        """One message from the peer (the frames after the routing identity; the kernel's input hook):
+        parsed, then dispatched through :data:`COMMANDS` in the client's order (PUTs at once, into the
+        turn's batch; the rest wait behind uncommitted PUTs). A message that does not parse is answered
+        with ERROR, in order."""
+        try:
+            req = self.shell.parse(frames)
+        except RequestError as e:
+            reply = codec.encode_error(e.text, e.id)   # built now: ``e`` does not outlive the handler
+            self.in_order(lambda: self.send(reply))
+            return
+        self.request(req)
+
+    def request(self, req):
+        """Dispatch a parsed request (see :meth:`_received`)."""
+        self.messages_in += 1
+        if req.verb == VERB_PUT:
+            self._on_put(req)
+        else:
+            self.in_order_run(req)
+
+    def in_order(self, fn):
+        """Run ``fn()`` once every earlier request of this client has been answered."""
+        if self.queue:
+            self.queue.append([True, fn])
+        else:
+            fn()
 
     def advance(self):
         """Run queued requests whose turn has come (PUT entries wait for their commit)."""
@@ -222,6 +374,157 @@ class McClient:
     @property
     def idle(self):
         return self.ttl is None and not self.subs and not self.queue and not self.outbox
+
+    def _run(self, req):
+        if self.gone:    # queued behind a DISCONNECT: the identity speaks again, as a new session
+            self.shell.session_for(self.identity).in_order_run(req)
+            return
+        command = COMMANDS[req.verb]
+        if self.state < command.min_state:
+            self.send(codec.encode_error(f"{command.name} refused: the connection is closing", req.id))
+            return
+        try:
+            started = command.handler(self, req)
+        except RequestError as e:
+            self.send(codec.encode_error(e.text, e.id if e.id is not None else req.id))
+            return
+        except (ValueError, TypeError, LookupError, OverflowError, RiverbedError) as e:
+            # a value the request checks let through: this request's ERROR, not the listener's guard
+            _limits.reject(LISTENER, "field", repr(e), self.identity.hex())
+            self.send(codec.encode_error(f"request failed: {e}", req.id))
+            return
+        if self.gone:     # DISCONNECT: answered without state
+            return
+        if req.id is not None:
+            self.send(codec.encode_ok(req.id))
+        for sub in started or ():   # after the OK: replayed messages follow it
+            if sub.tail is not None and self.subs.get(sub.topic) is sub:
+                sub.tail.start()
+
+    def in_order_run(self, req):
+        """Run request ``req`` (not a PUT) once every earlier one of this client has been answered."""
+        if self.queue:
+            self.queue.append([True, lambda: self._run(req)])
+        else:
+            self._run(req)
+
+    # ---------------------------------------------------------------------------------- commands
+
+    @staticmethod
+    def _parsed_header(req, name, parse):
+        """Header ``name`` of ``req`` through ``parse`` (None when absent); RequestError naming it when
+        ``parse`` refuses the value."""
+        raw = req.header(name)
+        if raw is None:
+            return None
+        try:
+            return parse(raw)
+        except ValueError as e:
+            raise RequestError(f"bad {name.decode()} {codec.shown(raw)!r}: {e}", req.id) from None
+
+    def _on_noop(self, req):
+        return ()
+
+    def _on_connect(self, req):
+        ms = self._parsed_header(req, HDR_TTL, codec.parse_ms)
+        if ms is not None:
+            self.ttl = ms / 1000.0
+            self.shell.arm(self)
+        return ()
+
+    def _on_disconnect(self, req):
+        self.shell.forget(self, None)
+        if req.id is not None:   # the client is forgotten; this reply creates no state
+            self.shell.io.send(self.identity, codec.encode_ok(req.id))
+        return ()
+
+    def _on_unsub(self, req):
+        for topic in req.body:
+            sub = self.subs.pop(topic, None)
+            if sub is not None:
+                self.shell.drop_sub(sub)
+        return ()
+
+    def _on_sub(self, req):
+        shell, broker = self.shell, self.broker
+        start = self._parsed_header(req, HDR_OFFSET, codec.parse_offset)
+        names, started = [], []
+        for topic in req.body:
+            try:
+                name = codec.topic_name(topic)
+            except ValueError as e:
+                raise RequestError(f"bad topic {codec.shown(topic)!r}: {e}", req.id) from None
+            if not broker.allowed(self.user, READ, name):
+                raise RequestError(f"access to topic {name!r} refused", req.id)
+            names.append((topic, name))
+        for topic, name in names:
+            sub = self.subs.get(topic)
+            if sub is not None:
+                if start is None:
+                    continue        # already live: a repeated SUB changes nothing
+                shell.drop_sub(sub)
+            sub = self.subs[topic] = Subscription(self, topic, name, start)
+            if broker.has_stream(name):
+                if start is None:
+                    try:
+                        start = broker.resolve(name, OffsetSpec.next())
+                    except RiverbedError:
+                        start = 0
+                    shell.start_tail(sub, start, False)
+                    start = None
+                else:
+                    shell.start_tail(sub, start, False)
+                started.append(sub)
+            else:
+                shell.to_waiting(sub, start or 0)
+        return started
+
+    def _on_put(self, req):
+        """A PUT joins this loop turn's batch of its topic (:meth:`McShell.flush`); its reply, and every
+        later request of this client, waits for its commit."""
+        rid = req.id
+        entry = [False, None, rid]     # done, what to run at its turn, the request's ID
+        self.queue.append(entry)
+        try:
+            topic = req.header(HDR_TOPIC)
+            if topic is None:
+                raise RequestError("PUT without a TOPIC header", rid)
+            try:
+                name = codec.topic_name(topic)
+            except ValueError as e:
+                raise RequestError(f"bad topic {codec.shown(topic)!r}: {e}", rid) from None
+            if not self.broker.allowed(self.user, WRITE, name):
+                raise RequestError(f"access to topic {name!r} refused", rid)
+            record = codec.put_record(req.headers, req.body)
+        except RequestError as e:
+            entry[0] = True
+            reply = codec.encode_error(e.text, e.id)
+            entry[1] = lambda: self.send(reply)
+            self.advance()
+            return
+        except (ValueError, TypeError) as e:
+            entry[0] = True
+            reply = codec.encode_error(f"cannot store the message: {e}", rid)
+            entry[1] = lambda: self.send(reply)
+            self.advance()
+            return
+        if rid is not None:
+            entry[1] = lambda: self.send(codec.encode_ok(rid))
+        self.shell.batch(name, record, self, entry)
+
+
+McClient = McSession     # the name of issue 10's code
+
+
+# verb -> Command(handler _on_<verb>, lowest state, name): the mc0 session's dispatch table
+COMMANDS = commands(McSession, {
+    VERB_CONNECT: ("CONNECT", State.OPEN),
+    VERB_DISCONNECT: ("DISCONNECT", State.OPEN),
+    VERB_SUB: ("SUB", State.OPEN),
+    VERB_UNSUB: ("UNSUB", State.OPEN),
+    VERB_PUT: ("PUT", State.OPEN),
+    VERB_NOOP: ("NOOP", State.OPEN),
+})
 
 
 class McShell:
@@ -245,7 +548,6 @@ class McShell:
         self._heap = []
         self._seq = 0
         self._batches = {}            # stream name -> [(record, client, entry), ...] of this loop turn
-        self._creating = {}           # stream name -> batches waiting for its creation
         self._flush_scheduled = False
         # a subscription to a topic that does not exist yet starts when any protocol creates it
         broker.on_stream_created(self._wake_waiting)
@@ -276,138 +578,45 @@ class McShell:
     def refuse(self, identity, text):
         """Answer a message the listener refused by a limit before handing it over (too many parts, too
         big) with an error reply, as for a request that does not parse."""
-        client = self.clients.get(identity)
+        session = self.clients.get(identity)
         reply = codec.encode_error(text, None)
-        if client is not None:
-            client.last_recv = self.broker.clock()
-            self._in_order(client, lambda: client.send(reply))
+        if session is not None:
+            session.last_recv = self.broker.clock()
+            session.in_order(lambda: session.send(reply))
         else:
             self.io.send(identity, reply)
 
+    def parse(self, frames):
+        """The Request of one message; RequestError for one over ``max_request`` or malformed."""
+        if sum(map(len, frames)) > self.max_request:
+            raise RequestError(f"message too large (over {self.max_request} bytes)")
+        return codec.parse_request(frames)
+
     def handle(self, identity, frames):
-        """One message from ``identity`` (the frames after the routing identity)."""
+        """One message from ``identity`` (the frames after the routing identity), handed to that
+        identity's session. A first message that does not parse is answered without making one."""
         self.now = now = self.broker.clock()
-        client = self.clients.get(identity)
+        session = self.clients.get(identity)
+        if session is not None:
+            session.guard(session.data_received, frames)      # the kernel's entry point
+            return
         try:
-            if sum(map(len, frames)) > self.max_request:
-                raise RequestError(f"message too large (over {self.max_request} bytes)")
-            req = codec.parse_request(frames)
-        except RequestError as e:
-            if client is not None:
-                client.last_recv = now
-                reply = codec.encode_error(e.text, e.id)   # built now: ``e`` does not outlive the handler
-                self._in_order(client, lambda: client.send(reply))
-            else:   # no state for a client whose first message is garbage
-                self.io.send(identity, codec.encode_error(e.text, e.id))
+            req = self.parse(frames)
+        except RequestError as e:   # no state for a client whose first message is garbage
+            self.io.send(identity, codec.encode_error(e.text, e.id))
             return
-        if client is None:
-            client = self._new_client(identity)
-        client.last_recv = now
-        client.messages_in += 1
-        verb = req.verb
-        if verb == VERB_PUT:
-            self._put(client, req)
-        elif client.queue:
-            client.queue.append([True, lambda: self._run(client, req)])
-        else:
-            self._run(client, req)
+        session = self.session_for(identity)
+        session.last_recv = now
+        session.request(req)
 
-    def _new_client(self, identity):
-        client = self.clients[identity] = McClient(self, identity, self.now)
-        return client
+    def session_for(self, identity):
+        """The session of ``identity``, made when there is none."""
+        session = self.clients.get(identity)
+        if session is None:
+            session = self.clients[identity] = McSession(self, identity, self.now)
+        return session
 
-    def _in_order(self, client, fn):
-        if client.queue:
-            client.queue.append([True, fn])
-        else:
-            fn()
-
-    def _run(self, client, req):
-        if client.gone:    # queued behind a DISCONNECT: the identity speaks again, as a new client
-            client = self.clients.get(client.identity) or self._new_client(client.identity)
-            if client.queue:
-                client.queue.append([True, lambda: self._run(client, req)])
-                return
-        started = ()
-        try:
-            verb = req.verb
-            if verb == VERB_NOOP:
-                pass
-            elif verb == VERB_SUB:
-                started = self._sub(client, req)
-            elif verb == VERB_UNSUB:
-                for topic in req.body:
-                    sub = client.subs.pop(topic, None)
-                    if sub is not None:
-                        self._drop_sub(sub)
-            elif verb == VERB_CONNECT:
-                ttl = req.header(HDR_TTL)
-                if ttl is not None:
-                    try:
-                        ms = codec.parse_ms(ttl)
-                    except ValueError as e:
-                        raise RequestError(f"bad TTL {codec.shown(ttl)!r}: {e}", req.id) from None
-                    client.ttl = ms / 1000.0
-                    self._arm(client)
-            elif verb == VERB_DISCONNECT:
-                self.forget(client, None)
-                if req.id is not None:   # the client is forgotten; this reply creates no state
-                    self.io.send(client.identity, codec.encode_ok(req.id))
-                return
-        except RequestError as e:
-            client.send(codec.encode_error(e.text, e.id if e.id is not None else req.id))
-            return
-        except (ValueError, TypeError, LookupError, OverflowError, RiverbedError) as e:
-            # a value the request checks let through: this request's ERROR, not the listener's guard
-            _limits.reject(LISTENER, "field", repr(e), client.identity.hex())
-            client.send(codec.encode_error(f"request failed: {e}", req.id))
-            return
-        if req.id is not None:
-            client.send(codec.encode_ok(req.id))
-        for sub in started:   # after the OK: replayed messages follow it
-            if sub.tail is not None and client.subs.get(sub.topic) is sub:
-                sub.tail.start()
-
-    def _sub(self, client, req):
-        start = None
-        raw = req.header(HDR_OFFSET)
-        if raw is not None:
-            try:
-                start = codec.parse_offset(raw)
-            except ValueError as e:
-                raise RequestError(f"bad X-OFFSET {codec.shown(raw)!r}: {e}", req.id) from None
-        names, started = [], []
-        for topic in req.body:
-            try:
-                name = codec.topic_name(topic)
-            except ValueError as e:
-                raise RequestError(f"bad topic {codec.shown(topic)!r}: {e}", req.id) from None
-            if not self.broker.allowed(client.user, READ, name):
-                raise RequestError(f"access to topic {name!r} refused", req.id)
-            names.append((topic, name))
-        for topic, name in names:
-            sub = client.subs.get(topic)
-            if sub is not None:
-                if start is None:
-                    continue        # already live: a repeated SUB changes nothing
-                self._drop_sub(sub)
-            sub = client.subs[topic] = Subscription(client, topic, name, start)
-            if self.broker.has_stream(name):
-                if start is None:
-                    try:
-                        start = self.broker.resolve(name, OffsetSpec.next())
-                    except RiverbedError:
-                        start = 0
-                    self._start_tail(sub, start, False)
-                    start = None
-                else:
-                    self._start_tail(sub, start, False)
-                started.append(sub)
-            else:
-                self.to_waiting(sub, start or 0)
-        return started
-
-    def _drop_sub(self, sub):
+    def drop_sub(self, sub):
         sub.close()
         w = self.waiting.get(sub.name)
         if w is not None:
@@ -427,9 +636,9 @@ class McShell:
             return
         for sub in subs:
             if not sub.client.gone and sub.client.subs.get(sub.topic) is sub:
-                self._start_tail(sub, sub.start or 0)
+                self.start_tail(sub, sub.start or 0)
 
-    def _start_tail(self, sub, offset, start=True):
+    def start_tail(self, sub, offset, start=True):
         client = sub.client
 
         def on_chunk(tail, chunk_id, raw, start):
@@ -439,7 +648,7 @@ class McShell:
                 log.error("zmq: cannot read chunk %d of %r: %s", chunk_id, sub.name, e)
                 return 0
             sub.held = [records, start - chunk_id, chunk_id]
-            self.deliver_held(sub)
+            client.deliver_held(sub)
             return 0
 
         def on_gone(exc):
@@ -453,116 +662,45 @@ class McShell:
         if start:
             sub.tail.start()
 
-    def deliver_held(self, sub):
-        """Send what is left of ``sub``'s current chunk; False (and the client blocked) when the peer's
-        pipe is full."""
-        records, i, chunk_id = sub.held
-        client = sub.client
-        topic = sub.topic
-        io_send = self.io.send
-        ident = client.identity
-        n = len(records)
-        while i < n:
-            try:
-                frames = codec.record_message(topic, records[i], chunk_id + i)
-            except Exception as e:   # a record this shell cannot render: skip it, say so in the log
-                log.warning("zmq: record %d of %r cannot be rendered: %s", chunk_id + i, sub.name, e)
-                i += 1
-                continue
-            status = io_send(ident, frames)
-            if status == SENT:
-                i += 1
-                client.messages_out += 1
-                continue
-            sub.held[1] = i
-            if status == BLOCKED:
-                client.block()
-            else:
-                self.forget(client, "no route to the peer")
-            return False
-        sub.held = None
-        client.last_send = self.now
-        return True
-
-    # --------------------------------------------------------------------------------------- PUT
-
-    def _put(self, client, req):
-        rid = req.id
-        entry = [False, None, rid]     # done, what to run at its turn, the request's ID
-        client.queue.append(entry)
-        try:
-            topic = req.header(HDR_TOPIC)
-            if topic is None:
-                raise RequestError("PUT without a TOPIC header", rid)
-            try:
-                name = codec.topic_name(topic)
-            except ValueError as e:
-                raise RequestError(f"bad topic {codec.shown(topic)!r}: {e}", rid) from None
-            if not self.broker.allowed(client.user, WRITE, name):
-                raise RequestError(f"access to topic {name!r} refused", rid)
-            record = codec.put_record(req.headers, req.body)
-        except RequestError as e:
-            entry[0] = True
-            reply = codec.encode_error(e.text, e.id)
-            entry[1] = lambda: client.send(reply)
-            client.advance()
-            return
-        except (ValueError, TypeError) as e:
-            entry[0] = True
-            reply = codec.encode_error(f"cannot store the message: {e}", rid)
-            entry[1] = lambda: client.send(reply)
-            client.advance()
-            return
-        if rid is not None:
-            entry[1] = lambda: client.send(codec.encode_ok(rid))
-        self._batches.setdefault(name, []).append((record, client, entry))
+    def batch(self, name, record, session, entry):
+        """Add a PUT's record to this loop turn's batch of stream ``name``; ``entry`` is its place in the
+        session's queue, marked done once committed (or failed)."""
+        self._batches.setdefault(name, []).append((record, session, entry))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self.io.defer(self.flush)
 
     def flush(self):
-        """Submit the PUTs of this loop turn: one append per topic (split at BATCH_RECORDS/BATCH_BYTES)."""
+        """Submit the PUTs of this loop turn: one append per topic (split at BATCH_RECORDS/BATCH_BYTES);
+        a missing topic is created first (``broker.append_or_create``) when the turn's first publisher
+        to it may configure it."""
         self._flush_scheduled = False
         batches, self._batches = self._batches, {}
         for name, items in batches.items():
-            if name in self._creating:
-                self._creating[name].append(items)
-            elif self.broker.has_stream(name):
-                self._append(name, items)
-            else:
-                client = items[0][1]
-                if not self.broker.allowed(client.user, CONFIGURE, name):
-                    self._fail(items, f"creating topic {name!r} refused")
-                    continue
-                self._creating[name] = [items]
-                self.pending_ops += 1
-                self.broker.create_stream(name, {}, lambda exc, name=name: self._created(name, exc))
+            missing = not self.broker.has_stream(name)
+            if missing and not self.broker.creating(name) and \
+                    not self.broker.allowed(items[0][1].user, CONFIGURE, name):
+                self._fail(items, f"creating topic {name!r} refused")
+                continue
+            self._append(name, items, missing)
 
-    def _created(self, name, exc):
-        self.pending_ops -= 1
-        waiting = self._creating.pop(name, [])
-        if exc is not None and not isinstance(exc, StreamExists):
-            for items in waiting:
-                self._fail(items, f"cannot create topic {name!r}: {exc}")
-            return
-        for items in waiting:
-            self._append(name, items)
-        self._wake_waiting(name)
-
-    def _append(self, name, items):
+    def _append(self, name, items, missing):
         start, size = 0, 0
         for i, (record, _, _) in enumerate(items):
             size += len(record)
             if i + 1 - start >= BATCH_RECORDS or size >= BATCH_BYTES or i + 1 == len(items):
                 part = items[start:i + 1]
                 self.pending_ops += 1
-                self.broker.append_records(name, [r for r, _, _ in part],
-                                           lambda res, exc, part=part: self._appended(name, part, exc))
+                self.broker.append_or_create(name, [r for r, _, _ in part],
+                                             lambda res, exc, part=part: self._appended(name, part, exc, missing))
                 start, size = i + 1, 0
 
-    def _appended(self, name, items, exc):
+    def _appended(self, name, items, exc, missing=False):
         self.pending_ops -= 1
         if exc is not None:
+            if missing and not self.broker.has_stream(name):     # the creation failed
+                self._fail(items, f"cannot create topic {name!r}: {exc}")
+                return
             if not isinstance(exc, StorageFull):   # a full disk is logged once, by the disk alarm
                 log.info("zmq: appending to %r failed: %s", name, exc)
             self._fail(items, f"cannot store the message in topic {name!r}: {exc}")
@@ -585,25 +723,29 @@ class McShell:
     # ---------------------------------------------------------------------------------- lifecycle
 
     def forget(self, client, reason):
-        """Drop ``client`` with its subscriptions (DISCONNECT, expiry, gone, admin)."""
+        """Drop ``client`` with its subscriptions (DISCONNECT, expiry, gone, admin): the session is
+        lost (the kernel's ``connection_lost``, which releases it: :meth:`dropped`)."""
         if client.gone:
             return
-        client.gone = True
         if reason:
             log.info("zmq: forgetting client %s: %s", client.peer, reason)
+        client.connection_lost()
+
+    def dropped(self, client):
+        """A session released (any way: forgotten, a TTL expiry, a close): its subscriptions and
+        place go."""
         for sub in client.subs.values():
-            self._drop_sub(sub)
+            self.drop_sub(sub)
         client.subs.clear()
         client.outbox.clear()
         self.blocked.discard(client)
         if self.clients.get(client.identity) is client:
             del self.clients[client.identity]
-        self.broker.unregister(client)
 
-    def _arm(self, client):
+    def arm(self, client):
         if client.ttl is None:
             return
-        when = min(client.last_send + client.ttl * NOOP_FACTOR, client.last_recv + client.ttl * EXPIRE_FACTOR)
+        when = min(client.last_sent + client.ttl * NOOP_FACTOR, client.last_recv + client.ttl * EXPIRE_FACTOR)
         if client.timer_at is not None and client.timer_at <= when:
             return
         client.timer_at = when
@@ -614,28 +756,26 @@ class McShell:
         """Fire due TTL timers, retry blocked clients, wake waiting subscriptions, sweep idle clients."""
         self.now = now = self.broker.clock() if now is None else now
         heap = self._heap
+        due = []
         while heap and heap[0][0] <= now:
             when, _, client = heapq.heappop(heap)
             if client.gone or client.timer_at != when or client.ttl is None:
                 continue
             client.timer_at = None
-            ttl = client.ttl
-            if now >= client.last_recv + ttl * EXPIRE_FACTOR:
-                self.forget(client, f"silent for over {EXPIRE_FACTOR} x TTL")
-                continue
-            if now >= client.last_send + ttl * NOOP_FACTOR:
-                client.send(codec.FRAMES_NOOP)
-                client.last_send = now    # even when held: the peer is not reading anyway
-            self._arm(client)
+            client.guard(client.tick, now)        # the kernel's: TTL expiry, then the NOOP heartbeat
+            due.append(client)
+        for client in due:      # re-armed after the loop: a timer due now fires again next tick, not now
+            if not client.gone:
+                self.arm(client)
         for client in list(self.blocked):
             if client.gone:
                 self.blocked.discard(client)
-            elif client.retry():
+            elif client.resume_writing():
                 self.blocked.discard(client)
         if now >= self._next_idle_sweep:
             self._next_idle_sweep = now + IDLE_FORGET / 4
             for client in list(self.clients.values()):
-                if client.idle and now - max(client.last_recv, client.last_send) > IDLE_FORGET:
+                if client.idle and now - max(client.last_recv, client.last_sent) > IDLE_FORGET:
                     self.forget(client, None)
 
     def close(self):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from riverbed.engine import _pycore, core
-from riverbed.engine.errors import ChunkError, FrameError, FrameTooLarge, UnsupportedCompression
+from riverbed.engine.errors import ChunkError, UnsupportedCompression
 from riverbed.engine.format import (
     BLOOM_SEED_2, COMPRESSION_GZIP, COMPRESSION_NONE, H_BLOOM_SIZE, H_CHUNK_ID, H_CRC, H_DATA_LEN, H_ENTRIES,
     H_EPOCH, H_MAGIC, H_RECORDS, H_TIMESTAMP, H_TRAILER_LEN, H_TYPE, gzip_compress,
@@ -27,8 +27,8 @@ PROPERTY = settings(max_examples=60, deadline=None,
                                            HealthCheck.data_too_large])
 
 PUBLIC = ["crc32", "encode_entries", "encode_sub_batch", "build_chunk", "encode_chunk", "read_header",
-          "check_chunk", "scan_entries", "data_records", "chunk_records", "split_frames", "split_bson_frames",
-          "build_bloom", "bloom_match", "publish_chunk", "cut_entries", "walk_simple_entries"]
+          "check_chunk", "scan_entries", "data_records", "chunk_records", "build_bloom", "bloom_match",
+          "cut_entries", "walk_simple_entries"]
 
 # ---- golden bytes, built by hand ----------------------------------------------------------------------
 
@@ -294,56 +294,6 @@ def test_cut_entries_of_a_big_publish(twin):
     assert [(e, r) for _, e, r in cuts] == [(1000, 1000)] * 4 + [(999, 999)]
 
 
-def _feed(split, stream, cuts, max_size):
-    """Deliver ``stream`` in pieces cut at ``cuts`` the way a socket reader would."""
-    frames, buf, points = [], b"", sorted(set(cuts)) + [len(stream)]
-    start = 0
-    for stop in points:
-        buf += stream[start:stop]
-        start = stop
-        got, consumed = split(buf, max_size)
-        assert consumed == sum(len(f) for f in got) + (4 * len(got) if split.__name__ == "split_frames" else 0)
-        frames.extend(got)
-        buf = buf[consumed:]
-    return frames, buf
-
-
-@PROPERTY
-@given(payloads=st.lists(st.binary(max_size=300), max_size=20), data=st.data())
-def test_split_frames_cut_anywhere_gives_back_the_frames(twin, payloads, data):
-    stream = b"".join(struct.pack(">I", len(p)) + p for p in payloads)
-    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
-    frames, rest = _feed(twin.split_frames, stream, cuts, 300)
-    assert frames == payloads and rest == b""
-    assert twin.split_frames(stream, 300) == (payloads, len(stream))
-    assert twin.split_frames(stream + b"\x00\x00", 300) == (payloads, len(stream))
-
-
-def test_split_frames_gives_frames_of_the_view_key_as_views_of_the_buffer(twin):
-    #           size        key   ver   body
-    publish = b"\x00\x00\x00\x06" b"\x00\x02" b"\x00\x01" b"ab"
-    other = b"\x00\x00\x00\x05" b"\x00\x17" b"\x00\x01" b"c"
-    short = b"\x00\x00\x00\x01" b"\x00"             # under 2 bytes: no key, always a copy
-    buf = bytearray(publish + other + short + publish[:5])
-    frames, used = twin.split_frames(buf, 100, 0x0002)
-    assert used == len(buf) - 5
-    assert [type(f) for f in frames] == [memoryview, bytes, bytes]
-    assert [bytes(f) for f in frames] == [publish[4:], other[4:], short[4:]]
-    assert frames[0].obj is buf                       # no copy
-    frames, _ = twin.split_frames(buf, 100)
-    assert [type(f) for f in frames] == [bytes, bytes, bytes]
-
-
-@PROPERTY
-@given(bodies=st.lists(st.binary(min_size=1, max_size=300), max_size=20), data=st.data())
-def test_split_bson_frames_cut_anywhere_gives_back_the_documents(twin, bodies, data):
-    docs = [struct.pack("<i", 4 + len(b)) + b for b in bodies]
-    stream = b"".join(docs)
-    cuts = data.draw(st.lists(st.integers(0, len(stream)), max_size=10))
-    frames, rest = _feed(twin.split_bson_frames, stream, cuts, 304)
-    assert frames == docs and rest == b""
-    assert twin.split_bson_frames(bytearray(stream), 304) == (docs, len(stream))
-
 
 # ---- differential: both twins, same input, same outcome -------------------------------------------------
 
@@ -404,14 +354,6 @@ def test_twins_agree_on_arbitrary_bytes(blob, ne, nr):
     _both("cut_entries", blob, 100, 3, 5)
     _both("data_records", blob, ne, nr)
     _both("data_records", blob, 2**70, nr)
-
-
-@needs_compiled
-@PROPERTY
-@given(blob=st.binary(max_size=400), max_size=st.one_of(st.integers(-5, 500), st.just(2**40)))
-def test_twins_agree_on_frame_splitting(blob, max_size):
-    _both("split_frames", blob, max_size)
-    _both("split_bson_frames", blob, max_size)
 
 
 @needs_compiled
@@ -543,30 +485,6 @@ def test_gzip_body_shorter_than_declared_is_chunk_error(twin):
     entry[3:7] = struct.pack(">I", 20)
     with pytest.raises(ChunkError, match="decompressed to 19 bytes, header says 20"):
         twin.data_records(bytes(entry), 1, 2)
-
-
-def test_oversized_frame_is_refused_on_its_prefix_alone(twin):
-    with pytest.raises(FrameTooLarge) as err:
-        twin.split_frames(struct.pack(">I", 2_000_000), 1_048_576)
-    assert err.value.size == 2_000_000
-    ok = struct.pack(">I", 3) + b"abc"
-    with pytest.raises(FrameTooLarge):
-        twin.split_frames(ok + struct.pack(">I", 0xFFFFFFFF), 1_048_576)
-    assert twin.split_frames(ok + struct.pack(">I", 1_048_576), 1_048_576) == ([b"abc"], 7)
-    assert twin.split_frames(ok + b"\x00\x10", 1_048_576) == ([b"abc"], 7)
-    assert twin.split_frames(b"", 10) == ([], 0)
-
-
-def test_bson_length_3_is_frame_error(twin):
-    for n in (3, 0, -1, -2**31):
-        with pytest.raises(FrameError) as err:
-            twin.split_bson_frames(struct.pack("<i", n), 1024)
-        assert not isinstance(err.value, FrameTooLarge) and err.value.size == n
-    with pytest.raises(FrameTooLarge) as err:
-        twin.split_bson_frames(struct.pack("<i", 2048), 1024)
-    assert err.value.size == 2048
-    doc = struct.pack("<i", 5) + b"\x00"
-    assert twin.split_bson_frames(doc + doc[:3], 1024) == ([doc], 5)
 
 
 def test_record_over_2gib_is_value_error(twin):

@@ -6,10 +6,11 @@ id 0 is new. QueryPublisherSequence still answers 0 for such a reference, as Rab
 
 Every path of the writer that decides a duplicate is driven: ``append`` (a chunk sealed by the caller,
 ids as a list), ``append`` with filter values and ``append_entries`` (the entry walk), sub-batch entries,
-``append_chunk`` with the PublishingIds summary of ``publish_chunk`` (each core twin builds the chunk),
-several appends in one group commit (the staged sequence), after a restart (the sequence cache is
-cold), and after a stream is deleted and created again. The hypothesis test checks the rule itself over
-random publishes of several references on two streams, with restarts and re-creations in between.
+``append_chunk`` with the PublishingIds summary of ``publish_chunk`` (each twin of the shells' wire
+parsers builds the chunk), several appends in one group commit (the staged sequence), after a restart
+(the sequence cache is cold), and after a stream is deleted and created again. The hypothesis test
+checks the rule itself over random publishes of several references on two streams, with restarts and
+re-creations in between.
 """
 
 import struct
@@ -39,9 +40,9 @@ def publish_frame(entries, publisher_id=0):
         struct.pack(">Q", pid) + entry for pid, entry in entries)
 
 
-def append_frame(e, twin, stream, entries, publisher):
-    """The broker's Publish v1 path: ``twin.publish_chunk`` then ``append_chunk`` with the id summary."""
-    _, count, chunk, ids, first, last, increasing, nrec, _ = twin.publish_chunk(publish_frame(entries), False)
+def append_frame(e, wire_twin, stream, entries, publisher):
+    """The broker's Publish v1 path: ``wire_twin.publish_chunk`` then ``append_chunk`` with the id summary."""
+    _, count, chunk, ids, first, last, increasing, nrec, _ = wire_twin.publish_chunk(publish_frame(entries), False)
     return e.append_chunk(stream, chunk, num_entries=count, num_records=nrec, crc_done=False,
                           publishing_ids=PublishingIds(ids, first, last, increasing), publisher=publisher)
 
@@ -89,12 +90,12 @@ def test_unknown_reference_keeps_id_0_on_append_entries_with_sub_batches(eng):
     assert records(eng, "s") == [b"a", b"b", b"c", b"d", b"e", b"f", b"g"]
 
 
-def test_unknown_reference_keeps_id_0_on_append_chunk(eng, twin):
+def test_unknown_reference_keeps_id_0_on_append_chunk(eng, wire_twin):
     """The Publish v1 fast path: the summary (first id 0, increasing) is fresh without a per-id walk."""
     eng.create_stream("s").result()
-    r = append_frame(eng, twin, "s", [(0, simple(b"a")), (1, core.encode_sub_batch([b"b", b"c"]))], "p").result()
+    r = append_frame(eng, wire_twin, "s", [(0, simple(b"a")), (1, core.encode_sub_batch([b"b", b"c"]))], "p").result()
     assert (r.first_offset, r.last_offset, r.duplicates) == (0, 2, [])
-    r = append_frame(eng, twin, "s", [(0, simple(b"x")), (1, simple(b"y")), (2, simple(b"z"))], "p").result()
+    r = append_frame(eng, wire_twin, "s", [(0, simple(b"x")), (1, simple(b"y")), (2, simple(b"z"))], "p").result()
     assert r.duplicates == [0, 1]
     assert records(eng, "s") == [b"a", b"b", b"c", b"z"]
 
@@ -164,7 +165,7 @@ step = st.one_of(
 )
 
 
-def submit(e, twin, op, tag):
+def submit(e, wire_twin, op, tag):
     """Submit one publish; returns (future, the records of each entry in order, ids)."""
     _, stream, ref, path, entries = op
     ids = [i for i, _ in entries]
@@ -179,12 +180,12 @@ def submit(e, twin, op, tag):
     encoded = [core.encode_sub_batch(r) if n else simple(r[0]) for r, (_, n) in zip(recs, entries)]
     if path == "entries":
         return e.append_entries(stream, b"".join(encoded), publisher=ref, publishing_ids=ids), recs, ids
-    return append_frame(e, twin, stream, list(zip(ids, encoded)), ref), recs, ids
+    return append_frame(e, wire_twin, stream, list(zip(ids, encoded)), ref), recs, ids
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step, min_size=1, max_size=8))
-def test_kept_records_are_exactly_those_above_the_highest_stored_id(twin, steps):
+def test_kept_records_are_exactly_those_above_the_highest_stored_id(wire_twin, steps):
     highest = {}                          # (stream, ref) -> highest id stored; absent = stored nothing
     expected = {s: [] for s in STREAMS}
     with tempfile.TemporaryDirectory() as d:
@@ -204,7 +205,7 @@ def test_kept_records_are_exactly_those_above_the_highest_stored_id(twin, steps)
                     expected[s] = []
                     highest = {k: v for k, v in highest.items() if k[0] != s}
                     continue
-                pending = [(op, *submit(e, twin, op, b"%d.%d" % (n, m))) for m, op in enumerate(ops)]
+                pending = [(op, *submit(e, wire_twin, op, b"%d.%d" % (n, m))) for m, op in enumerate(ops)]
                 for op, fut, recs, ids in pending:
                     _, s, ref, _, _ = op
                     want_dups = []

@@ -19,7 +19,7 @@ T0_TEXT = datetime.datetime.fromtimestamp(T0 / 1000, datetime.timezone.utc).isof
 
 CHUNK_LINE = re.compile(
     r"^\s+(?P<id>\d+)\s+(?P<type>\d+)\s+(?P<entries>\d+)\s+(?P<records>\d+)\s+(?P<ts>\S+)\s+(?P<size>\d+)\s+"
-    r"(?P<status>.+)$")
+    r"(?P<epoch>\d+)\s+(?P<crc>[0-9a-f]{8})\s+(?P<status>.+)$")
 BAD_HEADER_LINE = re.compile(r"^\s+(?P<id>\d+) BAD HEADER \((?P<reason>.*)\) size=(?P<size>\d+)$")
 
 

@@ -10,8 +10,8 @@ import struct
 import bson
 from bson.int64 import Int64
 
-from riverbed.engine import _pycore, core
 from riverbed.engine.errors import FrameError
+from riverbed.shells import _pywire, wire
 from riverbed.shells.bson_tcp import codec as c
 from riverbed.shells.bson_tcp.session import ST_CLOSED, ST_OPEN, BsonSession
 from riverbed.shells.bson_tcp.shell import BsonShell
@@ -49,11 +49,11 @@ class BsonTarget(SessionTarget):
         return BsonShell(self.rig.broker)
 
     def codec(self, body):
-        frames, _ = core.split_bson_frames(body, c.MAX_FRAME)
+        frames, _ = wire.split_bson_frames(body, c.MAX_FRAME)
         for raw in frames:
-            pub = core.bson_pub(raw)
-            twin = _pycore.bson_pub(raw) if not isinstance(raw, memoryview) else _pycore.bson_pub(bytes(raw))
-            if core.COMPILED and pub != twin:
+            pub = wire.bson_pub(raw)
+            twin = _pywire.bson_pub(raw) if not isinstance(raw, memoryview) else _pywire.bson_pub(bytes(raw))
+            if wire.COMPILED and pub != twin:
                 raise InvariantBroken(f"bson_pub: compiled {pub!r} != pure {twin!r}")
             try:
                 c.decode_envelope(raw)

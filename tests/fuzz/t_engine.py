@@ -16,6 +16,8 @@ from riverbed.engine import _pycore
 from riverbed.engine import record as rec
 from riverbed.engine.errors import RiverbedError
 from riverbed.engine.core import impl as compiled
+from riverbed.shells import _pywire
+from riverbed.shells.wire import impl as compiled_wire
 from riverbed.shells.http import api as http_api
 from riverbed.shells.zmq_mc0 import codec as zmq_codec
 
@@ -109,9 +111,11 @@ class ChunkTarget:
             a = _outcome(compiled.chunk_to_arrow, chunk, 7, None, None, True, wire)
             b = _outcome(_pycore.chunk_to_arrow, chunk, 7, None, None, True, wire)
             _agree("chunk_to_arrow", a, b)
-        # the same bytes as a RabbitMQ Stream Publish v1 payload (key 2, version 1)
+        # the same bytes as a RabbitMQ Stream Publish v1 payload (key 2, version 1), for the shells' wire
+        # parser that seals such a payload into a chunk
         payload = b"\x00\x02\x00\x01" + body
-        _agree("publish_chunk", _outcome(compiled.publish_chunk, payload), _outcome(_pycore.publish_chunk, payload))
+        _agree("publish_chunk", _outcome(compiled_wire.publish_chunk, payload),
+               _outcome(_pywire.publish_chunk, payload))
 
     def seeds(self):
         import zlib

@@ -7,9 +7,9 @@ reach the commands of an open connection.
 
 import struct
 
-from riverbed.engine import core
 from riverbed.engine.errors import FrameError
 from riverbed.shells import rmq_stream as rs
+from riverbed.shells import wire
 
 from .harness import FLAG_PRELUDE, FakeIO, SessionTarget
 
@@ -86,7 +86,7 @@ class RmqTarget(SessionTarget):
         return rs.RmqShell(self.rig.broker)
 
     def codec(self, body):
-        frames, _ = core.split_frames(body, 1 << 20, rs.CMD_PUBLISH)
+        frames, _ = wire.split_frames(body, 1 << 20, rs.CMD_PUBLISH)
         for f in frames:
             if len(f) < 4:
                 continue
@@ -102,7 +102,7 @@ class RmqTarget(SessionTarget):
                     rs.check_sub_batch(flags, nrec, usize, sub)     # returns a reason, never raises
             if version == 1:
                 try:
-                    core.publish_chunk(f, True)
+                    wire.publish_chunk(f, True)
                 except FrameError:
                     pass
 

@@ -18,9 +18,11 @@ TARGETS = {
     "zmq": ("t_zmq:ZmqTarget", ["riverbed.shells.zmq_mc0"]),
     "ws": ("t_ws:WsTarget", ["riverbed.shells.ws_json"]),
     "ream": ("t_ream:ReamTarget", ["riverbed.shells.ream_text"]),
+    "kafka": ("t_kafka:KafkaTarget", ["riverbed.shells.kafka"]),
     "record": ("t_engine:RecordTarget", ["riverbed.engine.record", "riverbed.engine._pyrecord",
                                          "riverbed.shells.http.api", "riverbed.shells.zmq_mc0.codec"]),
-    "chunk": ("t_engine:ChunkTarget", ["riverbed.engine._pycore", "riverbed.engine.format"]),
+    "chunk": ("t_engine:ChunkTarget", ["riverbed.engine._pycore", "riverbed.engine.format",
+                                       "riverbed.shells._pywire"]),
 }
 
 

@@ -14,6 +14,7 @@ import pytest
 from riverbed.engine import _pycore, core
 from riverbed.engine import format as fmt
 from riverbed.engine.errors import ChunkError
+from riverbed.shells import wire
 
 from . import harness
 from .t_bson import BsonTarget
@@ -213,17 +214,17 @@ def test_ream_expression_with_non_ascii_letter_or_digit_is_an_error_line(target)
 
 def test_annotated_inputs_are_well_formed():
     """The hex above is what it says: lengths add up (a typo would make a test pass for the wrong reason)."""
-    frames, used = core.split_frames(PUBLISH_HANGING_THE_LOOP[1:], 1 << 20)
+    frames, used = wire.split_frames(PUBLISH_HANGING_THE_LOOP[1:], 1 << 20)
     assert used == len(PUBLISH_HANGING_THE_LOOP) - 1 and len(frames) == 3
-    docs, used = core.split_bson_frames(BSON_PUB_SESSID_ARRAY[1:], 1 << 20)
+    docs, used = wire.split_bson_frames(BSON_PUB_SESSID_ARRAY[1:], 1 << 20)
     assert used == len(BSON_PUB_SESSID_ARRAY) - 1 and len(docs) == 1
     import bson
     assert bson.decode(bytes(docs[0]))["frame"]["sessID"] == [1]
-    docs, used = core.split_bson_frames(BSON_PUB_CHANNEL_IS_CODE[1:], 1 << 20)
+    docs, used = wire.split_bson_frames(BSON_PUB_CHANNEL_IS_CODE[1:], 1 << 20)
     assert used == len(BSON_PUB_CHANNEL_IS_CODE) - 1
     assert type(bson.decode(bytes(docs[0]))["frame"]["channel"]).__name__ == "Code"
-    docs, used = core.split_bson_frames(BSON_TYPE_IS_CODE[1:], 1 << 20)
+    docs, used = wire.split_bson_frames(BSON_TYPE_IS_CODE[1:], 1 << 20)
     assert used == len(BSON_TYPE_IS_CODE) - 1 and type(bson.decode(bytes(docs[0]))["type"]).__name__ == "Code"
-    frames, used = core.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)
+    frames, used = wire.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)
     assert used == len(RMQ_CREATE_NULL_KEY) - 1 and len(frames) == 1
     assert struct.unpack_from(">HH", frames[0])[0] == 0x0D

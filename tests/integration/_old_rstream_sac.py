@@ -46,6 +46,7 @@ FRAME_MAX = 1024 * 1024
 _encoded_at = [0.0]
 _publisher_stream = {}        # (id(client), publisher id) -> partition
 _publish_writes = []          # (monotonic time, partition, [publishing ids])
+_round_trips = []             # (start, end, request frame name or "new connection"): waits on the broker
 
 
 def _instrument():
@@ -71,6 +72,26 @@ def _instrument():
         _publish_writes.append((_encoded_at[0], _publisher_stream.get((id(self), frame.publisher_id)),
                                 [m.publishing_id for m in frame.messages]))
     rclient.BaseClient.send_publish_frame = timed_send_publish_frame
+
+    sync_request = rclient.BaseClient.sync_request
+
+    async def timed_sync_request(self, frame, resp_schema, raise_exception=True):
+        t0 = time.monotonic()
+        try:
+            return await sync_request(self, frame, resp_schema, raise_exception=raise_exception)
+        finally:
+            _round_trips.append((t0, time.monotonic(), type(frame).__name__))
+    rclient.BaseClient.sync_request = timed_sync_request
+
+    new_client = rclient.ClientPool.new
+
+    async def timed_new(self, *args, **kwargs):
+        t0 = time.monotonic()
+        try:
+            return await new_client(self, *args, **kwargs)
+        finally:
+            _round_trips.append((t0, time.monotonic(), "new connection"))
+    rclient.ClientPool.new = timed_new
 
 
 def _run_queue_wait():
@@ -100,11 +121,14 @@ async def _handler_next(is_active, ctx):
 LISTENERS = {"none": None, "first": _handler_first, "next": _handler_next}
 
 
-async def sac_super_stream(port, super_stream, group, listener="none", consumers=3, n=10_000):
+async def sac_super_stream(port, super_stream, group, listener="none", consumers=3, n=10_000, host=HOST,
+                           port_as_str=False):
     _instrument()
+    if port_as_str:
+        port = str(port)
     rclient.DEFAULT_REQUEST_TIMEOUT = 1          # as rstream's conftest sets it
     partitions = [f"{super_stream}-{k}" for k in range(3)]
-    admin = rclient.Client(HOST, port, frame_max=FRAME_MAX, heartbeat=60)
+    admin = rclient.Client(host, port, frame_max=FRAME_MAX, heartbeat=60)
     await admin.start()
     await admin.authenticate("/", **CREDS)
     await admin.create_super_stream(super_stream, partitions, ["key1", "key2", "key3"])
@@ -114,11 +138,11 @@ async def sac_super_stream(port, super_stream, group, listener="none", consumers
     # before its fixtures close too
     counting = [True]
     subscribed = []
-    producer = SuperStreamProducer(HOST, port, **CREDS, frame_max=FRAME_MAX, heartbeat=60, routing=RouteType.Hash,
+    producer = SuperStreamProducer(host, port, **CREDS, frame_max=FRAME_MAX, heartbeat=60, routing=RouteType.Hash,
                                    routing_extractor=_message_id, super_stream=super_stream)
     try:
         for _ in range(consumers):
-            c = SuperStreamConsumer(HOST, port, **CREDS, frame_max=FRAME_MAX, heartbeat=60, super_stream=super_stream)
+            c = SuperStreamConsumer(host, port, **CREDS, frame_max=FRAME_MAX, heartbeat=60, super_stream=super_stream)
             await c.start()
             subscribed.append(c)
         await producer.start()
@@ -174,6 +198,16 @@ async def _close_quietly(obj, timeout=10):
         pass
 
 
+def _union_length(intervals):
+    total, end = 0.0, None
+    for a, b in sorted(intervals):
+        if end is None or a > end:
+            total, end = total + (b - a), b
+        elif b > end:
+            total, end = total + (b - end), b
+    return total
+
+
 def _report(n, partitions, counted, at_1s, t_first_send, loop_end, cpu_window, rq_window):
     # when the frame carrying (partition, publishing id) left the client; ids start at 1 on a fresh
     # partition (QueryPublisherSequence 0, then +1) so offset k is publishing id k + 1
@@ -215,6 +249,12 @@ def _report(n, partitions, counted, at_1s, t_first_send, loop_end, cpu_window, r
         "client_cpu_s_in_the_1s": cpu_window,
         "client_run_queue_wait_s_in_the_1s": rq_window,
         "publish_frames": len(_publish_writes),
+        # the flush: what the client waited for from the broker between the end of the send loop and its
+        # last Publish frame (round trips overlap when nested: a new connection's handshake)
+        "flush_round_trips": [(round(a - loop_end, 4), round(b - a, 4), name) for a, b, name in _round_trips
+                              if writes and loop_end <= a <= max(writes)],
+        "flush_broker_wait_s": _union_length([(a, b) for a, b, _ in _round_trips
+                                              if writes and loop_end <= a <= max(writes)]),
         "partitions": partitions,
     }
 

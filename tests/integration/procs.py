@@ -11,7 +11,7 @@ import threading
 LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
 LISTEN_ANY_RE = re.compile(r"listening (\S+) (\S+):(\d+)")
 OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
-                       "--http-port", "off")
+                       "--http-port", "off", "--kafka-port", "off")
 
 
 class ServerProcess:

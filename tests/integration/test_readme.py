@@ -36,7 +36,8 @@ MARK_RE = re.compile(r"<!--\s*test:\s*(\w+)\s*-->")
 FENCE_RE = re.compile(r"^(\s*)```(\w*)\s*$")
 # the README's default port -> the RIVERBED_* setting that moves it
 DEFAULT_PORTS = {5552: "stream_port", 5551: "stream_tls_port", 7451: "bson_port", 61616: "zmq_port",
-                 8890: "ws_port", 7461: "text_port", 15692: "http_port"}
+                 8890: "ws_port", 7461: "text_port", 15692: "http_port",
+                 9092: "kafka_port"}
 BLOCK_TIMEOUT = 120
 PASSWORD_INPUT = "readme-secret\nreadme-secret\n"
 

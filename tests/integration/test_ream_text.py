@@ -515,7 +515,8 @@ def test_the_readme_users_line_starts_a_server(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIVERBED_")}
     proc = subprocess.Popen([sys.executable, "-m", "riverbed.shells.cli", "serve", "--users", "riverbed-users.toml",
                              "--stream-port", "0", "--bson-port", "off", "--zmq-port", "off", "--ws-port", "off",
-                             "--http-port", "0"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+                             "--http-port", "0", "--kafka-port", "0"], cwd=tmp_path, env=env, stderr=subprocess.PIPE,
+                            text=True)
     lines = []
     try:
         for line in proc.stderr:

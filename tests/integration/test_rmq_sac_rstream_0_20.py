@@ -23,7 +23,8 @@ partition left the client, relative to that 1 s deadline; on a busy machine it l
 broker can deliver a message before it has received it. The frames Riverbed sends on this path (the
 ConsumerUpdate order and contents, delivery from the offset of the new active consumer's answer, a
 credit error for an inactive subscription) follow RabbitMQ 3.13's stream reader and SAC coordinator;
-tests/shells/test_rmq_session.py checks the ConsumerUpdate sequence frame by frame.
+tests/shells/test_rmq_session.py checks the ConsumerUpdate sequence frame by frame, and
+test_rmq_sac_rstream_0_20_rmq_frames.py runs the same scenario against RabbitMQ 3.13.7's frames.
 """
 
 import json

@@ -537,7 +537,7 @@ def test_https_client_certificate(mtls_server, pki):
 def serve_fails(tmp_path, *flags):
     cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", str(tmp_path / "data"),
            "--stream-port", "0", "--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
-           "--http-port", "off", "--stream-tls-port", "0", *flags]
+           "--http-port", "off", "--kafka-port", "off", "--stream-tls-port", "0", *flags]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     return out.returncode, out.stderr
 

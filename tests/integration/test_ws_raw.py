@@ -286,6 +286,31 @@ def test_rest_endpoints(server):
     scenario(server, go)
 
 
+def test_rest_reads_are_bounded(server):
+    """A GET that asks for more than one answer may hold is refused with 400 and a text naming the
+    bound, not clamped or cut short in silence; one within the bounds is answered."""
+    base = f"http://127.0.0.1:{server.ports['ws']}/api/v1/streams/rest-bound/data"
+
+    async def go(s):
+        async with s.post(base, json=[{"i": i} for i in range(3)]) as r:
+            assert r.status == 200
+        async with s.get(f"{base}/partitions/0/last?count=100001") as r:
+            assert r.status == 400 and await r.json() == {"error": "count must be at most 100000"}
+        async with s.get(f"{base}/partitions/0/last?count=100000") as r:
+            assert r.status == 200 and [m[5] for m in await r.json()] == [0, 1, 2]
+        async with s.get(f"{base}/partitions/0/range?fromOffset=0&toOffset=100000") as r:
+            assert r.status == 200 and [m[5] for m in await r.json()] == [0, 1, 2]
+        async with s.post(base, json=[{"i": i} for i in range(100_000)]) as r:
+            assert r.status == 200
+        async with s.get(f"{base}/partitions/0/range?fromOffset=0") as r:       # 100,003 messages
+            assert r.status == 400 and "more than 100000 messages" in (await r.json())["error"]
+        async with s.get(f"{base}/partitions/0/range?fromOffset=3") as r:
+            assert r.status == 200 and len(await r.json()) == 100_000
+        async with s.get(f"{base}/partitions/0/range?fromTimestamp=0") as r:
+            assert r.status == 400 and "more than 100000 messages" in (await r.json())["error"]
+    scenario(server, go, timeout=120)
+
+
 def test_graceful_shutdown_commits_and_closes(tmp_path):
     srv = ServerProcess(tmp_path / "data", "--ws-port", "0").start()
     try:

@@ -1,12 +1,12 @@
 """The BSON/TCP codec: hand-laid frames equal what pymongo's bson encodes, envelope errors, versions,
-and the core's self-counting splitter as the shell uses it."""
+and the wire parsers' self-counting splitter as the shell uses it."""
 
 import bson
 import pytest
 from bson.int64 import Int64
 
-from riverbed.engine import core
 from riverbed.engine.errors import FrameError, FrameTooLarge
+from riverbed.shells import wire
 from riverbed.shells.bson_tcp import codec as c
 
 
@@ -72,11 +72,11 @@ def test_parse_version(value, expect):
 
 def test_splitter_contract():
     a, b = bson.encode({"a": 1}), bson.encode({"b": "x" * 100})
-    frames, used = core.split_bson_frames(a + b + b[:10], c.MAX_FRAME)
+    frames, used = wire.split_bson_frames(a + b + b[:10], c.MAX_FRAME)
     assert frames == [a, b] and used == len(a) + len(b)
     with pytest.raises(FrameTooLarge):
-        core.split_bson_frames((100_000_000).to_bytes(4, "little"), c.MAX_FRAME)
+        wire.split_bson_frames((100_000_000).to_bytes(4, "little"), c.MAX_FRAME)
     with pytest.raises(FrameError):
-        core.split_bson_frames((4).to_bytes(4, "little"), c.MAX_FRAME)
+        wire.split_bson_frames((4).to_bytes(4, "little"), c.MAX_FRAME)
     with pytest.raises(FrameError):
-        core.split_bson_frames((-1).to_bytes(4, "little", signed=True), c.MAX_FRAME)
+        wire.split_bson_frames((-1).to_bytes(4, "little", signed=True), c.MAX_FRAME)

@@ -174,15 +174,16 @@ def test_stream_deleted_ends_subscriptions(h):
 
 
 def test_pub_fast_path_stores_what_the_slow_path_would(h):
-    # core.bson_pub takes well-formed PUBs without decoding them; anything else (here: a regex, an extra
+    # wire.bson_pub takes well-formed PUBs without decoding them; anything else (here: a regex, an extra
     # field, a DBRef-shaped event, bad BSON) takes the decoding path. Both store the event's BSON as is.
     from bson.regex import Regex
 
     from riverbed.engine import core
     from riverbed.engine.record import decode_record
+    from riverbed.shells import wire
     c = Conn(h)
     events = [{"i": 1, "s": "é"}, {"r": Regex("^a", "i")}, {"i": 3}, {"_id": 4, "a": [1, {"b": None}]}]
-    fast = [core.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "f", "event": e}})) for e in events]
+    fast = [wire.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "f", "event": e}})) for e in events]
     assert [r is not None for r in fast] == [True, False, True, True]
     c.send("PUB", {"channel": "f", "event": events[0], "rID": 1})
     c.send("PUB", {"channel": "f", "event": events[1], "rID": 2})

@@ -20,7 +20,7 @@ from riverbed.shells.http import health
 from riverbed.shells.http.server import BROKER, serve
 
 ALL_OFF = {"stream_port": "off", "bson_port": "off", "zmq_port": "off", "ws_port": "off", "text_port": "off",
-           "http_port": "0"}
+           "kafka_port": "off", "http_port": "0"}
 
 
 def run(coro, timeout=60):

@@ -326,7 +326,7 @@ cdef bint c_bson_pub(const unsigned char* b, Py_ssize_t n, BsonPub* out) noexcep
 
 
 def bson_pub(frame):
-    """See :func:`riverbed.engine._pybsonpub.bson_pub` (the spec)."""
+    """See :func:`riverbed.shells._pybsonpub.bson_pub` (the spec)."""
     cdef Py_buffer view
     cdef BsonPub r
     cdef bint ok

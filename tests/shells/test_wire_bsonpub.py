@@ -1,4 +1,5 @@
-"""bson_pub (bsonpub.pxi / _pybsonpub.py): a mewbase PUB frame recognised without decoding it.
+"""bson_pub (shells/bsonpub.pxi / shells/_pybsonpub.py, picked by riverbed.shells.wire): a mewbase PUB
+frame recognised without decoding it.
 
 An accept must never be wrong: whenever a twin returns a tuple, pymongo decodes the frame (with the
 session's codec options) to the same channel, rID, sessID and event, and encoding that event again gives
@@ -21,7 +22,7 @@ from bson.timestamp import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from riverbed.engine import _pycore, core
+from riverbed.shells import _pywire, wire
 
 DECODE = CodecOptions(datetime_conversion=DatetimeConversion.DATETIME_AUTO)   # the BSON shell's options
 _I32 = struct.Struct("<i")
@@ -57,12 +58,12 @@ def ev(*elems):
 
 def both(frame):
     """The result of the twins, which must agree."""
-    r = _pycore.bson_pub(frame)
-    if not core.NO_EXTENSIONS:
-        from riverbed.engine import _core
-        assert _core.bson_pub(frame) == r, frame
+    r = _pywire.bson_pub(frame)
+    if not wire.NO_EXTENSIONS:
+        from riverbed.shells import _wire
+        assert _wire.bson_pub(frame) == r, frame
         if r is not None:
-            assert tuple(map(type, _core.bson_pub(frame))) == tuple(map(type, r))
+            assert tuple(map(type, _wire.bson_pub(frame))) == tuple(map(type, r))
     return r
 
 
@@ -82,41 +83,42 @@ def check_accept(frame, r):
 
 # ---- golden cases ---------------------------------------------------------------------------------------
 
-def test_plain_pub(twin):
+def test_plain_pub(wire_twin):
     event = {"i": 1, "p": "x" * 80}
     frame = bson.encode({"type": "PUB", "frame": {"channel": "orders", "event": event, "rID": 7}})
-    channel, rid, sess, start, end = twin.bson_pub(frame)
+    channel, rid, sess, start, end = wire_twin.bson_pub(frame)
     assert (channel, rid, sess) == ("orders", 7, None)
     assert frame[start:end] == bson.encode(event)
-    assert twin.bson_pub(bytearray(frame)) == twin.bson_pub(memoryview(frame)) == (channel, rid, sess, start, end)
+    assert wire_twin.bson_pub(bytearray(frame)) == wire_twin.bson_pub(memoryview(frame)) == \
+        (channel, rid, sess, start, end)
 
 
-def test_fields_in_any_order_and_optional(twin):
+def test_fields_in_any_order_and_optional(wire_twin):
     frame = bson.encode({"frame": {"sessID": "s1", "event": {}, "channel": "é"}, "type": "PUB"})
-    r = twin.bson_pub(frame)
+    r = wire_twin.bson_pub(frame)
     assert r[:3] == ("é", None, "s1")
     assert frame[r[3]:r[4]] == bson.encode({})
     check_accept(frame, r)
 
 
-def test_int64_ids_stay_int64(twin):
+def test_int64_ids_stay_int64(wire_twin):
     frame = bson.encode({"type": "PUB", "frame": {"channel": "c", "event": {"a": 1}, "rID": Int64(3),
                                                   "sessID": Int64(4)}})
-    r = twin.bson_pub(frame)
+    r = wire_twin.bson_pub(frame)
     assert r[1] == 3 and type(r[1]) is Int64 and type(r[2]) is Int64
     frame = bson.encode({"type": "PUB", "frame": {"channel": "c", "event": {"a": 1}, "rID": 3, "sessID": 4}})
-    r = twin.bson_pub(frame)
+    r = wire_twin.bson_pub(frame)
     assert type(r[1]) is int and type(r[2]) is int
 
 
-def test_every_accepted_type(twin):
+def test_every_accepted_type(wire_twin):
     event = {"_id": ObjectId(), "d": 1.5, "nan": float("nan"), "s": "a\x00b", "doc": {"x": [1, {"y": None}]},
              "b0": b"raw", "uuid": Binary(b"0" * 16, 4), "user": Binary(b"u", 0x80), "t": True, "f": False,
              "dt": DatetimeMS(1_700_000_000_000), "far": DatetimeMS(-(1 << 62)), "n": None, "i": -5,
              "ts": Timestamp(1, 2), "l": Int64(1 << 40), "dec": Decimal128("1.25"), "min": MinKey(),
              "max": MaxKey(), "$set": 1, "a.b": 2, "": 3}
     frame = bson.encode({"type": "PUB", "frame": {"channel": "c", "event": event}})
-    r = twin.bson_pub(frame)
+    r = wire_twin.bson_pub(frame)
     assert r is not None
     check_accept(frame, r)
 
@@ -178,37 +180,37 @@ def test_every_accepted_type(twin):
     pytest.param(ev(el(3, b"d", _I32.pack(6) + b"\x0a\x00")), id="nested-bad-eoo"),
     pytest.param(ev(el(0x10, b"i", _I32.pack(1)[:3])), id="int-truncated"),
 ])
-def test_refused(twin, frame):
-    assert twin.bson_pub(frame) is None
+def test_refused(wire_twin, frame):
+    assert wire_twin.bson_pub(frame) is None
     both(frame)
 
 
-def test_refused_length_and_tail(twin):
+def test_refused_length_and_tail(wire_twin):
     good = pub(CH, EV, RID)
-    assert twin.bson_pub(good) is not None
-    assert twin.bson_pub(good + b"\x00") is None                 # a byte past the declared length
-    assert twin.bson_pub(good[:-1]) is None
-    assert twin.bson_pub(good[:-1] + b"\x01") is None           # bad terminator
-    assert twin.bson_pub(_I32.pack(len(good) - 1) + good[4:]) is None
+    assert wire_twin.bson_pub(good) is not None
+    assert wire_twin.bson_pub(good + b"\x00") is None                 # a byte past the declared length
+    assert wire_twin.bson_pub(good[:-1]) is None
+    assert wire_twin.bson_pub(good[:-1] + b"\x01") is None           # bad terminator
+    assert wire_twin.bson_pub(_I32.pack(len(good) - 1) + good[4:]) is None
     for i in range(len(good)):
-        assert twin.bson_pub(good[:i]) is None
+        assert wire_twin.bson_pub(good[:i]) is None
 
 
-def test_depth_and_key_limits(twin):
+def test_depth_and_key_limits(wire_twin):
     def nested(n):
         d = {"v": 1}
         for _ in range(n - 1):
             d = {"d": d}
         return bson.encode({"type": "PUB", "frame": {"channel": "c", "event": d}})
-    assert twin.bson_pub(nested(64)) is not None                 # the event is depth 1
-    assert twin.bson_pub(nested(65)) is None
+    assert wire_twin.bson_pub(nested(64)) is not None                 # the event is depth 1
+    assert wire_twin.bson_pub(nested(65)) is None
     wide = {f"k{i}": i for i in range(64)}
-    assert twin.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "c", "event": wide}})) is not None
+    assert wire_twin.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "c", "event": wide}})) is not None
     wide["k64"] = 64
-    assert twin.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "c", "event": wide}})) is None
+    assert wire_twin.bson_pub(bson.encode({"type": "PUB", "frame": {"channel": "c", "event": wide}})) is None
     long_array = {"a": list(range(1000))}                       # arrays have no element limit
     frame = bson.encode({"type": "PUB", "frame": {"channel": "c", "event": long_array}})
-    r = twin.bson_pub(frame)
+    r = wire_twin.bson_pub(frame)
     assert r is not None and frame[r[3]:r[4]] == bson.encode(long_array)
 
 

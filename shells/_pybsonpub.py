@@ -1,6 +1,6 @@
 """Pure-Python twin of ``bsonpub.pxi``: recognising a mewbase PUB frame without decoding it.
 
-Re-exported by :mod:`riverbed.engine._pycore` and picked through :mod:`riverbed.engine.core`. Same
+Re-exported by :mod:`riverbed.shells._pywire` and picked through :mod:`riverbed.shells.wire`. Same
 results in both twins; the docstring of :func:`bson_pub` is the spec. Pure and thread-safe.
 """
 

@@ -90,10 +90,10 @@ def publish_chunk(payload, crc=True):
 
     Returns ``(publisher_id, count, chunk, ids, first_id, last_id, increasing, num_records, sub_batches)``:
 
-    * ``chunk``: a ``bytearray`` laid out as a whole user chunk, as :func:`encode_chunk_buffer` makes it:
-      the 48-byte header (magic, NumEntries = count, NumRecords, data CRC and length; chunk id, timestamp
-      and epoch 0 for the writer to stamp) followed by the data section, each message's entry without its
-      publishing id. With more than 65535 messages NumEntries and NumRecords are left 0 (a u16 cannot
+    * ``chunk``: a ``bytearray`` laid out as a whole user chunk, as the engine's
+      :func:`~riverbed.engine.core.encode_chunk_buffer` makes it: the 48-byte header (magic, NumEntries =
+      count, NumRecords, data CRC and length; chunk id, timestamp and epoch 0 for the writer to stamp)
+      followed by the data section, each message's entry without its publishing id. With more than 65535 messages NumEntries and NumRecords are left 0 (a u16 cannot
       hold the count): the data section is still right, the header is not a sealable one.
     * ``ids``: the publishing ids as ``bytes``, 8 big-endian bytes each (a PublishConfirm body as is);
       ``first_id`` and ``last_id`` (0 when there are none) and ``increasing``, whether they strictly rise.

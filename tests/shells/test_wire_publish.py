@@ -1,6 +1,7 @@
 """``publish_chunk``: a RabbitMQ Stream Publish v1 payload turned into a sealed chunk in one pass.
 
-Golden bytes built by hand, both twins (``twin`` fixture), a differential property test over valid and
+The shells' wire parser (:mod:`riverbed.shells.wire`; the chunk it builds is the engine's). Golden bytes
+built by hand, both twins (``wire_twin`` fixture), a differential property test over valid and
 damaged frames, and the engine's ``append_chunk`` taking the result (dedup, splitting, stamping).
 """
 
@@ -14,11 +15,12 @@ from hypothesis import strategies as st
 from riverbed.engine import Engine, PublishingIds, _pycore, core
 from riverbed.engine.errors import FrameError
 from riverbed.engine.format import COMPRESSION_GZIP, gzip_compress
+from riverbed.shells import _pywire, wire
 
 PROPERTY = settings(max_examples=80, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                            HealthCheck.data_too_large])
-needs_compiled = pytest.mark.skipif(core.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
+needs_compiled = pytest.mark.skipif(wire.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
 
 # ---- golden bytes ---------------------------------------------------------------------------------------
 
@@ -37,7 +39,7 @@ GOLDEN_PUBLISH = bytes.fromhex(
 )                         # 44  end
 
 # The chunk: the data section is the frame minus the two ids; chunk id, timestamp and epoch are 0 for
-# the writer to stamp. Same data section as GOLDEN_CHUNK in test_core.py, so the same CRC.
+# the writer to stamp. Same data section as GOLDEN_CHUNK in tests/engine/test_core.py, so the same CRC.
 GOLDEN_SEALED = bytes.fromhex(
     "50"                  # 0   magic | version
     "00"                  # 1   ChunkType u8       0 (user)
@@ -61,47 +63,47 @@ def publish_frame(messages, publisher_id=0, count=None):
     return struct.pack(">HHBi", 2, 1, publisher_id, len(messages) if count is None else count) + body
 
 
-def test_golden_publish_becomes_the_golden_chunk(twin):
-    pub, count, chunk, ids, first, last, increasing, records, subs = twin.publish_chunk(GOLDEN_PUBLISH)
+def test_golden_publish_becomes_the_golden_chunk(wire_twin):
+    pub, count, chunk, ids, first, last, increasing, records, subs = wire_twin.publish_chunk(GOLDEN_PUBLISH)
     assert (pub, count, first, last, increasing, records, subs) == (5, 2, 7, 9, True, 2, [])
     assert type(chunk) is bytearray and bytes(chunk) == GOLDEN_SEALED
     assert ids == bytes.fromhex("0000000000000007" "0000000000000009")
     # exactly what the engine's own encoder builds for the same records
-    assert chunk == twin.encode_chunk_buffer([b"hello", b"rabbit"])
-    assert twin.check_chunk(chunk)[7] == zlib.crc32(GOLDEN_SEALED[48:]) == 0xE7E6DE8B
+    assert chunk == core.encode_chunk_buffer([b"hello", b"rabbit"])
+    assert core.check_chunk(chunk)[7] == zlib.crc32(GOLDEN_SEALED[48:]) == 0xE7E6DE8B
 
 
-def test_sub_batch_counts_its_records_and_is_located(twin):
+def test_sub_batch_counts_its_records_and_is_located(wire_twin):
     inner = core.encode_entries([b"one", b"two", b"three"])
     body = gzip_compress(inner)
     sub = struct.pack(">BHII", 0x80 | COMPRESSION_GZIP << 4, 3, len(inner), len(body)) + body
     f = publish_frame([(1, struct.pack(">I", 1) + b"a"), (2, sub), (3, struct.pack(">I", 0))])
-    pub, count, chunk, ids, first, last, increasing, records, subs = twin.publish_chunk(f)
+    pub, count, chunk, ids, first, last, increasing, records, subs = wire_twin.publish_chunk(f)
     assert (count, records, first, last, increasing) == (3, 5, 1, 3, True)
     start = 9 + 13 + 8 + 11
     assert subs == [(1, 0x90, 3, len(inner), start, start + len(body))]
     assert f[start:start + len(body)] == body
-    assert twin.chunk_records(chunk) == [b"a", b"one", b"two", b"three", b""]
+    assert core.chunk_records(chunk) == [b"a", b"one", b"two", b"three", b""]
 
 
-def test_empty_publish_and_id_order_flag(twin):
-    out = twin.publish_chunk(publish_frame([]))
-    assert out[1:] == (0, bytearray(twin.encode_chunk([], 0, 0)), b"", 0, 0, True, 0, [])
+def test_empty_publish_and_id_order_flag(wire_twin):
+    out = wire_twin.publish_chunk(publish_frame([]))
+    assert out[1:] == (0, bytearray(core.encode_chunk([], 0, 0)), b"", 0, 0, True, 0, [])
     entry = struct.pack(">I", 1) + b"x"
-    assert twin.publish_chunk(publish_frame([(5, entry), (5, entry)]))[6] is False     # repeated
-    assert twin.publish_chunk(publish_frame([(5, entry), (4, entry)]))[6] is False     # falling
-    assert twin.publish_chunk(publish_frame([(2**64 - 2, entry), (2**64 - 1, entry)]))[4:7] == \
+    assert wire_twin.publish_chunk(publish_frame([(5, entry), (5, entry)]))[6] is False     # repeated
+    assert wire_twin.publish_chunk(publish_frame([(5, entry), (4, entry)]))[6] is False     # falling
+    assert wire_twin.publish_chunk(publish_frame([(2**64 - 2, entry), (2**64 - 1, entry)]))[4:7] == \
         (2**64 - 2, 2**64 - 1, True)
 
 
-def test_more_than_65535_messages_leave_the_counts_zero(twin):
+def test_more_than_65535_messages_leave_the_counts_zero(wire_twin):
     n = 65536
     f = publish_frame([(i, struct.pack(">I", 1) + bytes([i & 0xFF])) for i in range(n)])
-    _, count, chunk, ids, first, last, increasing, records, _ = twin.publish_chunk(f)
+    _, count, chunk, ids, first, last, increasing, records, _ = wire_twin.publish_chunk(f)
     assert (count, records, first, last, increasing, len(ids)) == (n, n, 0, n - 1, True, 8 * n)
-    h = twin.read_header(chunk)
+    h = core.read_header(chunk)
     assert (h[2], h[3], h[8]) == (0, 0, 5 * n)     # NumEntries cannot hold 65536: not sealable
-    assert twin.data_records(chunk[48:], n, n)[-1] == bytes([(n - 1) & 0xFF])
+    assert core.data_records(chunk[48:], n, n)[-1] == bytes([(n - 1) & 0xFF])
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -116,9 +118,9 @@ def test_more_than_65535_messages_leave_the_counts_zero(twin):
     (struct.pack(">HHBiQI", 2, 1, 0, 2, 1, 12) + b"x" * 12, "Publish frame ends inside a message"),
     (struct.pack(">HHBiQBHII", 2, 1, 0, 1, 1, 0x80, 1, 5, 9) + b"x" * 5, "Publish frame ends inside a message"),
 ])
-def test_malformed_publish_raises_frame_error(twin, raw, message):
+def test_malformed_publish_raises_frame_error(wire_twin, raw, message):
     with pytest.raises(FrameError) as info:
-        twin.publish_chunk(raw)
+        wire_twin.publish_chunk(raw)
     assert str(info.value) == message
 
 
@@ -144,9 +146,9 @@ messages_st = st.lists(st.tuples(st.integers(0, 2**64 - 1) | st.integers(0, 20),
 @PROPERTY
 @given(messages=messages_st, publisher_id=st.integers(0, 255))
 def test_twins_agree_on_valid_frames(messages, publisher_id):
-    from riverbed.engine import _core
+    from riverbed.shells import _wire
     f = publish_frame(messages, publisher_id)
-    a, b = _outcome(_core.publish_chunk, f), _outcome(_pycore.publish_chunk, f)
+    a, b = _outcome(_wire.publish_chunk, f), _outcome(_pywire.publish_chunk, f)
     assert a == b and a[0] == "ok"
     _, count, chunk, ids, first, last, increasing, records, subs = a[1]
     assert count == len(messages) and ids == b"".join(struct.pack(">Q", pid) for pid, _ in messages)
@@ -161,26 +163,26 @@ def test_twins_agree_on_valid_frames(messages, publisher_id):
 @given(messages=messages_st, flips=st.lists(st.tuples(st.integers(0, 2000), st.integers(0, 255)), max_size=3),
        cut=st.integers(0, 2000), count_delta=st.integers(-2, 2), tail=st.binary(max_size=3))
 def test_twins_agree_on_damaged_frames(messages, flips, cut, count_delta, tail):
-    from riverbed.engine import _core
+    from riverbed.shells import _wire
     f = bytearray(publish_frame(messages, count=len(messages) + count_delta))
     for pos, value in flips:
         if 4 <= pos < len(f):      # key and version are the caller's business
             f[pos] = value
     f = bytes(f[:max(cut, 4)]) + tail
-    assert _outcome(_core.publish_chunk, f) == _outcome(_pycore.publish_chunk, f)
+    assert _outcome(_wire.publish_chunk, f) == _outcome(_pywire.publish_chunk, f)
 
 
 @needs_compiled
 @PROPERTY
 @given(blob=st.binary(max_size=200))
 def test_twins_agree_on_arbitrary_bytes(blob):
-    from riverbed.engine import _core
+    from riverbed.shells import _wire
     f = b"\x00\x02\x00\x01" + blob
-    assert _outcome(_core.publish_chunk, f) == _outcome(_pycore.publish_chunk, f)
+    assert _outcome(_wire.publish_chunk, f) == _outcome(_pywire.publish_chunk, f)
 
 
-def test_publish_chunk_takes_any_buffer(twin):
-    assert twin.publish_chunk(memoryview(bytearray(GOLDEN_PUBLISH)))[2] == GOLDEN_SEALED
+def test_publish_chunk_takes_any_buffer(wire_twin):
+    assert wire_twin.publish_chunk(memoryview(bytearray(GOLDEN_PUBLISH)))[2] == GOLDEN_SEALED
 
 
 # ---- the engine takes the sealed chunk ------------------------------------------------------------------
@@ -193,7 +195,7 @@ def eng(tmp_path):
 
 
 def _append(eng, f, publisher=None):
-    _, count, chunk, ids, first, last, increasing, records, _ = core.publish_chunk(f)
+    _, count, chunk, ids, first, last, increasing, records, _ = wire.publish_chunk(f)
     pids = PublishingIds(ids, first, last, increasing)
     return eng.append_chunk("s", chunk, num_entries=count, num_records=records,
                             publishing_ids=pids if publisher else None, publisher=publisher).result()
@@ -235,17 +237,17 @@ def test_append_chunk_over_65535_entries_is_split(eng):
     assert eng.query_publisher_sequence("s", "p") == n
 
 
-def test_crc_left_to_the_engine_is_filled_in_when_stored_whole_and_unused_when_cut(eng, twin):
+def test_crc_left_to_the_engine_is_filled_in_when_stored_whole_and_unused_when_cut(eng, wire_twin):
     eng.create_stream("s").result()
     # crc=False: the header CRC is 0 until the engine stores the chunk
-    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(GOLDEN_PUBLISH, False)
+    _, count, chunk, _, _, _, _, records, _ = wire_twin.publish_chunk(GOLDEN_PUBLISH, False)
     assert chunk[32:36] == b"\0\0\0\0" and chunk[48:] == GOLDEN_SEALED[48:]
     big = publish_frame([(i, struct.pack(">I", 200) + bytes([i]) * 200) for i in range(100)])   # own chunk
-    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(big, False)
+    _, count, chunk, _, _, _, _, records, _ = wire_twin.publish_chunk(big, False)
     eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
     # over the records bound: cut into chunks of 1,000, each with its own CRC
     huge = publish_frame([(i, struct.pack(">I", 100) + b"x" * 100) for i in range(2500)])
-    _, count, chunk, _, _, _, _, records, _ = twin.publish_chunk(huge, False)
+    _, count, chunk, _, _, _, _, records, _ = wire_twin.publish_chunk(huge, False)
     eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
     got = eng.read_chunks("s", 0, 10)            # read_chunks checks every CRC
     assert [(cid, core.read_header(raw)[3]) for cid, raw in got] == [(0, 100), (100, 1000), (1100, 1000),

@@ -1,4 +1,5 @@
-# Length-prefixed frame splitters for the socket read loops.
+# Length-prefixed frame splitters for the socket read loops (RabbitMQ Stream: u32 BE excluding itself;
+# BSON: i32 LE including itself). _pywire.py is the readable reference.
 
 cdef int64_t c_frame_cap(object max_size) except? -2:
     # Frame lengths are 32-bit, so any cap is equivalent to one clamped into [-1, 2**32 - 1]; for a

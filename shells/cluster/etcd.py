@@ -1,0 +1,183 @@
+"""The one etcd client of the cluster: etcd v3's gRPC gateway (JSON over HTTP) through aiohttp.
+
+etcd does all consensus for a Riverbed cluster (leases, leaders, epochs, membership), so this module
+only needs the gateway's plain calls: range, put, delete, compare-and-swap transactions and leases.
+etcd 3.4 (Debian's ``etcd-server``) serves them at ``/v3/...``; keys and values travel base64-encoded,
+64-bit integers as decimal strings. Several endpoints may be given: a call that cannot reach one tries
+the next (etcd forwards writes to its leader itself).
+
+Watches are not used: the cluster polls its few keys at a fraction of the lease TTL, which survives
+etcd restarts and reconnects without any stream state to resume.
+
+Everything here is asyncio and must be used from one event loop (the client's aiohttp session belongs
+to it). Errors: :class:`EtcdError` (no endpoint answered, or etcd refused the request).
+"""
+
+import asyncio
+import base64
+import json
+
+import aiohttp
+
+DEFAULT_TIMEOUT = 3.0      # seconds one HTTP call may take before the next endpoint is tried
+
+
+class EtcdError(RuntimeError):
+    """etcd could not be reached on any endpoint, or answered with an error."""
+
+
+def _b64(data):
+    if isinstance(data, str):
+        data = data.encode()
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text):
+    return base64.b64decode(text) if text else b""
+
+
+def _prefix_end(prefix):
+    """The range end that selects every key starting with ``prefix`` (etcd's prefix convention)."""
+    end = bytearray(prefix)
+    for i in range(len(end) - 1, -1, -1):
+        if end[i] < 0xFF:
+            end[i] += 1
+            return bytes(end[:i + 1])
+    return b"\0"
+
+
+class KeyValue:
+    """One key as etcd holds it: ``key``, ``value`` (bytes), ``mod_revision``, ``create_revision`` and
+    ``lease`` (0 when none)."""
+
+    __slots__ = ("key", "value", "mod_revision", "create_revision", "lease")
+
+    def __init__(self, kv):
+        self.key = _unb64(kv.get("key"))
+        self.value = _unb64(kv.get("value"))
+        self.mod_revision = int(kv.get("mod_revision", 0))
+        self.create_revision = int(kv.get("create_revision", 0))
+        self.lease = int(kv.get("lease", 0))
+
+    def json(self):
+        """The value parsed as JSON."""
+        return json.loads(self.value)
+
+
+class Etcd:
+    """An etcd v3 client over its JSON gateway. ``endpoints``: URLs (``http://127.0.0.1:2379``) or one
+    comma-separated string. Use from one event loop; :meth:`close` when done."""
+
+    def __init__(self, endpoints, *, timeout=DEFAULT_TIMEOUT):
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        self.endpoints = [e.strip().rstrip("/") for e in endpoints]
+        if not self.endpoints:
+            raise ValueError("no etcd endpoint given")
+        for e in self.endpoints:
+            if not e.startswith(("http://", "https://")):
+                raise ValueError(f"etcd endpoint {e!r} is not an http(s) URL")
+        self.timeout = timeout
+        self._session = None
+        self._current = 0      # the endpoint that answered last: tried first
+
+    async def close(self):
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _call(self, path, body, timeout=None):
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout or self.timeout))
+        errors = []
+        n = len(self.endpoints)
+        for k in range(n):
+            i = (self._current + k) % n
+            url = self.endpoints[i] + path
+            try:
+                async with self._session.post(url, json=body,
+                                              timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as r:
+                    text = await r.text()
+                    if r.status != 200:
+                        # etcd answered: a refusal, not an unreachable endpoint
+                        raise EtcdError(f"etcd {path}: HTTP {r.status}: {text[:200]}")
+                    self._current = i
+                    return json.loads(text) if text else {}
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                errors.append(f"{url}: {type(e).__name__}: {e}")
+        raise EtcdError("no etcd endpoint answered: " + "; ".join(errors))
+
+    # ------------------------------------------------------------------------------------ key/value
+
+    async def get(self, key):
+        """The :class:`KeyValue` at ``key`` or None."""
+        r = await self._call("/v3/kv/range", {"key": _b64(key)})
+        kvs = r.get("kvs") or ()
+        return KeyValue(kvs[0]) if kvs else None
+
+    async def get_prefix(self, prefix):
+        """Every :class:`KeyValue` whose key starts with ``prefix``, in key order."""
+        p = prefix.encode() if isinstance(prefix, str) else prefix
+        r = await self._call("/v3/kv/range", {"key": _b64(p), "range_end": _b64(_prefix_end(p))})
+        return [KeyValue(kv) for kv in r.get("kvs") or ()]
+
+    async def put(self, key, value, lease=0):
+        """Set ``key`` to ``value`` (bytes, str, or anything else as JSON), attached to ``lease`` (an id;
+        0: none, the key stays until deleted)."""
+        body = {"key": _b64(key), "value": _b64(_encode(value))}
+        if lease:
+            body["lease"] = str(lease)
+        await self._call("/v3/kv/put", body)
+
+    async def delete(self, key):
+        await self._call("/v3/kv/deleterange", {"key": _b64(key)})
+
+    async def delete_prefix(self, prefix):
+        p = prefix.encode() if isinstance(prefix, str) else prefix
+        await self._call("/v3/kv/deleterange", {"key": _b64(p), "range_end": _b64(_prefix_end(p))})
+
+    async def create(self, key, value, lease=0):
+        """Put ``key`` only if it does not exist (compare-and-swap on its creation). True when this call
+        created it."""
+        return await self._txn(key, "CREATE", "create_revision", 0, value, lease)
+
+    async def replace(self, key, mod_revision, value, lease=0):
+        """Put ``key`` only if it still has ``mod_revision`` (it was not changed since it was read).
+        True when this call changed it."""
+        return await self._txn(key, "MOD", "mod_revision", mod_revision, value, lease)
+
+    async def _txn(self, key, target, field, revision, value, lease):
+        put = {"key": _b64(key), "value": _b64(_encode(value))}
+        if lease:
+            put["lease"] = str(lease)
+        body = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": target, field: str(revision)}],
+                "success": [{"request_put": put}]}
+        r = await self._call("/v3/kv/txn", body)
+        return bool(r.get("succeeded"))
+
+    # ---------------------------------------------------------------------------------------- leases
+
+    async def grant(self, ttl):
+        """A new lease of ``ttl`` seconds (int, at least 1); returns its id."""
+        r = await self._call("/v3/lease/grant", {"TTL": str(max(1, int(ttl)))})
+        if "ID" not in r:
+            raise EtcdError(f"etcd refused a lease: {r}")
+        return int(r["ID"])
+
+    async def keepalive(self, lease):
+        """Renew ``lease`` once; returns its TTL in seconds, 0 when it has expired (it is gone)."""
+        r = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
+        res = r.get("result") or {}
+        return int(res.get("TTL", 0))
+
+    async def revoke(self, lease):
+        """End ``lease`` now: every key attached to it goes."""
+        await self._call("/v3/lease/revoke", {"ID": str(lease)})
+
+
+def _encode(value):
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return json.dumps(value, sort_keys=True).encode()

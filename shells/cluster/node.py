@@ -1,0 +1,807 @@
+"""One Riverbed node in a cluster: membership in etcd, stream placement and leadership, replication.
+
+etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
+
+* ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
+* ``streams/<stream>``: ``{"epoch", "leader", "members", "arguments"}``, changed only by compare-and-swap;
+* ``progress/<stream>/<node>``: how far that member holds the log (``next``, last chunk epoch, committed
+  offset, whether it follows a live leader), under the node's lease: for elections and ``cluster status``.
+
+The leader of a stream is the only node that appends to it; its members copy its chunks over the
+replication port (wire.py) and acknowledge their durable offset. The committed offset is the highest
+one a majority of the members hold: the leader's confirms wait for it (:meth:`ClusterNode.hold`, the one
+hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
+
+When a leader's node key expires, the live members that have lost it report their final position; once
+a majority of the members has done so, the one with the highest (epoch of its last chunk, next offset)
+takes the stream at epoch + 1 by compare-and-swap and stamps that epoch into its chunks. A member whose
+tail does not match the new leader's log truncates it (those chunks were never confirmed). A member
+refuses chunks of an epoch older than one it has seen, and a leader whose lease may have expired stops
+confirming at once.
+
+Loop thread only (the broker's loop), except the engine completions posted back to it.
+"""
+
+import asyncio
+import logging
+import time
+
+from riverbed.engine import core
+from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
+from riverbed.shells.cluster import wire
+from riverbed.shells.cluster.etcd import Etcd, EtcdError
+
+log = logging.getLogger("riverbed.cluster")
+
+DEFAULT_CLUSTER_SIZE = 3
+RETRY_DELAY = 0.2          # seconds before a member dials its leader again
+STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
+POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
+
+
+class NotLeader(RiverbedError):
+    """This node does not lead the stream (or lost its lease): publish to the leader Metadata names."""
+
+
+class ReplicationTimeout(RiverbedError):
+    """A majority of the stream's members did not hold the chunk within --replication-timeout."""
+
+
+def prefix_of(cluster):
+    return f"/riverbed/{cluster}/"
+
+
+class _Leading:
+    """A stream this node leads: member positions, the committed offset, confirms waiting for it."""
+
+    def __init__(self, node, name, epoch, members):
+        self.node = node
+        self.name = name
+        self.epoch = epoch
+        self.members = list(members)
+        self.acked = {}            # member -> next offset it holds durably
+        self.committed = 0
+        self.waiting = []          # [offset, deadline, fn(exc)] in offset order
+        self.since = time.monotonic()
+        self.heard = {}            # member -> monotonic time of its last ack or connection
+        self.connected = {}        # member -> open connections from it
+        self.pokes = set()         # asyncio.Events of the connections serving members
+        self.conns = set()         # their writers, closed on resignation
+
+    def local_next(self):
+        try:
+            return self.node.engine._current(self.name).next_offset
+        except StreamNotFound:
+            return 0
+
+    def recompute(self):
+        offsets = sorted([self.local_next()] + [self.acked.get(m, 0) for m in self.members if m != self.node.name],
+                         reverse=True)
+        majority = len(self.members) // 2 + 1
+        committed = offsets[min(majority, len(offsets)) - 1]
+        if committed > self.committed and self.node.lease_valid():
+            self.committed = committed
+            self.node.engine.set_read_limit(self.name, committed)
+            self.release()
+            self.poke()
+
+    def release(self):
+        while self.waiting and self.waiting[0][0] <= self.committed:
+            _, _, fn = self.waiting.pop(0)
+            fn(None)
+
+    def wait(self, offset, fn):
+        if offset <= self.committed:
+            fn(None)
+            return
+        entry = [offset, time.monotonic() + self.node.replication_timeout, fn]
+        i = len(self.waiting)
+        while i and self.waiting[i - 1][0] > offset:
+            i -= 1
+        self.waiting.insert(i, entry)
+
+    def expire(self, now):
+        keep = []
+        for entry in self.waiting:
+            if entry[1] <= now:
+                entry[2](ReplicationTimeout(f"no majority of {self.name!r}'s members held the publish in time"))
+            else:
+                keep.append(entry)
+        self.waiting = keep
+
+    def fail_all(self, exc):
+        waiting, self.waiting = self.waiting, []
+        for _, _, fn in waiting:
+            fn(exc)
+
+    def poke(self):
+        for ev in self.pokes:
+            ev.set()
+
+
+class ClusterNode:
+    """This process as a member of cluster ``cfg.cluster`` (etcd ``cfg.etcd``, name ``cfg.node``).
+
+    ``await start()`` before the listeners start (joins etcd, takes its streams' roles), ``await
+    register(addresses)`` once they listen, ``await stop()`` when stopping."""
+
+    def __init__(self, broker, cfg):
+        self.broker = broker
+        self.engine = broker.engine
+        self.name = cfg.node
+        self.cluster = cfg.cluster
+        self.prefix = prefix_of(cfg.cluster)
+        self.etcd = Etcd(cfg.etcd)
+        self.ttl = cfg.lease_ttl
+        self.replication_timeout = cfg.replication_timeout
+        self.host = cfg.host
+        self.replication_port = cfg.replication_port
+        self.advertised_replication_port = cfg.advertised_replication_port
+        self.address = {"name": self.name, "advertised_host": cfg.advertised_host or cfg.host}
+        self.lease = None
+        self._lease_until = 0.0       # monotonic time the lease surely lasts until (last keepalive + TTL)
+        self.placements = {}          # stream -> (placement dict, mod_revision)
+        self.nodes = {}               # live node -> its registration
+        self.leading = {}             # stream -> _Leading
+        self.following = {}           # stream -> (leader node, epoch, task)
+        self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
+        self.progress_sent = {}       # stream -> last progress value written
+        self.detached = {}            # stream -> epoch whose leader this member lost
+        self._server = None
+        self._tasks = []
+        self._stopping = False
+        self.abstain = {}                 # stream -> monotonic time until which this node is no candidate
+        self._etcd_down = False
+        self._member_creating = set()     # streams this node creates as a member copy
+        self._member_deleting = set()     # streams this node deletes because the cluster did
+        self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
+
+    # ------------------------------------------------------------------------------ life cycle
+
+    async def start(self):
+        self._server = await asyncio.start_server(self._serve_member, self.host, self.replication_port)
+        self.replication_port = self._server.sockets[0].getsockname()[1]
+        self.address["replication_port"] = self.advertised_replication_port or self.replication_port
+        deadline = time.monotonic() + STARTUP_WAIT
+        while True:
+            try:
+                await self._new_lease()
+                break
+            except EtcdError as e:
+                # etcd busy or still starting: wait a little before giving up (exit status 2)
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("cluster: etcd not answering yet: %s", e)
+                await asyncio.sleep(0.5)
+        self.broker.cluster = self
+        self.broker.on_stream_created(self._stream_created)
+        self.broker.on_stream_deleted(self._stream_deleted)
+        await self._refresh()
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keepalive_loop()), loop.create_task(self._control_loop())]
+        log.info("listening replication %s:%d", self.host, self.replication_port)
+        log.info("cluster %s: node %s joined (etcd lease %.1fs)", self.cluster, self.name, self.ttl)
+
+    async def register(self, addresses):
+        """Publish this node's listener addresses (``stream_port``, ``http_port``, ...)."""
+        self.address.update(addresses)
+        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+
+    async def stop(self):
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for _, _, task in list(self.following.values()):
+            task.cancel()
+        for st in list(self.leading.values()):
+            st.fail_all(NotLeader("the node is stopping"))
+            for w in list(st.conns):
+                w.close()
+        if self._server is not None:
+            self._server.close()
+        try:
+            if self.lease:
+                await self.etcd.revoke(self.lease)
+        except EtcdError:
+            pass
+        await self.etcd.close()
+
+    def lease_valid(self):
+        return time.monotonic() < self._lease_until
+
+    async def _new_lease(self):
+        t0 = time.monotonic()
+        self.lease = await self.etcd.grant(max(1, round(self.ttl)))
+        self._lease_until = t0 + self.ttl
+        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+
+    async def _keepalive_loop(self):
+        while True:
+            await asyncio.sleep(self.ttl / 4)
+            t0 = time.monotonic()
+            try:
+                ttl = await self.etcd.keepalive(self.lease)
+            except EtcdError as e:
+                log.debug("cluster: etcd keepalive failed: %s", e)
+                continue
+            if ttl > 0:
+                self._lease_until = t0 + self.ttl
+                continue
+            # the lease expired (this node was paused or cut off): every stream it led may have a new
+            # leader by now, so it stops confirming and takes a new lease as a plain member
+            log.warning("cluster: lease lost; stepping down from %d stream(s)", len(self.leading))
+            self._lease_until = 0
+            for name in list(self.leading):
+                self._step_down(name)
+            try:
+                await self._new_lease()
+            except EtcdError as e:
+                log.warning("cluster: cannot take a new lease: %s", e)
+
+    async def _control_loop(self):
+        while True:
+            await asyncio.sleep(min(self.ttl / 6, POLL_MAX))
+            now = time.monotonic()
+            for st in list(self.leading.values()):
+                st.expire(now)
+                if not self.lease_valid():
+                    continue
+                st.recompute()
+                if self._cut_off(st, now):
+                    await self._resign(st)
+            try:
+                await self._refresh()
+                if self._etcd_down:
+                    self._etcd_down = False
+                    log.info("cluster: etcd answers again")
+            except EtcdError as e:
+                if not self._etcd_down:      # once per outage, not every poll
+                    self._etcd_down = True
+                    log.warning("cluster: etcd unreachable: %s", e)
+            except Exception:
+                log.exception("cluster: control loop failed")
+
+    # ------------------------------------------------------------------------------ etcd state
+
+    async def _refresh(self):
+        """Read nodes and placements from etcd and take the role each stream gives this node."""
+        nodes = {}
+        for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+            try:
+                reg = kv.json()
+                nodes[reg["name"]] = reg
+            except (ValueError, KeyError):
+                continue
+        self.nodes = nodes
+        placements = {}
+        for kv in await self.etcd.get_prefix(self.prefix + "streams/"):
+            try:
+                placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
+            except (ValueError, KeyError):
+                continue
+        self.placements = placements
+        tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
+                      for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
+        # local streams no placement names: deleted on the cluster while this node was away (a
+        # tombstone says so), else made before the cluster or while etcd was away: this node leads them
+        for name in self.engine.list_streams():
+            if name in placements or name in self.leading:
+                continue
+            if name in tombstones:
+                self._member_deleting.add(name)
+                log.info("cluster: %s deletes %s (deleted on the cluster)", self.name, name)
+                self.broker.delete_stream(name, lambda exc: None)
+            else:
+                await self._place(name)
+        for name, (p, rev) in list(self.placements.items()):
+            if self.name not in p["members"] or name in self._cluster_deleting:
+                continue
+            await self._take_role(name, p, rev)
+        await self._report_progress()
+
+    def _choose_members(self, name=None):
+        """This node and more live ones (fewest streams first): a new stream's members, as many as its
+        ``initial-cluster-size`` argument asks (default 3), at most the live nodes."""
+        size = DEFAULT_CLUSTER_SIZE
+        try:
+            size = max(1, int(self.engine._current(name).args.get("initial-cluster-size", size)))
+        except (StreamNotFound, ValueError, TypeError, AttributeError, KeyError):
+            pass
+        load = {n: 0 for n in self.nodes if n != self.name}
+        for p, _ in self.placements.values():
+            for m in p["members"]:
+                if m in load:
+                    load[m] += 1
+        others = sorted(load, key=lambda n: (load[n], n))
+        return [self.name] + others[:size - 1]
+
+    async def _place(self, name, arguments=None, members=None):
+        """Register local stream ``name`` in etcd, led by this node with up to two more members."""
+        members = members or self._choose_members(name)
+        try:
+            args = arguments if arguments is not None else self.engine._current(name).args
+        except (StreamNotFound, AttributeError):
+            args = {}
+        p = {"name": name, "epoch": 1, "leader": self.name, "members": members, "arguments": args}
+        if await self.etcd.create(self.prefix + "streams/" + name, p):
+            await self.etcd.delete(self.prefix + "deleted/" + name)
+            log.info("cluster: stream %s placed on %s (leader %s)", name, ",".join(members), self.name)
+            kv = await self.etcd.get(self.prefix + "streams/" + name)
+            self.placements[name] = (p, kv.mod_revision if kv else 0)
+
+    async def _take_role(self, name, p, rev):
+        leader, epoch = p["leader"], p["epoch"]
+        if epoch < self.max_epoch.get(name, 0):
+            return
+        self.max_epoch[name] = epoch
+        if leader == self.name:
+            st = self.leading.get(name)
+            if st is None:
+                # an earlier run of this node led it (a restart): leave the seat empty at a new epoch,
+                # so that the member holding the most of the log is elected, not whoever restarts
+                new = dict(p, epoch=epoch + 1, leader="")
+                if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
+                    log.info("cluster: %s restarted as leader of %s; election at epoch %d", self.name, name,
+                             epoch + 1)
+                    kv = await self.etcd.get(self.prefix + "streams/" + name)
+                    self.placements[name] = (new, kv.mod_revision if kv else rev)
+            elif st.epoch != epoch:
+                self._lead(name, epoch, p["members"])
+            else:
+                st.members = list(p["members"])
+            return
+        if name in self.leading:
+            self._step_down(name)
+        if not self.engine.has_stream(name):
+            await self._create_local(name, p.get("arguments") or {})
+        if leader in self.nodes:
+            f = self.following.get(name)
+            if f is None or f[0] != leader or f[1] != epoch or f[2].done():
+                if f is not None:
+                    f[2].cancel()
+                self.detached.pop(name, None)
+                if self.engine.read_limit(name) is None:
+                    self.engine.set_read_limit(name, 0)
+                task = asyncio.get_running_loop().create_task(self._follow(name, leader, epoch))
+                self.following[name] = (leader, epoch, task)
+            return
+        # the leader's lease is gone: report a final position, then elect once a majority has
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        if self.abstain.get(name, 0) > time.monotonic():
+            return          # it resigned this stream: the others elect
+        if self.detached.get(name) != epoch:
+            self.detached[name] = epoch
+            await self._report_progress()      # at once: the other members wait for this report
+        await self._maybe_elect(name, p, rev)
+
+    async def _create_local(self, name, arguments):
+        self._member_creating.add(name)
+        self.engine.set_read_limit(name, 0)
+        try:
+            await asyncio.wrap_future(self.engine.create_stream(name, arguments))
+        except RiverbedError as e:
+            if self.engine.has_stream(name):
+                return
+            log.error("cluster: cannot create member copy of %s: %s", name, e)
+
+    def _position(self, name):
+        """``(epoch of the last chunk, next offset)`` of the local log of ``name``."""
+        try:
+            s = self.engine._current(name)
+        except StreamNotFound:
+            return 0, 0
+        if s.last_chunk < 0:
+            return 0, s.next_offset
+        got = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)
+        epoch = core.read_header(got[0][1])[H_EPOCH] if got else 0
+        return epoch, s.next_offset
+
+    async def _report_progress(self):
+        for name, (p, _) in self.placements.items():
+            if self.name not in p["members"]:
+                continue
+            epoch, nxt = self._position(name)
+            st = self.leading.get(name)
+            value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
+                     "committed": st.committed if st is not None else (self.engine.read_limit(name) or 0),
+                     "detached": self.detached.get(name)}
+            if self.progress_sent.get(name) != value:
+                await self.etcd.put(f"{self.prefix}progress/{name}/{self.name}", value, lease=self.lease)
+                self.progress_sent[name] = value
+
+    async def _maybe_elect(self, name, p, rev):
+        members = p["members"]
+        majority = len(members) // 2 + 1
+        reports = {}
+        for kv in await self.etcd.get_prefix(f"{self.prefix}progress/{name}/"):
+            try:
+                r = kv.json()
+            except ValueError:
+                continue
+            if r.get("node") in members and r.get("node") in self.nodes and r.get("detached") == p["epoch"]:
+                reports[r["node"]] = r
+        epoch, nxt = self._position(name)
+        reports[self.name] = {"node": self.name, "last_epoch": epoch, "next": nxt}
+        if len(reports) < majority:
+            return
+        best = max(reports.values(), key=lambda r: (r["last_epoch"], r["next"], r["node"]))
+        if best["node"] != self.name:
+            return
+        new = dict(p, epoch=p["epoch"] + 1, leader=self.name)
+        if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
+            log.info("cluster: %s elected leader of %s at epoch %d (next offset %d)", self.name, name,
+                     new["epoch"], nxt)
+            self.max_epoch[name] = new["epoch"]
+            self.detached.pop(name, None)
+            kv = await self.etcd.get(self.prefix + "streams/" + name)
+            self.placements[name] = (new, kv.mod_revision if kv else rev)
+            self._lead(name, new["epoch"], members)
+
+    # ------------------------------------------------------------------------------ leading
+
+    def _lead(self, name, epoch, members):
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        old = self.leading.get(name)
+        if old is not None:
+            old.fail_all(NotLeader(f"{name!r} changed epoch"))
+        self.engine.set_epoch(name, epoch)
+        st = self.leading[name] = _Leading(self, name, epoch, members)
+        # what this node held before it led is committed only once a majority holds it again
+        st.committed = self.engine.read_limit(name) or 0
+        if self.engine.read_limit(name) is None:
+            self.engine.set_read_limit(name, 0)
+        st.recompute()
+        log.info("cluster: leading %s at epoch %d, members %s", name, epoch, ",".join(members))
+
+    def _cut_off(self, st, now):
+        """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
+        lease TTL: a member counts while it is connected or acknowledged within the TTL."""
+        if len(st.members) < 2 or now - st.since < self.ttl:
+            return False
+        heard = 1 + sum(1 for m in st.members if m != self.name and (
+            st.connected.get(m, 0) > 0 or now - st.heard.get(m, st.since) < self.ttl))
+        return heard < len(st.members) // 2 + 1
+
+    async def _resign(self, st):
+        """Leave the seat of ``st`` empty at a new epoch (CAS) and stand aside from the next election, so
+        that the side holding a majority elects a leader and goes on."""
+        entry = self.placements.get(st.name)
+        if entry is None:
+            return
+        p, rev = entry
+        if p.get("leader") != self.name or p.get("epoch") != st.epoch:
+            return
+        new = dict(p, epoch=p["epoch"] + 1, leader="")
+        try:
+            ok = await self.etcd.replace(self.prefix + "streams/" + st.name, rev, new)
+        except EtcdError:
+            return
+        if ok:
+            log.warning("cluster: %s resigns %s: no word from a majority of its members for %.1fs", self.name,
+                        st.name, self.ttl)
+            self.abstain[st.name] = time.monotonic() + 3 * self.ttl
+            self._step_down(st.name)
+            self.placements[st.name] = (new, rev)
+
+    def _step_down(self, name):
+        st = self.leading.pop(name, None)
+        if st is None:
+            return
+        st.fail_all(NotLeader(f"this node no longer leads {name!r}"))
+        for w in list(st.conns):
+            w.close()
+        log.info("cluster: no longer leading %s (epoch %d)", name, st.epoch)
+
+    def _stream_created(self, name):
+        """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""
+        if name in self._member_creating:
+            self._member_creating.discard(name)
+            return
+        if name in self.placements or name in self.leading:
+            return
+        members = self._choose_members(name)
+        self._lead(name, 1, members)
+        asyncio.get_running_loop().create_task(self._place_and_refresh(name, members))
+
+    def _stream_deleted(self, name):
+        """Broker delete hook: a client's deletion here deletes the stream on the cluster (placement
+        removed, a tombstone left for members that are away); a member copy deleted because of that
+        tombstone only forgets its state."""
+        st = self.leading.pop(name, None)
+        if st is not None:
+            st.fail_all(RiverbedError(f"stream {name!r} was deleted"))
+            for w in list(st.conns):
+                w.close()
+        f = self.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        self.engine.set_read_limit(name, None)
+        self.engine.epochs.pop(name, None)
+        self.max_epoch.pop(name, None)
+        self.progress_sent.pop(name, None)
+        self.detached.pop(name, None)
+        if name in self._member_deleting:
+            self._member_deleting.discard(name)
+            return
+        self.placements.pop(name, None)
+        self._cluster_deleting.add(name)
+        asyncio.get_running_loop().create_task(self._delete_placement(name))
+
+    async def _delete_placement(self, name):
+        try:
+            await self.etcd.put(self.prefix + "deleted/" + name, {"name": name})
+            await self.etcd.delete(self.prefix + "streams/" + name)
+            await self.etcd.delete_prefix(f"{self.prefix}progress/{name}/")
+        except EtcdError as e:
+            log.warning("cluster: cannot delete %s in etcd: %s", name, e)
+        finally:
+            self._cluster_deleting.discard(name)
+
+    async def _place_and_refresh(self, name, members):
+        try:
+            # the live nodes as etcd knows them now (this node's view may be a poll behind)
+            nodes = {}
+            for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+                try:
+                    nodes[kv.json()["name"]] = kv.json()
+                except (ValueError, KeyError):
+                    continue
+            self.nodes = nodes
+            members = self._choose_members(name)
+            await self._place(name, members=members)
+            p = self.placements.get(name)
+            if p is not None and name in self.leading:
+                self.leading[name].members = list(p[0]["members"])
+        except EtcdError as e:
+            log.warning("cluster: cannot place %s yet: %s", name, e)
+
+    # ------------------------------------------------------------------------------ broker hooks
+
+    def check_write(self, stream):
+        """The error a publish to ``stream`` gets on this node (NotLeader), or None to go on."""
+        if stream in self.leading:
+            return None
+        p = self.placements.get(stream)
+        if p is None:
+            return None       # a stream made here a moment ago: _stream_created leads it
+        return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {p[0]['leader']})")
+
+    def hold(self, stream, cb):
+        """Wrap an append's ``cb(result, exc)`` so that it runs only once a majority holds the records."""
+        def held(res, exc):
+            st = self.leading.get(stream)
+            if exc is not None or st is None:
+                cb(res, exc if exc is not None or st is not None else NotLeader(f"{stream!r} lost its leader"))
+                return
+            end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
+            st.wait(end, lambda err: cb(res, None) if err is None else cb(None, err))
+            st.recompute()
+            st.poke()
+        return held
+
+    def metadata(self, stream):
+        """``(leader registration or None, [replica registrations])`` of ``stream`` for Metadata."""
+        p = self.placements.get(stream)
+        if p is None:
+            return None, []
+        p = p[0]
+        return self.nodes.get(p["leader"]), [self.nodes[m] for m in p["members"] if m != p["leader"] and
+                                             m in self.nodes]
+
+    def rmq_metadata(self, streams, has, local):
+        """RabbitMQ Stream Metadata of ``streams``: ``(brokers [(ref, host, port)], entries [(stream, code,
+        leader ref, [replica refs])])``. ``local`` is this node's (host, port) as its client was told;
+        ``has(stream)`` says whether the stream exists here."""
+        from riverbed.shells.rmq_stream.constants import RC_OK, RC_STREAM_DOES_NOT_EXIST
+        refs, brokers, entries = {}, [], []
+
+        def ref(reg):
+            addr = local if reg is None or reg["name"] == self.name else (
+                reg.get("advertised_host") or "127.0.0.1", reg.get("stream_port"))
+            if addr[1] is None:
+                return None
+            if addr not in refs:
+                refs[addr] = len(brokers)
+                brokers.append((len(brokers), addr[0], addr[1]))
+            return refs[addr]
+        for s in streams:
+            if not (s and has(s)):
+                entries.append((s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, []))
+                continue
+            leader, replicas = self.metadata(s)
+            lead = ref(leader)
+            entries.append((s, RC_OK, 0xFFFF if lead is None else lead,
+                            [r for r in (ref(x) for x in replicas) if r is not None]))
+        if not brokers:
+            ref(None)
+        return brokers, entries
+
+    # ------------------------------------------------------------------------------ leader side
+
+    async def _serve_member(self, reader, writer):
+        st = None
+        connected = None
+        ev = asyncio.Event()
+        try:
+            kind, payload = await wire.read_frame(reader)
+            if kind != wire.HELLO:
+                return
+            hello = wire.parse_json(payload)
+            name, node = hello.get("stream"), hello.get("node")
+            st = self.leading.get(name)
+            if st is None or node not in st.members or int(hello.get("epoch", 0)) > st.epoch:
+                writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
+                await writer.drain()
+                st = None
+                return
+            pos = int(hello.get("next", 0))
+            last = hello.get("last")
+            cut = self._divergence(name, pos, last)
+            if cut is not None:
+                writer.write(wire.u64_frame(wire.TRUNCATE, cut))
+                await writer.drain()
+                st = None
+                return
+            st.pokes.add(ev)
+            st.conns.add(writer)
+            st.acked[node] = pos
+            st.connected[node] = st.connected.get(node, 0) + 1
+            connected = node
+            acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
+            acks.add_done_callback(lambda t: t.cancelled() or t.exception())
+            sent_commit = -1
+            sent_offsets = {}
+            while not acks.done() and self.leading.get(name) is st:
+                ev.clear()
+                chunks, seqs = self.engine.read_for_replica(name, pos)
+                for i, (chunk_id, raw) in enumerate(chunks):
+                    if seqs and i == len(chunks) - 1:
+                        writer.write(wire.json_frame(wire.SEQS, seqs))
+                    writer.write(wire.frame(wire.CHUNK, raw))
+                    pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+                if st.committed != sent_commit:
+                    sent_commit = st.committed
+                    writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
+                offsets = self.engine.stored_offsets(name)
+                if offsets != sent_offsets:
+                    # consumer offsets reach the members too, so a consumer resumes after a failover
+                    writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                                if sent_offsets.get(k) != v}))
+                    sent_offsets = offsets
+                await writer.drain()
+                if chunks and seqs is None:
+                    await asyncio.sleep(0)
+                    continue       # more to send at once
+                try:
+                    await asyncio.wait_for(ev.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+            acks.cancel()
+        except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
+            pass
+        except Exception:
+            log.exception("cluster: serving a member failed")
+        finally:
+            if st is not None:
+                st.pokes.discard(ev)
+                st.conns.discard(writer)
+                if connected is not None:
+                    st.connected[connected] -= 1
+                    st.heard[connected] = time.monotonic()
+            writer.close()
+
+    def _divergence(self, name, pos, last):
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        if not last:
+            return None if pos == 0 else 0
+        chunk_id, epoch, crc = last
+        got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
+        if got and got[0][0] == chunk_id:
+            h = core.read_header(got[0][1])
+            if h[H_EPOCH] == epoch and h[H_CRC] == crc and chunk_id + max(h[H_RECORDS], 1) == pos:
+                return None
+        return chunk_id        # the member's last chunk is not ours: it drops it and asks again
+
+    async def _read_acks(self, reader, st, node):
+        while True:
+            kind, payload = await wire.read_frame(reader)
+            if kind == wire.ACK:
+                st.acked[node] = wire.u64(payload)
+                st.heard[node] = time.monotonic()
+                st.recompute()
+
+    # ------------------------------------------------------------------------------ member side
+
+    async def _follow(self, name, leader, epoch):
+        while not self._stopping:
+            reg = self.nodes.get(leader)
+            if reg is None or self.following.get(name, (None,))[0] != leader:
+                return
+            try:
+                await self._follow_once(name, leader, epoch, reg)
+            except asyncio.CancelledError:
+                raise
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
+                log.debug("cluster: following %s on %s: %s", name, leader, e)
+            except RiverbedError as e:      # a chunk refused (bad CRC, not at the log's end)
+                log.warning("cluster: %s refused a chunk of %s from %s: %s", self.name, name, leader, e)
+            except Exception:
+                log.exception("cluster: following %s on %s failed", name, leader)
+            await asyncio.sleep(RETRY_DELAY)
+
+    async def _follow_once(self, name, leader, epoch, reg):
+        host = reg.get("advertised_host") or "127.0.0.1"
+        reader, writer = await asyncio.open_connection(host, reg["replication_port"])
+        loop = asyncio.get_running_loop()
+        try:
+            s = self.engine._current(name)
+            last = None
+            if s.last_chunk >= 0:
+                raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
+                h = core.read_header(raw)
+                last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
+            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
+                                                      "next": s.next_offset, "last": last}))
+            await writer.drain()
+            seqs = None
+            while True:
+                kind, payload = await wire.read_frame(reader)
+                if kind == wire.CHUNK:
+                    h = core.read_header(payload)       # the CRC is checked by replicate_chunk below
+                    if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
+                        # a leader of an older epoch than one this member has seen: refused
+                        raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
+
+                    def stored(res, exc, w=writer):
+                        if exc is None and not w.is_closing():
+                            loop.call_soon_threadsafe(self._ack, w, res)
+                        elif exc is not None:
+                            loop.call_soon_threadsafe(w.close)
+                    # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    seqs = None
+                elif kind == wire.SEQS:
+                    seqs = {k: int(v) for k, v in wire.parse_json(payload).items()}
+                elif kind == wire.OFFSETS:
+                    for ref, off in wire.parse_json(payload).items():
+                        self.engine.store_offset(name, ref, int(off))
+                elif kind == wire.COMMIT:
+                    self.engine.set_read_limit(name, wire.u64(payload))
+                elif kind == wire.TRUNCATE:
+                    cut = wire.u64(payload)
+                    log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
+                             leader, epoch)
+                    await asyncio.wrap_future(self.engine.truncate(name, cut))
+                    return
+                elif kind == wire.REFUSE:
+                    return
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _ack(writer, offset):
+        if not writer.is_closing():
+            writer.write(wire.u64_frame(wire.ACK, offset))
+
+    # ------------------------------------------------------------------------------ status
+
+    def replica_lag(self):
+        """``[(stream, member, records behind the leader)]`` of every stream this node leads."""
+        out = []
+        for name, st in sorted(self.leading.items()):
+            head = st.local_next()
+            for m in st.members:
+                if m != self.name:
+                    out.append((name, m, max(head - st.acked.get(m, 0), 0)))
+        return out
+
+    def stream_roles(self):
+        """{stream: "leader" | "member"} of this node (for logs and the dashboard)."""
+        out = {n: "leader" for n in self.leading}
+        out.update({n: "member" for n in self.following})
+        return out

@@ -1,0 +1,728 @@
+"""A Kafka connection as a sans-I/O state machine.
+
+It takes bytes (``data_received``), clock ticks and flow-control signals, and writes through ``io``
+(``write``/``writelines``/``close``/``pause_reading``/``resume_reading``/``defer``), the contract of
+:mod:`riverbed.shells.broker.listener`. Storage is reached only through the broker layer.
+
+Requests are answered in the order they came, as Kafka clients require of a connection; an answer that
+waits (Produce until its records are stored, Fetch until data or ``max_wait_ms``) holds back the ones
+after it. ``COMMANDS`` maps each served API key to its handler.
+
+Bad input, as Kafka treats it: a frame over ``max_frame_size`` (limits.py, 64 MiB) or with a negative
+size (counted in ``riverbed_rejected_total``), an unknown API key, a version outside the served range (but ApiVersions), or a body that
+does not parse closes this connection and only this one. An ApiVersions above the served versions is
+answered UNSUPPORTED_VERSION (35) with the served ranges, at version 0. A record batch with a wrong CRC
+is answered CORRUPT_MESSAGE and nothing of that partition is stored; one whose records decompress past
+``max_decompressed_size`` is answered MESSAGE_TOO_LARGE (counted too), decompression stopped there.
+"""
+
+import collections
+import logging
+
+from riverbed.engine import OffsetSpec
+from riverbed.engine import core
+from riverbed.engine import format as fmt
+from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.shells import auth as _auth
+from riverbed.shells.broker import CONFIGURE, READ, WRITE
+from riverbed.shells.broker import limits as _limits
+from riverbed.shells.kafka import codec as C
+from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
+from riverbed.shells.kafka.group_commands import GroupCommands
+from riverbed.shells.kafka import records as R
+from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
+
+log = logging.getLogger("riverbed.kafka")
+LISTENER = "kafka"          # the listener label of riverbed_rejected_total
+
+TS_LATEST, TS_EARLIEST = -1, -2
+ERR_ILLEGAL_SASL_STATE = 34
+ERR_UNSUPPORTED_SASL_MECHANISM = 33
+ERR_SASL_AUTHENTICATION_FAILED = 58
+_BEFORE_AUTH = (C.API_API_VERSIONS, C.API_SASL_HANDSHAKE, C.API_SASL_AUTHENTICATE)
+READ_CHUNKS = 16            # chunks read per step of a Fetch
+MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
+FETCH_MAX_BYTES = 55 << 20  # record bytes of one Fetch answer at most (Kafka's default fetch.max.bytes)
+TIME_SKEW_MS = 60_000       # ListOffsets by time: how much later than stored a record's creation time may be
+TIME_SCAN_BUDGET = 200_000  # ListOffsets by time: records decoded per request at most
+PENDING_HIGH = 1000         # requests waiting for their answer before the connection stops being read ...
+PENDING_LOW = 500           # ... until this few are left (clients keep 5 in flight: only a flood hits it)
+
+
+class _Slot:
+    """One request waiting for its answer, in arrival order."""
+
+    __slots__ = ("data",)
+
+    def __init__(self):
+        self.data = None
+
+
+class KafkaSession(GroupCommands, AdminCommands):
+    """One Kafka connection (see the module docstring). Loop-thread only; bad input never raises out."""
+
+    def __init__(self, shell, io, *, peer="?", local=("", 0), remote=("", 0), peer_loopback=True):
+        self.shell = shell
+        self.broker = broker = shell.broker
+        self.io = io
+        self.peer = peer
+        self.local = local
+        self.remote = remote
+        self.peer_loopback = peer_loopback
+        self.user = broker.auth.implicit_user(peer_loopback)
+        self.connected_at = broker.wall_clock()
+        self.client_id = None
+        self._buf = bytearray()
+        self._slots = collections.deque()
+        self._closed = False
+        self._shutting_down = False
+        self._fetches = set()           # Fetches waiting for data (long polling)
+        self._mechanism = None          # the SASL mechanism a SaslHandshake chose, until SaslAuthenticate
+        self._held = False              # reading paused: too many answers pending
+        self._write_paused = False
+        self._budget_held = False       # reading paused by the broker-wide in-flight budget
+        self.pending_ops = 0
+        self.limits = broker.limits     # the named limits, as they were when it connected
+        broker.register(self)
+
+    # ------------------------------------------------------------------------------- the listener's side
+
+    def guard(self, fn, *args):
+        """Run ``fn(*args)``; a bug in it costs this connection only: logged, released, and the transport
+        aborted (``io.abort(internal=True)``). The listener routes every call in here."""
+        try:
+            return fn(*args)
+        except Exception:  # a bug must cost this connection only, never the server
+            log.exception("%s: internal error; closing the Kafka connection", self.peer)
+            try:
+                self.connection_lost()
+            except Exception:
+                log.exception("%s: internal error while releasing", self.peer)
+            self._closed = True
+            abort = getattr(self.io, "abort", None)
+            if abort is not None:
+                abort(internal=True)
+            else:
+                self.io.close()
+
+    def data_received(self, data):
+        if self._closed or self._shutting_down:
+            return
+        self._buf += data
+        try:
+            frames, used = C.split_frames(self._buf, self.limits.max_frame_size)
+        except C.FrameTooLarge as e:
+            _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(e), self.peer)
+            self._fatal(f"bad frame: {e}")
+            return
+        if not frames:
+            return
+        # the frames are views of the buffer: copy the ones kept, then drop them from the buffer
+        frames = [bytes(f) for f in frames]
+        del self._buf[:used]
+        for f in frames:
+            self._request(f)
+            if self._closed:
+                return
+        if len(self._slots) >= PENDING_HIGH and not self._held:
+            self._held = True
+            self.io.pause_reading()
+
+    def connection_lost(self):
+        self._closed = True
+        for f in list(self._fetches):
+            f.cancel()
+        self._fetches.clear()
+        self.broker.unregister(self)
+
+    def pause_writing(self):
+        self._write_paused = True
+        self.io.pause_reading()
+
+    def resume_writing(self):
+        self._write_paused = False
+        if not self._held and not self._budget_held and not self._shutting_down:
+            self.io.resume_reading()
+
+    def tick(self, now):
+        self.shell.groups.tick(now)
+
+    def begin_shutdown(self):
+        self._shutting_down = True
+        self.io.pause_reading()
+
+    def close_gracefully(self, reason):
+        self._close()
+
+    def close_by_admin(self, reason="closed via management API"):
+        self._close()
+
+    def stream_deleted(self, name):
+        pass        # a Fetch or Produce after it answers UNKNOWN_TOPIC_OR_PARTITION
+
+    def stream_created(self, name):
+        pass
+
+    def connection_info(self):
+        return {"name": f"{self.peer} -> {self.local[0]}:{self.local[1]}", "protocol": "kafka",
+                "peer_host": self.remote[0], "peer_port": self.remote[1], "host": self.local[0],
+                "port": self.local[1], "user": self.user.name if self.user else "",
+                "client_properties": {"client_id": self.client_id or ""}, "connected_at": self.connected_at,
+                "state": "running"}
+
+    # ----------------------------------------------------------------------------- requests and answers
+
+    def _close(self):
+        if not self._closed:
+            self._closed = True
+            self.io.close()
+
+    def _fatal(self, why):
+        log.info("%s: closing the Kafka connection: %s", self.peer, why)
+        self._flush()
+        self._close()
+
+    def _request(self, frame):
+        try:
+            hdr = C.decode_header(frame)
+        except C.DecodeError as e:
+            self._fatal(f"bad request header: {e}")
+            return
+        self.client_id = hdr.client_id
+        handler = COMMANDS.get(hdr.api_key)
+        if handler is None or hdr.body < 0:
+            self._fatal(f"unknown API key {hdr.api_key}")
+            return
+        lo, hi = C.SERVED[hdr.api_key]
+        if not lo <= hdr.version <= hi:
+            if hdr.api_key == C.API_API_VERSIONS:
+                slot = self._slot()
+                self._answer(slot, C.API_API_VERSIONS, 0, hdr.correlation_id,
+                             {"error_code": C.ERR_UNSUPPORTED_VERSION, "api_keys": _api_keys()})
+                return
+            self._fatal(f"unsupported version {hdr.version} of API {hdr.api_key}")
+            return
+        try:
+            req = C.decode_request(hdr.api_key, hdr.version, frame, hdr.body)
+        except C.DecodeError as e:
+            self._fatal(f"API {hdr.api_key} v{hdr.version} does not parse: {e}")
+            return
+        if self.user is None and hdr.api_key not in _BEFORE_AUTH:
+            self._fatal("not authenticated")      # with --users: nothing is served before SASL
+            return
+        handler(self, hdr, req)
+
+    def _slot(self):
+        slot = _Slot()
+        self._slots.append(slot)
+        return slot
+
+    def _answer(self, slot, api_key, version, corr, body):
+        if self._closed:
+            return
+        slot.data = C.encode_response(api_key, version, corr, body)
+        self._flush()
+
+    def _flush(self):
+        out = []
+        slots = self._slots
+        while slots and slots[0].data is not None:
+            out.append(slots.popleft().data)
+        if out and not self._closed:
+            self.io.writelines(out)
+        if self._held and len(slots) <= PENDING_LOW and not self._closed:
+            self._held = False
+            if not self._write_paused and not self._budget_held and not self._shutting_down:
+                self.io.resume_reading()
+
+    def _reply(self, hdr, body):
+        """Answer ``hdr``'s request at once with ``body``."""
+        self._answer(self._slot(), hdr.api_key, hdr.version, hdr.correlation_id, body)
+
+    def _allowed(self, what, name):
+        return self.broker.allowed(self.user, what, name)
+
+    # --------------------------------------------------------------------------------------- ApiVersions
+
+    def api_versions(self, hdr, req):
+        self._reply(hdr, {"error_code": C.ERR_NONE, "api_keys": _api_keys(), "throttle_time_ms": 0})
+
+    # ------------------------------------------------------------------------------------------ SASL
+
+    def sasl_handshake(self, hdr, req):
+        mechanisms = [m for m in self.broker.auth.mechanisms() if m == "PLAIN"]
+        ok = req["mechanism"] in mechanisms and self.user is None
+        self._mechanism = req["mechanism"] if ok else None
+        self._reply(hdr, {"error_code": 0 if ok else (ERR_UNSUPPORTED_SASL_MECHANISM if self.user is None
+                                                      else ERR_ILLEGAL_SASL_STATE), "mechanisms": mechanisms})
+
+    def sasl_authenticate(self, hdr, req):
+        if self._mechanism is None:
+            self._reply(hdr, {"error_code": ERR_ILLEGAL_SASL_STATE, "error_message": "SaslHandshake first",
+                              "auth_bytes": b""})
+            self._fatal("SaslAuthenticate without SaslHandshake")
+            return
+        res = self.broker.auth.authenticate(self._mechanism, req["auth_bytes"] or b"", self.peer_loopback)
+        self._mechanism = None
+        if res.outcome != _auth.OK:
+            log.info("%s: Kafka SASL %s refused: %s", self.peer, res.username, res.reason)
+            self._reply(hdr, {"error_code": ERR_SASL_AUTHENTICATION_FAILED,
+                              "error_message": "Authentication failed: invalid credentials", "auth_bytes": b""})
+            self._fatal("authentication failed")      # Kafka closes the connection after a failed SASL
+            return
+        self.user = res.user
+        self._reply(hdr, {"error_code": 0, "error_message": None, "auth_bytes": b"", "session_lifetime_ms": 0})
+
+    # ------------------------------------------------------------------------------------------ Metadata
+
+    def _broker_entry(self):
+        sh = self.shell
+        return {"node_id": NODE_ID, "host": sh.advertised_host or self.local[0] or "127.0.0.1",
+                "port": sh.advertised_port or self.local[1] or sh.listen_port, "rack": None}
+
+    def _topic_entry(self, name, version):
+        parts = self.shell.partitions(name)
+        if parts is None:
+            return {"error_code": C.ERR_UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
+        if not self._allowed(READ, name) and not self._allowed(WRITE, name):
+            return {"error_code": C.ERR_TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
+        return {"error_code": 0, "name": name, "topic_id": C.topic_uuid(name), "is_internal": False,
+                "partitions": [{"error_code": 0, "partition_index": i, "leader_id": NODE_ID, "leader_epoch": 0,
+                                "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID], "offline_replicas": []}
+                               for i in range(len(parts))]}
+
+    def metadata(self, hdr, req):
+        slot = self._slot()
+        topics = req["topics"]
+        if topics is None or (hdr.version == 0 and not topics):
+            names = self.shell.topics()
+            missing = []
+        else:
+            names = [t["name"] for t in topics if t["name"] is not None]
+            missing = [n for n in names if self.shell.partitions(n) is None]
+        auto = req["allow_auto_topic_creation"] if hdr.version >= 4 else True
+
+        def answer():
+            self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id, {
+                "throttle_time_ms": 0, "brokers": [self._broker_entry()], "cluster_id": CLUSTER_ID,
+                "controller_id": NODE_ID, "topics": [self._topic_entry(n, hdr.version) for n in names]})
+        creatable = [n for n in missing if auto and self._allowed(CONFIGURE, n) and self._allowed(WRITE, n)]
+        if not creatable:
+            answer()
+            return
+        left = [len(creatable)]
+
+        def created(exc):
+            left[0] -= 1
+            if left[0] == 0:
+                answer()
+        for n in creatable:
+            self.broker.ensure_stream(n, created)
+
+    # -------------------------------------------------------------------------------------- CreateTopics
+
+    def create_topics(self, hdr, req):
+        slot = self._slot()
+        results = []
+        todo = []
+        for t in req["topics"]:
+            name, n = t["name"], t["num_partitions"]
+            res = {"name": name, "topic_id": C.topic_uuid(name), "error_code": 0, "error_message": None,
+                   "num_partitions": n if n > 0 else 1, "replication_factor": 1, "configs": []}
+            results.append(res)
+            if n == -1:
+                n = 1
+            rf = t["replication_factor"]
+            if not self._allowed(CONFIGURE, name):
+                res.update(error_code=C.ERR_TOPIC_AUTHORIZATION_FAILED, error_message="not allowed")
+            elif n < 1 or t["assignments"]:
+                res.update(error_code=C.ERR_INVALID_PARTITIONS, error_message=f"{n} partitions")
+            elif rf not in (-1, 1):
+                res.update(error_code=C.ERR_INVALID_REPLICATION_FACTOR,
+                           error_message=f"replication factor {rf}: this broker is one node")
+            elif self.shell.partitions(name) is not None or self.broker.has_stream(name):
+                res.update(error_code=C.ERR_TOPIC_ALREADY_EXISTS, error_message=f"topic {name!r} exists")
+            else:
+                try:
+                    args = retention_arguments(t["configs"])
+                except ValueError as e:
+                    res.update(error_code=C.ERR_INVALID_CONFIG, error_message=str(e))
+                    continue
+                if not req["validate_only"]:
+                    todo.append((res, name, n, args))
+        left = [len(todo)]
+
+        def answer():
+            self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id,
+                         {"throttle_time_ms": 0, "topics": results})
+        if not todo:
+            answer()
+            return
+
+        def done(res, exc):
+            if isinstance(exc, StreamExists):
+                res.update(error_code=C.ERR_TOPIC_ALREADY_EXISTS, error_message=str(exc))
+            elif isinstance(exc, InvalidArgument):
+                res.update(error_code=C.ERR_INVALID_TOPIC_EXCEPTION, error_message=str(exc))
+            elif exc is not None:
+                res.update(error_code=C.ERR_UNKNOWN_SERVER_ERROR, error_message=str(exc))
+            left[0] -= 1
+            if left[0] == 0:
+                answer()
+        for res, name, n, args in todo:
+            self.shell.create_topic(name, n, args, lambda exc, res=res: done(res, exc))
+
+    # ------------------------------------------------------------------------------------------- Produce
+
+    def produce(self, hdr, req):
+        acks = req["acks"]
+        slot = self._slot() if acks != 0 else None
+        out = []
+        waits = []
+        if acks not in (0, 1, -1):
+            for t in req["topic_data"]:
+                out.append({"name": t["name"], "partition_responses": [
+                    {"index": p["index"], "error_code": C.ERR_INVALID_REQUIRED_ACKS, "base_offset": -1}
+                    for p in t["partition_data"]]})
+        else:
+            refusal = self.broker.write_refusal()
+            for t in req["topic_data"]:
+                parts = []
+                out.append({"name": t["name"], "partition_responses": parts})
+                for p in t["partition_data"]:
+                    res = {"index": p["index"], "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
+                           "log_start_offset": -1, "record_errors": [], "error_message": None}
+                    parts.append(res)
+                    err = self._produce_partition(t["name"], p, res, refusal, waits)
+                    if err:
+                        res["error_code"], res["error_message"] = err
+        if slot is None:
+            return
+        left = [len(waits)]
+
+        def answer():
+            self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id,
+                         {"responses": out, "throttle_time_ms": 0})
+        if not waits:
+            answer()
+            return
+
+        def stored(res, result, exc, known):
+            if exc is None:
+                res["base_offset"] = result.first_offset if result.first_offset >= 0 else known()
+            elif isinstance(exc, StreamNotFound):
+                res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
+                res["error_message"] = str(exc)
+            left[0] -= 1
+            if left[0] == 0:
+                answer()
+        self.pending_ops += len(waits)
+        for res, stream, recs, ids, publisher in waits:
+            def cb(result, exc, res=res, stream=stream, ids=ids, publisher=publisher):
+                self.pending_ops -= 1
+                if exc is None and ids is not None and result.first_offset >= 0:
+                    self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
+                stored(res, result, exc, lambda: self.shell.batch_offset(stream, publisher, ids[0]))
+            if ids is None:
+                self.broker.append_records(stream, recs, cb)
+            else:
+                # an idempotent producer: the engine's publisher sequences drop a retried batch
+                self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
+                                   num_entries=len(recs), num_records=len(recs))
+        # the broker-wide in-flight budget: stop reading this client until appends drain
+        if not self._budget_held:
+            self._budget_held = self.broker.hold_if_over_budget(self, self.io.pause_reading, self._budget_resume)
+
+    def _budget_resume(self):
+        self._budget_held = False
+        if not self._held and not self._write_paused and not self._shutting_down and not self._closed:
+            self.io.resume_reading()
+
+    def _produce_partition(self, topic, p, res, refusal, waits):
+        """Check and decode one partition's batches; queue its append in ``waits``. Returns (error code,
+        message) or None."""
+        stream = self.shell.stream_of(topic, p["index"])
+        if stream is None:
+            return C.ERR_UNKNOWN_TOPIC_OR_PARTITION, None
+        if not self._allowed(WRITE, stream):
+            return C.ERR_TOPIC_AUTHORIZATION_FAILED, None
+        if refusal is not None:
+            return C.ERR_KAFKA_STORAGE_ERROR, str(refusal)
+        data = p["records"]
+        if not data:
+            return None
+        try:
+            batches = C.decode_batches(data, self.limits.max_decompressed_size)
+        except C.BatchTooLarge as e:
+            _limits.reject(LISTENER, _limits.REASON_DECOMPRESSED_SIZE, str(e), self.peer)
+            return C.ERR_MESSAGE_TOO_LARGE, str(e)
+        except C.CorruptBatch as e:
+            return C.ERR_CORRUPT_MESSAGE, str(e)
+        except C.UnsupportedCompression as e:
+            return C.ERR_UNSUPPORTED_COMPRESSION_TYPE, str(e)
+        recs = []
+        ids = []
+        publisher = None
+        for b in batches:
+            if b.attributes & C.ATTR_CONTROL:
+                continue
+            if b.attributes & C.ATTR_TRANSACTIONAL:
+                return C.ERR_INVALID_RECORD, "transactions are not served"
+            if b.producer_id >= 0 and b.base_sequence >= 0:
+                ref = producer_reference(b.producer_id, b.producer_epoch)
+                if publisher is not None and ref != publisher:
+                    return C.ERR_INVALID_RECORD, "batches of two producers in one partition"
+                publisher = ref
+                ids.extend(b.base_sequence + i for i in range(len(b.records)))
+            elif publisher is not None:
+                return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
+            for ts, key, value, headers in b.records:
+                recs.append(R.to_stored(key, value, headers, ts))
+        if recs:
+            waits.append((res, stream, recs, ids if publisher is not None else None, publisher))
+        return None
+
+    # --------------------------------------------------------------------------------------------- Fetch
+
+    def fetch(self, hdr, req):
+        _Fetch(self, hdr, req, self._slot()).run()
+
+    # --------------------------------------------------------------------------------------- ListOffsets
+
+    def list_offsets(self, hdr, req):
+        topics = []
+        budget = [TIME_SCAN_BUDGET]
+        for t in req["topics"]:
+            parts = []
+            topics.append({"name": t["name"], "partitions": parts})
+            for p in t["partitions"]:
+                res = {"partition_index": p["partition_index"], "error_code": 0, "timestamp": -1, "offset": -1,
+                       "leader_epoch": 0}
+                parts.append(res)
+                stream = self.shell.stream_of(t["name"], p["partition_index"])
+                if stream is None:
+                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not self._allowed(READ, stream):
+                    res["error_code"] = C.ERR_TOPIC_AUTHORIZATION_FAILED
+                    continue
+                try:
+                    ts = p["timestamp"]
+                    if ts == TS_LATEST:
+                        res["offset"] = self.broker.resolve(stream, OffsetSpec.next())
+                    elif ts == TS_EARLIEST:
+                        res["offset"] = self.broker.resolve(stream, OffsetSpec.first())
+                    elif ts < 0:
+                        res["error_code"] = C.ERR_INVALID_REQUEST
+                    else:
+                        res["offset"], res["timestamp"] = self._offset_for_time(stream, ts, budget)
+                except StreamNotFound:
+                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                except RiverbedError:
+                    res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
+        self._reply(hdr, {"throttle_time_ms": 0, "topics": topics})
+
+    def _offset_for_time(self, stream, ts, budget):
+        """The first record whose timestamp is at or after ``ts``, record by record: (offset, its
+        timestamp), or (high watermark, -1) when there is none.
+
+        A record's timestamp is its creation time, set by the producer before the broker stored it, so
+        the scan starts at the first chunk stored at or after ``ts - TIME_SKEW_MS`` (the engine's index;
+        a record created more than that after it was stored is not looked for earlier). ``budget`` (a
+        one-item list) bounds the records decoded per request: once spent, the answer is the first chunk
+        stored at or after ``ts`` (chunk precision), so no ListOffsets can hold the loop for long."""
+        pos = self.broker.resolve(stream, OffsetSpec.timestamp(max(0, ts - TIME_SKEW_MS)))
+        while True:
+            chunks = self.broker.read_chunks(stream, pos, READ_CHUNKS)
+            if not chunks:
+                return self.broker.resolve(stream, OffsetSpec.next()), -1
+            for chunk_id, raw in chunks:
+                nxt = chunk_id + (int.from_bytes(raw[4:8], "big") or 1)
+                if raw[1] == fmt.CHUNK_USER:
+                    chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
+                    for i, rec in enumerate(core.chunk_records(raw)):
+                        if chunk_id + i < pos:
+                            continue
+                        budget[0] -= 1
+                        if budget[0] < 0:
+                            return self.broker.resolve(stream, OffsetSpec.timestamp(ts)), -1
+                        rts = R.from_stored(rec, chunk_ts)[0]
+                        if rts >= ts:
+                            return chunk_id + i, rts
+                pos = nxt
+
+
+class _Fetch:
+    """One Fetch request: read what is there; when it is less than ``min_bytes``, wait for a commit on
+    any of its partitions or for ``max_wait_ms``, then read again and answer."""
+
+    __slots__ = ("s", "hdr", "req", "slot", "cancels", "timer", "done")
+
+    def __init__(self, session, hdr, req, slot):
+        self.s = session
+        self.hdr = hdr
+        self.req = req
+        self.slot = slot
+        self.cancels = []
+        self.timer = None
+        self.done = False
+
+    def run(self):
+        body, size, waits = self._read()
+        wait_ms = min(self.req["max_wait_ms"], MAX_WAIT_MS_CAP)
+        if size >= max(1, self.req["min_bytes"]) or wait_ms <= 0 or not waits or self.s.shell.call_later is None:
+            self._finish(body)
+            return
+        s = self.s
+        s._fetches.add(self)
+        for stream, offset in waits:
+            self.cancels.append(s.broker.watch(stream, offset, self._woke))
+        self.timer = s.shell.call_later(wait_ms / 1000.0, self._expired)
+
+    def _woke(self, exc):
+        if not self.done:
+            self.cancel()
+            self._finish(self._read()[0])
+
+    def _expired(self):
+        self.timer = None
+        self._woke(None)
+
+    def cancel(self):
+        self.done = True
+        for c in self.cancels:
+            c()
+        self.cancels = []
+        if self.timer is not None:
+            self.timer()
+            self.timer = None
+        self.s._fetches.discard(self)
+
+    def _finish(self, body):
+        self.done = True
+        self.s._answer(self.slot, self.hdr.api_key, self.hdr.version, self.hdr.correlation_id, body)
+
+    def _read(self):
+        s, req = self.s, self.req
+        # the broker caps what one answer holds whatever the client asks (Kafka's fetch.max.bytes)
+        budget = min(req["max_bytes"], FETCH_MAX_BYTES)
+        size = 0
+        waits = []
+        responses = []
+        for t in req["topics"]:
+            parts = []
+            responses.append({"topic": t["topic"], "partitions": parts})
+            for p in t["partitions"]:
+                res = {"partition_index": p["partition"], "error_code": 0, "high_watermark": -1,
+                       "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None,
+                       "preferred_read_replica": -1, "records": b""}
+                parts.append(res)
+                stream = s.shell.stream_of(t["topic"], p["partition"])
+                if stream is None:
+                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if not s._allowed(READ, stream):
+                    res["error_code"] = C.ERR_TOPIC_AUTHORIZATION_FAILED
+                    continue
+                try:
+                    first, hw = s.shell.offsets(stream)
+                except StreamNotFound:
+                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                res.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=first)
+                off = p["fetch_offset"]
+                if off < first or off > hw:
+                    res["error_code"] = C.ERR_OFFSET_OUT_OF_RANGE
+                    continue
+                if off == hw:
+                    waits.append((stream, off))
+                    continue
+                limit = min(p["partition_max_bytes"], budget - size)
+                # Kafka returns at least one batch whatever the limits, so a consumer always progresses
+                data = _read_batches(s.broker, stream, off, limit if size else max(limit, 1))
+                res["records"] = data
+                size += len(data)
+        body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
+        return body, size, waits
+
+
+def _read_batches(broker, stream, offset, limit):
+    """Record batches v2 from ``offset``: one per stored chunk, stopped once ``limit`` bytes are reached
+    (the first batch is always whole). A chunk of another kind (offset tracking) becomes an empty batch
+    over its offsets, so a consumer moves past it."""
+    out = []
+    size = 0
+    pos = offset
+    while size < limit:
+        try:
+            chunks = broker.read_chunks(stream, pos, READ_CHUNKS)
+        except (StreamNotFound, RiverbedError):
+            break
+        if not chunks:
+            break
+        for chunk_id, raw in chunks:
+            n = int.from_bytes(raw[4:8], "big") or 1
+            start = max(pos, chunk_id)
+            if raw[1] != fmt.CHUNK_USER:
+                batch = _empty_batch(start, chunk_id + n - 1)
+            else:
+                chunk_ts = core.read_header(raw)[fmt.H_TIMESTAMP]
+                recs = core.chunk_records(raw, False)
+                kafka = [R.from_stored(r, chunk_ts) for r in recs[start - chunk_id:]]
+                if not kafka:
+                    pos = chunk_id + n
+                    continue
+                kafka = [(ts if ts is not None else chunk_ts, k, v, h) for ts, k, v, h in kafka]
+                batch = C.encode_batch(start, kafka)
+            out.append(batch)
+            size += len(batch)
+            pos = chunk_id + n
+            if size >= limit:
+                break
+    return b"".join(out)
+
+
+def _empty_batch(first, last):
+    # a batch with no records whose offset delta spans ``first..last`` (what compaction leaves in Kafka)
+    b = bytearray(C.encode_batch(first, [(0, None, b"", [])]))
+    # rewrite: zero records, last offset delta, no record bytes
+    head = b[:C.LEN_BATCH_HEADER]
+    C._I32.pack_into(head, 8, C.LEN_BATCH_HEADER - C.LEN_BATCH_OVERHEAD)
+    C._I32.pack_into(head, 23, last - first)
+    C._I32.pack_into(head, 57, 0)
+    C._U32.pack_into(head, 17, C.crc32c(bytes(head[21:])))
+    return bytes(head)
+
+
+def _api_keys():
+    return [{"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(C.SERVED.items())]
+
+
+COMMANDS = {
+    C.API_API_VERSIONS: KafkaSession.api_versions,
+    C.API_METADATA: KafkaSession.metadata,
+    C.API_CREATE_TOPICS: KafkaSession.create_topics,
+    C.API_PRODUCE: KafkaSession.produce,
+    C.API_FETCH: KafkaSession.fetch,
+    C.API_LIST_OFFSETS: KafkaSession.list_offsets,
+    C.API_FIND_COORDINATOR: KafkaSession.find_coordinator,
+    C.API_JOIN_GROUP: KafkaSession.join_group,
+    C.API_SYNC_GROUP: KafkaSession.sync_group,
+    C.API_HEARTBEAT: KafkaSession.heartbeat,
+    C.API_LEAVE_GROUP: KafkaSession.leave_group,
+    C.API_OFFSET_COMMIT: KafkaSession.offset_commit,
+    C.API_OFFSET_FETCH: KafkaSession.offset_fetch,
+    C.API_LIST_GROUPS: KafkaSession.list_groups,
+    C.API_DESCRIBE_GROUPS: KafkaSession.describe_groups,
+    C.API_DELETE_TOPICS: KafkaSession.delete_topics,
+    C.API_CREATE_PARTITIONS: KafkaSession.create_partitions,
+    C.API_DESCRIBE_CONFIGS: KafkaSession.describe_configs,
+    C.API_INIT_PRODUCER_ID: KafkaSession.init_producer_id,
+    C.API_SASL_HANDSHAKE: KafkaSession.sasl_handshake,
+    C.API_SASL_AUTHENTICATE: KafkaSession.sasl_authenticate,
+}
+"""API key -> handler(session, header, request dict). What is here is what ApiVersions advertises."""
+
+assert set(COMMANDS) == set(C.SERVED), "ApiVersions advertises exactly the served APIs"

@@ -1,0 +1,31 @@
+"""Picks the compiled wire parsers (``_wire``) or their pure-Python twin (``_pywire``).
+
+The protocols' frame parsers live in the shells, not the engine: the RabbitMQ Stream frame splitter and
+Publish v1 -> sealed chunk pass, the BSON document splitter and the mewbase PUB recogniser. The switch is
+the engine's: ``RIVERBED_NO_EXTENSIONS=1`` forces the twin; otherwise the compiled module must import. A
+silent fallback would make every benchmark and the "both twins pass" guarantee meaningless, so the test
+suite asserts ``COMPILED`` here as it does for :mod:`riverbed.engine.core` (see tests/conftest.py).
+Outside tests a missing build only logs a warning. Every name is a pure function and thread-safe.
+"""
+
+import logging
+import os
+
+NO_EXTENSIONS = os.environ.get("RIVERBED_NO_EXTENSIONS") == "1"
+
+if NO_EXTENSIONS:
+    from riverbed.shells import _pywire as impl
+else:
+    try:
+        from riverbed.shells import _wire as impl
+    except ImportError as exc:  # pragma: no cover - exercised only on a broken install
+        logging.getLogger("riverbed").warning("compiled wire parsers unavailable (%s); using the pure-Python twin",
+                                              exc)
+        from riverbed.shells import _pywire as impl
+
+COMPILED = impl.COMPILED
+
+split_frames = impl.split_frames            # RabbitMQ Stream: u32 BE size | payload
+split_bson_frames = impl.split_bson_frames  # BSON/TCP: whole documents, i32 LE size first
+publish_chunk = impl.publish_chunk          # RabbitMQ Stream Publish v1 -> a sealed chunk in one pass
+bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised without decoding it

@@ -1,0 +1,106 @@
+"""The engine's replication support (a cluster member, issue 23): chunks stored byte for byte at their
+own ids, the leader epoch stamped into new chunks, truncation of an unconfirmed tail, and the read limit
+(no reader sees past the committed offset)."""
+
+import threading
+
+import pytest
+
+from riverbed.engine import Engine, OffsetSpec, core
+from riverbed.engine.errors import ChunkError
+from riverbed.engine.format import H_CHUNK_ID, H_EPOCH
+
+
+@pytest.fixture
+def pair(tmp_path):
+    a = Engine(tmp_path / "a", fsync="never", retention_interval=0)
+    b = Engine(tmp_path / "b", fsync="never", retention_interval=0)
+    a.create_stream("s").result()
+    b.create_stream("s").result()
+    yield a, b
+    a.close()
+    b.close()
+
+
+def chunks(e, name="s"):
+    return e.read_chunks(name, 0, 1000, limited=False)
+
+
+def test_replicated_chunks_are_byte_identical(pair):
+    a, b = pair
+    a.set_epoch("s", 4)
+    for i in range(5):
+        a.append("s", [b"m%d-%d" % (i, j) for j in range(3)], publishing_ids=[3 * i + j for j in range(3)],
+                 publisher="p").result()
+    src, seqs = a.read_for_replica("s", 0)
+    assert seqs == {"p": 14}
+    assert all(core.read_header(raw)[H_EPOCH] == 4 for _, raw in src)
+    for _, raw in src:
+        b.replicate_chunk("s", raw, sequences=seqs).result()
+    assert chunks(b) == chunks(a)
+    assert b.stream_info("s").next_offset == a.stream_info("s").next_offset == 15
+    assert b.query_publisher_sequence("s", "p") == 14
+    # a member that becomes leader deduplicates as the old leader did
+    res = b.append("s", [b"again"], publishing_ids=[14], publisher="p").result()
+    assert res.duplicates == [14]
+
+
+def test_replica_refuses_gaps_overlaps_and_bad_crc(pair):
+    a, b = pair
+    for i in range(3):
+        a.append("s", [b"x%d" % i]).result()
+    src = chunks(a)
+    with pytest.raises(ChunkError):
+        b.replicate_chunk("s", src[1][1]).result()          # a gap: chunk 1 before chunk 0
+    b.replicate_chunk("s", src[0][1]).result()
+    with pytest.raises(ChunkError):
+        b.replicate_chunk("s", src[0][1]).result()          # an overlap
+    bad = bytearray(src[1][1])
+    bad[-1] ^= 0xFF
+    with pytest.raises(ChunkError):
+        b.replicate_chunk("s", bytes(bad))                   # the CRC is checked before anything is queued
+    assert [c for c, _ in chunks(b)] == [0]
+
+
+def test_truncate_drops_the_tail_and_its_sequences(pair):
+    a, _ = pair
+    for i in range(4):
+        a.append("s", [b"y%d" % i, b"z%d" % i], publishing_ids=[2 * i, 2 * i + 1], publisher="p").result()
+    assert a.truncate("s", 4).result() == 4
+    assert [c for c, _ in chunks(a)] == [0, 2]
+    info = a.stream_info("s")
+    assert (info.next_offset, info.records, info.chunks, info.last_chunk_id) == (4, 4, 2, 2)
+    # the sequence of the removed ids is gone: publishing them again stores them (no loss)
+    res = a.append("s", [b"y2", b"z2"], publishing_ids=[4, 5], publisher="p").result()
+    assert res.duplicates == [] and (res.first_offset, res.last_offset) == (4, 5)
+    with pytest.raises(Exception):
+        a.truncate("s", 5).result()                          # not a chunk boundary
+    assert a.truncate("s", 0).result() == 0
+    assert chunks(a) == [] and a.stream_info("s").chunks == 0
+
+
+def test_read_limit_hides_uncommitted_chunks(pair):
+    a, _ = pair
+    a.set_read_limit("s", 0)
+    a.append("s", [b"r0", b"r1"]).result()
+    a.append("s", [b"r2"]).result()
+    assert a.read_chunks("s", 0, 10) == []
+    assert [c for c, _ in a.read_chunks("s", 0, 10, limited=False)] == [0, 2]
+    assert list(a.scan("s")) == []
+    assert a.resolve("s", OffsetSpec.next()) == 0
+    seen = threading.Event()
+    a.watch("s", 0, lambda exc: seen.set())
+    assert not seen.is_set()
+    a.set_read_limit("s", 2)                                # the first chunk is committed by a majority
+    assert seen.wait(1)
+    assert [c for c, _ in a.read_chunks("s", 0, 10)] == [0]
+    assert [r for _, r in a.scan("s")] == [b"r0", b"r1"]
+    assert a.resolve("s", OffsetSpec.next()) == 2
+    assert a.resolve("s", OffsetSpec.last()) == 0
+    late = threading.Event()
+    a.watch("s", 2, lambda exc: late.set())
+    a.append("s", [b"r3"]).result()                         # a commit alone does not pass the limit
+    assert not late.is_set()
+    a.set_read_limit("s", None)
+    assert late.is_set()
+    assert a.resolve("s", OffsetSpec.next()) == 4

@@ -1,0 +1,85 @@
+"""The bench's server-bound load generator (bench._loadgen, issue 26) against the real server: what it
+counts is what the broker stored and delivered, with a number of messages that is not a multiple of the
+frame size (the last frame is shorter), and its rows come out of ``bench.compare`` beside the others."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
+
+from procs import ServerProcess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+N = 12_345           # 2 frames of 5,000 and one of 2,345
+SIZE = 64
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def never_server(tmp_path_factory):
+    srv = ServerProcess(tmp_path_factory.mktemp("loadgen") / "data", "--fsync", "never").start()
+    yield srv
+    assert srv.stop() == 0, srv.log()
+
+
+def run_client(workload, port, stream, *extra):
+    p = subprocess.run([sys.executable, "-m", "bench._client", workload, "--port", str(port), "--stream", stream,
+                        "--n", str(N), "--size", str(SIZE), "--no-sync", *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT "):])
+
+
+async def count_with_rstream(port, stream, expect):
+    """Every record in the stream, read by a real client (its own decoder), until none comes for 0.5 s."""
+    got = []
+    done = asyncio.Event()
+
+    async def on_message(msg, ctx):
+        got.append(bytes(msg))
+        if len(got) >= expect:
+            done.set()
+
+    async with Consumer("127.0.0.1", port, username="guest", password="guest") as c:
+        await c.subscribe(stream, on_message, offset_specification=ConsumerOffsetSpecification(OffsetType.FIRST, None))
+        await asyncio.wait_for(done.wait(), 30)
+        await asyncio.sleep(0.5)
+        await c.delete_stream(stream)
+    return got
+
+
+def test_loadgen_publish_stores_every_message_it_counts_as_confirmed(never_server):
+    r = run_client("loadgen-publish", never_server.port, "lg-pub", "--keep-stream")
+    assert r["n"] == N and r["s1"]["t"] > r["s0"]["t"]
+    got = asyncio.run(count_with_rstream(never_server.port, "lg-pub", N + 5000))
+    # the untimed warm-up frame (5,000) and the timed N, nothing lost or doubled
+    assert len(got) == N + 5000 and set(got) == {b"x" * SIZE}
+
+
+def test_loadgen_consume_counts_every_record_from_the_chunk_headers(never_server):
+    r = run_client("loadgen-consume", never_server.port, "lg-con")
+    assert r["received"] == N and r["received_bytes"] == N * SIZE
+    assert r["chunks"] >= N // 1000      # chunks hold at most 1,000 records here
+
+
+def test_bench_compare_runs_the_loadgen_rows(tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none",
+                        "--workloads", "loadgen-publish,loadgen-publish-2,loadgen-consume", "--n", "20000",
+                        "--rounds", "1", "--durable-fsync", "none", "--max-tries", "1", "--quiet-wait", "0",
+                        "--no-chart", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert all(run["ok"] for run in doc["runs"]), [run.get("error") for run in doc["runs"]]
+    by = {run["workload"]: run for run in doc["runs"]}
+    assert by["loadgen-publish-2"]["n"] == 40000 and by["loadgen-publish-2"]["clients"] == 2
+    for w in ("loadgen-publish", "loadgen-publish-2", "loadgen-consume"):
+        assert by[w]["msgs_per_s"] > 0 and by[w]["client_cpu_s"] >= 0 and by[w]["server_cpu_s"] >= 0
+    assert "loadgen publish" in r.stdout and "client CPU" in r.stdout

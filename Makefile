@@ -72,12 +72,15 @@ bench-compare: install
 # tests/fuzz/corpus/<target> (minimised at the end), findings into .fuzz/findings; prints inputs, exec/s,
 # uncaught exceptions, hangs and peak RSS per target and exits 1 on any. Logs: .fuzz/fuzz-<target>.log.
 # FUZZ_RUNS=1000000 stops each target after that many inputs (FUZZ_SECONDS still caps it).
+# FUZZ_ACCUMULATE=1: FUZZ_RUNS is a total over runs (.fuzz/totals/), each run adds to it; `python -m
+# tests.fuzz.runner totals` prints the sums.
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,record,chunk
 FUZZ_RUNS ?= 0
 fuzz: install
 	@$(BIN)/python -c "import atheris" 2>/dev/null || $(PIP) install -q -e '.[test,fuzz]'
-	$(BIN)/python -m tests.fuzz.runner campaign --seconds $(FUZZ_SECONDS) --runs $(FUZZ_RUNS) --targets $(FUZZ_TARGETS)
+	$(BIN)/python -m tests.fuzz.runner campaign --seconds $(FUZZ_SECONDS) --runs $(FUZZ_RUNS) --targets $(FUZZ_TARGETS) \
+		$(if $(FUZZ_ACCUMULATE),--accumulate)
 
 # Network soak: a real server, malformed traffic on every listener, well-behaved clients of every
 # protocol, then a SIGTERM and restart; exits 1 on any failed check. SOAK_MINUTES=10 for the full run.

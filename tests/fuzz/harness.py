@@ -26,7 +26,9 @@ SPLIT_MASK = 0x03
 HANG_SECONDS = 3.0           # an input that takes longer than this is a hang (same bound as the soak)
 INPUT_MEMORY_MAX = 32 << 20  # bytes one input may allocate at its peak (checked under tracemalloc)
 RSS_MAX = 300 << 20          # a fuzz process's peak RSS bound, bytes
-RESET_EVERY = 5000           # inputs between engine resets (bounds disk, streams and map pages)
+RESET_EVERY = int(os.environ.get("FUZZ_RESET_EVERY", "500"))  # inputs between engine resets: bounds disk, map
+# pages, and the streams that inputs publish to and then read from their start (zmq, ream, rmq, ws seeds all
+# do): at 5,000 a late input replayed thousands of earlier inputs' records, a 4x slowdown; a reset costs ~50 ms
 
 
 class InvariantBroken(AssertionError):

@@ -9,7 +9,11 @@
 * ``campaign [--seconds N] [--runs N] [--targets a,b]`` - ``fuzz`` each target in its own process, one after the
   other, then minimise each corpus (libFuzzer ``-merge=1``) and print a table: inputs, exec/s, findings
   (uncaught exceptions by signature), hangs, peak RSS. Exits 1 on any finding, hang, or a peak RSS over
-  300 MB. ``make fuzz`` runs this.
+  300 MB. ``make fuzz`` runs this. With ``--accumulate``, ``--runs`` is a total over invocations: each
+  finished (or interrupted) run of a target is appended to ``.fuzz/totals/TARGET.json`` and the next
+  campaign runs only what is missing, so a million inputs can be collected over several sittings.
+* ``totals [--targets a,b] [--json FILE]`` - the accumulated runs of each target summed: inputs, uncaught
+  exceptions, hangs, the highest peak RSS (``--json`` also writes them, with every run, to FILE).
 
 An uncaught exception does not stop a campaign: it is counted under its signature (exception type and
 innermost Riverbed frame), its first input is saved, and the fuzzing goes on, so one run reports every
@@ -265,22 +269,96 @@ def _merge(name):
     return len(list(d.iterdir())), sum(p.stat().st_size for p in d.iterdir())
 
 
-def cmd_campaign(names, seconds, merge, runs=0):
+TOTALS = WORK / "totals"
+
+
+def load_totals(name):
+    """The accumulated runs of ``name``: ``[row, ...]`` as the campaign recorded them."""
+    path = TOTALS / f"{name}.json"
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def add_total(name, row):
+    TOTALS.mkdir(parents=True, exist_ok=True)
+    runs = load_totals(name) + [row]
+    tmp = TOTALS / f"{name}.json.tmp"
+    tmp.write_text(json.dumps({"target": name, "runs": runs}, indent=1))
+    os.replace(tmp, TOTALS / f"{name}.json")
+
+
+def sum_runs(name, runs):
+    """One target's accumulated figures: sums of inputs, seconds, uncaught exceptions and hangs; the
+    highest peak RSS of any run (each run is its own process)."""
+    findings = {}
+    for r in runs:
+        for sig, n in r.get("findings", {}).items():
+            findings[sig] = findings.get(sig, 0) + n
+    secs = sum(r["seconds"] for r in runs)
+    inputs = sum(r["inputs"] for r in runs)
+    return {"target": name, "runs": len(runs), "inputs": inputs, "seconds": round(secs, 1),
+            "exec_per_s": round(inputs / secs) if secs else 0,
+            "uncaught": sum(r["uncaught"] for r in runs), "hangs": sum(r["hangs"] for r in runs),
+            "peak_rss_mb": max((r["peak_rss_mb"] for r in runs), default=0),
+            "oom": any(r.get("oom") for r in runs), "findings": findings}
+
+
+def _git_commit():
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "engine", "shells"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except OSError:
+        return "?"
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _on_sigterm(signum, frame):
+    raise _Interrupted()
+
+
+def cmd_campaign(names, seconds, merge, runs=0, accumulate=False):
+    import signal
+
     WORK.mkdir(exist_ok=True)
     rows = []
     failed = False
+    interrupted = False
+    # SIGTERM (or ^C) ends the running target with SIGINT, on which libFuzzer prints its final stats:
+    # the inputs it ran still count (--accumulate records them) and the campaign stops there
+    signal.signal(signal.SIGTERM, _on_sigterm)
     for name in names:
+        if interrupted:
+            break
+        want = runs
+        if accumulate and runs:
+            done = sum(r["inputs"] for r in load_totals(name))
+            want = runs - done
+            if want <= 0:
+                print(json.dumps({"target": name, "skipped": f"{done} inputs accumulated"}), flush=True)
+                continue
         stats_path = WORK / f"stats-{name}.json"
         log_path = WORK / f"fuzz-{name}.log"
         stats_path.unlink(missing_ok=True)
         t0 = time.monotonic()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         with open(log_path, "w") as log:
             cmd = [sys.executable, "-m", "tests.fuzz.runner", "fuzz", name, "--seconds", str(seconds),
                    "--stats", str(stats_path)]
-            if runs:
-                cmd += [f"--lf=-runs={runs}"]
+            if want:
+                cmd += [f"--lf=-runs={want}"]
             p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-            _, status, usage = os.wait4(p.pid, 0)
+            while True:
+                try:
+                    _, status, usage = os.wait4(p.pid, 0)
+                    break
+                except (KeyboardInterrupt, _Interrupted):
+                    interrupted = True
+                    p.send_signal(signal.SIGINT)
         sweep_tmp()
         rc = os.waitstatus_to_exitcode(status)
         text = log_path.read_text(errors="replace")
@@ -294,12 +372,18 @@ def cmd_campaign(names, seconds, merge, runs=0):
         row = {"target": name, "inputs": inputs, "seconds": round(secs, 1), "exec_per_s": round(inputs / secs),
                "uncaught": st.get("uncaught", 0), "hangs": st.get("hangs", 0) + (1 if libfuzzer_hang else 0),
                "peak_rss_mb": round(usage.ru_maxrss / 1024, 1), "oom": oom, "exit": rc,
-               "findings": {k: v["count"] for k, v in st.get("findings", {}).items()}}
-        if merge:
+               "findings": {k: v["count"] for k, v in st.get("findings", {}).items()},
+               "started": started, "commit": _git_commit(), "interrupted": interrupted}
+        if interrupted and not executed:
+            row["inputs"] = st["inputs"]
+        if accumulate:
+            add_total(name, row)
+        if merge and not interrupted:
             row["corpus_files"], row["corpus_bytes"] = _merge(name)
             sweep_tmp()
         rows.append(row)
-        failed |= bool(row["uncaught"] or row["hangs"] or oom or rc not in (0,) or row["peak_rss_mb"] > 300)
+        failed |= bool(row["uncaught"] or row["hangs"] or oom or (rc != 0 and not interrupted)
+                       or row["peak_rss_mb"] > 300)
         print(json.dumps(row), flush=True)
     print()
     print(f"{'target':8} {'inputs':>10} {'exec/s':>8} {'uncaught':>8} {'hangs':>5} {'peak RSS MB':>11} {'corpus':>12}")
@@ -311,7 +395,29 @@ def cmd_campaign(names, seconds, merge, runs=0):
             print(f"    {n:>8} x {sig}")
     with open(WORK / f"campaign-{'-'.join(names)}.json", "w") as f:
         json.dump(rows, f, indent=1)
-    return 1 if failed else 0
+    if accumulate:
+        print()
+        cmd_totals(names)
+    return 1 if failed or interrupted else 0
+
+
+def cmd_totals(names, json_path=None):
+    """Print (and with ``json_path`` write) each target's accumulated figures."""
+    sums = []
+    print(f"{'target':8} {'runs':>4} {'inputs':>10} {'exec/s':>8} {'uncaught':>8} {'hangs':>5} {'peak RSS MB':>11}")
+    for name in names:
+        runs = load_totals(name)
+        if not runs:
+            continue
+        t = sum_runs(name, runs)
+        sums.append(dict(t, each_run=runs))
+        print(f"{name:8} {t['runs']:>4} {t['inputs']:>10} {t['exec_per_s']:>8} {t['uncaught']:>8} {t['hangs']:>5} "
+              f"{t['peak_rss_mb']:>11}")
+        for sig, n in t["findings"].items():
+            print(f"    {n:>8} x {sig}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(sums, indent=1) + "\n")
+    return 1 if any(t["uncaught"] or t["hangs"] or t["oom"] or t["peak_rss_mb"] > 300 for t in sums) else 0
 
 
 def main(argv=None):
@@ -339,6 +445,11 @@ def main(argv=None):
     c.add_argument("--no-merge", action="store_true")
     c.add_argument("--runs", type=int, default=int(os.environ.get("FUZZ_RUNS", "0")),
                    help="stop a target after this many inputs (0: only the time limit)")
+    c.add_argument("--accumulate", action="store_true",
+                   help="--runs is a total: add this campaign's runs to .fuzz/totals/ and run only what is missing")
+    tt = sub.add_parser("totals")
+    tt.add_argument("--targets", default=",".join(TARGETS))
+    tt.add_argument("--json", help="also write the sums and every run to this file")
     a = ap.parse_args(argv)
     if a.cmd == "seed":
         cmd_seed(a.targets or list(TARGETS), a.hypothesis)
@@ -353,7 +464,9 @@ def main(argv=None):
     if a.cmd == "fuzz":
         cmd_fuzz(a.target, a.seconds, a.stats, a.stop_on_crash, a.lf, a.raw)
         return 0
-    return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge, a.runs)
+    if a.cmd == "totals":
+        return cmd_totals([n for n in a.targets.split(",") if n], a.json)
+    return cmd_campaign([n for n in a.targets.split(",") if n], a.seconds, not a.no_merge, a.runs, a.accumulate)
 
 
 if __name__ == "__main__":

@@ -400,85 +400,91 @@ async def run(args):
     log_path = work / "server.log"
     data_dir = work / "data"
     server = Server(data_dir, log_path).start()
-    ports = server.ports
-    res = Results()
-    fds_start = server.fds()
-    summary = {"ports": ports, "work": str(work), "seconds": args.seconds}
-    stop = asyncio.Event()
-    sys.path.insert(0, str(ROOT))
-    from tests.fuzz import t_bson, t_ream, t_rmq
-    from tests.fuzz.targets import corpus_inputs, make_target
+    try:
+        ports = server.ports
+        res = Results()
+        fds_start = server.fds()
+        summary = {"ports": ports, "work": str(work), "seconds": args.seconds}
+        stop = asyncio.Event()
+        sys.path.insert(0, str(ROOT))
+        from tests.fuzz import t_bson, t_ream, t_rmq
+        from tests.fuzz.targets import corpus_inputs, make_target
 
-    n_ex = 60 if args.seconds < 120 else 200
-    ex = {}
-    for name in ("rmq", "bson", "ream"):
-        target = make_target(name, work / f"seeds-{name}")
-        try:
-            ex[name] = examples(name, n_ex, args.seed) + list(target.seeds())
-        finally:
-            target.close()
-    ex["ws"] = examples("ws", n_ex, args.seed)
-    ex["zmq"] = examples("zmq", n_ex, args.seed)
-    corpus = {name: [d for _, d in corpus_inputs(name)] for name in ("rmq", "bson", "ream", "ws", "zmq")}
+        n_ex = 60 if args.seconds < 120 else 200
+        ex = {}
+        for name in ("rmq", "bson", "ream"):
+            target = make_target(name, work / f"seeds-{name}")
+            try:
+                ex[name] = examples(name, n_ex, args.seed) + list(target.seeds())
+            finally:
+                target.close()
+        ex["ws"] = examples("ws", n_ex, args.seed)
+        ex["zmq"] = examples("zmq", n_ex, args.seed)
+        corpus = {name: [d for _, d in corpus_inputs(name)] for name in ("rmq", "bson", "ream", "ws", "zmq")}
 
-    good = [good_rmq(ports["rabbitmq-stream"], stop, res), good_bson(ports["bson"], stop, res),
-            good_zmq(ports["zmq"], stop, res), good_ws(ports["ws"], stop, res), good_ream(ports["text"], stop, res),
-            good_http(ports["http"], stop, res)]
-    rmq_probe = t_rmq.PROBE_HANDSHAKE
-    hostile = [
-        hostile_stream("stream", ports["rabbitmq-stream"], stop, res, ex["rmq"], t_rmq.PRELUDE, rmq_probe,
-                       rmq_answered(0x8011), random.Random(rng.random())),
-        hostile_stream("bson", ports["bson"], stop, res, ex["bson"], t_bson.PRELUDE, t_bson.PROBE_OPEN,
-                       bson_answered, random.Random(rng.random())),
-        hostile_stream("text", ports["text"], stop, res, [e for e in ex["ream"]], t_ream.PRELUDE, b"\n" + t_ream.PROBE,
-                       text_answered, random.Random(rng.random())),
-        hostile_ws(ports["ws"], stop, res, ex["ws"], random.Random(rng.random())),
-        hostile_zmq(ports["zmq"], stop, res, ex["zmq"], random.Random(rng.random())),
-        hostile_http("http", ports["http"], stop, res, random.Random(rng.random())),
-        hostile_http("ws-http", ports["ws"], stop, res, random.Random(rng.random())),
-    ]
-    for listener, name in (("stream", "rmq"), ("bson", "bson"), ("text", "ream"), ("ws", "ws"), ("zmq", "zmq"),
-                           ("http", None)):
-        port = ports[{"stream": "rabbitmq-stream"}.get(listener, listener)]
-        hostile.append(hostile_raw(listener, port, stop, res, corpus.get(name, []), random.Random(rng.random())))
-        hostile.append(slowloris(listener, port, stop, res, random.Random(rng.random())))
-        hostile.append(flood(listener, port, stop, res, random.Random(rng.random())))
+        good = [good_rmq(ports["rabbitmq-stream"], stop, res), good_bson(ports["bson"], stop, res),
+                good_zmq(ports["zmq"], stop, res), good_ws(ports["ws"], stop, res), good_ream(ports["text"], stop, res),
+                good_http(ports["http"], stop, res)]
+        rmq_probe = t_rmq.PROBE_HANDSHAKE
+        hostile = [
+            hostile_stream("stream", ports["rabbitmq-stream"], stop, res, ex["rmq"], t_rmq.PRELUDE, rmq_probe,
+                           rmq_answered(0x8011), random.Random(rng.random())),
+            hostile_stream("bson", ports["bson"], stop, res, ex["bson"], t_bson.PRELUDE, t_bson.PROBE_OPEN,
+                           bson_answered, random.Random(rng.random())),
+            hostile_stream("text", ports["text"], stop, res, [e for e in ex["ream"]], t_ream.PRELUDE, b"\n" + t_ream.PROBE,
+                           text_answered, random.Random(rng.random())),
+            hostile_ws(ports["ws"], stop, res, ex["ws"], random.Random(rng.random())),
+            hostile_zmq(ports["zmq"], stop, res, ex["zmq"], random.Random(rng.random())),
+            hostile_http("http", ports["http"], stop, res, random.Random(rng.random())),
+            hostile_http("ws-http", ports["ws"], stop, res, random.Random(rng.random())),
+        ]
+        for listener, name in (("stream", "rmq"), ("bson", "bson"), ("text", "ream"), ("ws", "ws"), ("zmq", "zmq"),
+                               ("http", None)):
+            port = ports[{"stream": "rabbitmq-stream"}.get(listener, listener)]
+            hostile.append(hostile_raw(listener, port, stop, res, corpus.get(name, []), random.Random(rng.random())))
+            hostile.append(slowloris(listener, port, stop, res, random.Random(rng.random())))
+            hostile.append(flood(listener, port, stop, res, random.Random(rng.random())))
 
-    samples = []
+        samples = []
 
-    async def monitor():
-        while not stop.is_set():
-            if not server.alive():
-                summary["crashed"] = True
-                stop.set()
-                return
-            samples.append((time.monotonic(), server.status_kb("VmRSS"), server.status_kb("RssAnon")))
-            await asyncio.sleep(1.0)
+        async def monitor():
+            while not stop.is_set():
+                if not server.alive():
+                    summary["crashed"] = True
+                    stop.set()
+                    return
+                samples.append((time.monotonic(), server.status_kb("VmRSS"), server.status_kb("RssAnon")))
+                await asyncio.sleep(1.0)
 
-    t0 = time.monotonic()
-    tasks = [asyncio.create_task(c) for c in good + hostile] + [asyncio.create_task(monitor())]
-    done, _ = await asyncio.wait(tasks, timeout=args.seconds, return_when=asyncio.FIRST_EXCEPTION)
-    stop.set()
-    _, pending = await asyncio.wait(tasks, timeout=30)
-    for t in pending:
-        t.cancel()
-    errors = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
-    elapsed = time.monotonic() - t0
+        t0 = time.monotonic()
+        tasks = [asyncio.create_task(c) for c in good + hostile] + [asyncio.create_task(monitor())]
+        done, _ = await asyncio.wait(tasks, timeout=args.seconds, return_when=asyncio.FIRST_EXCEPTION)
+        stop.set()
+        _, pending = await asyncio.wait(tasks, timeout=30)
+        for t in pending:
+            t.cancel()
+        errors = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        elapsed = time.monotonic() - t0
 
-    # file descriptors back to the baseline once every client has gone
-    await asyncio.sleep(2.0)
-    deadline = time.monotonic() + 20
-    fds_end = server.fds() if server.alive() else None
-    while server.alive() and fds_end > fds_start and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        fds_end = server.fds()
-    warm = [s for s in samples if s[0] - t0 >= min(10.0, args.seconds / 4)] or samples
-    rss_base, anon_base = (warm[0][1], warm[0][2]) if warm else (0, 0)
-    rss_end, anon_end = (samples[-1][1], samples[-1][2]) if samples else (0, 0)
-    anon_max = max((s[2] for s in samples), default=0)
+        # file descriptors back to the baseline once every client has gone
+        await asyncio.sleep(2.0)
+        deadline = time.monotonic() + 20
+        fds_end = server.fds() if server.alive() else None
+        while server.alive() and fds_end > fds_start and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            fds_end = server.fds()
+        warm = [s for s in samples if s[0] - t0 >= min(10.0, args.seconds / 4)] or samples
+        rss_base, anon_base = (warm[0][1], warm[0][2]) if warm else (0, 0)
+        rss_end, anon_end = (samples[-1][1], samples[-1][2]) if samples else (0, 0)
+        anon_max = max((s[2] for s in samples), default=0)
 
-    alive = server.alive()
-    exit_status = server.stop() if alive else server.proc.returncode
+        alive = server.alive()
+        exit_status = server.stop() if alive else server.proc.returncode
+    except BaseException:
+        # a soak that fails before its end (a bad input list, an interrupt) still stops its server
+        if server.alive():
+            server.stop()
+        raise
     errs_counts, errs_announced = log_errors(server.lines)
 
     # restart, and read every confirmed message back out of the log

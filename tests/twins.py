@@ -16,3 +16,10 @@ def both(compiled, python, name, *args):
     expected = outcome(getattr(python, name), *args)
     assert outcome(getattr(compiled, name), *args) == expected, name
     return expected
+
+
+def check_public_names(compiled, python, names):
+    """Both modules have every one of ``names``, and each says which twin it is (``COMPILED``)."""
+    for name in names:
+        assert hasattr(compiled, name) and hasattr(python, name), name
+    assert compiled.COMPILED is True and python.COMPILED is False

@@ -314,9 +314,7 @@ def _both(name, *args):
 @needs_compiled
 def test_both_twins_have_the_same_public_names():
     from riverbed.engine import _core
-    for name in PUBLIC:
-        assert hasattr(_core, name) and hasattr(_pycore, name), name
-    assert _core.COMPILED is True and _pycore.COMPILED is False
+    twins.check_public_names(_core, _pycore, PUBLIC)
 
 
 @needs_compiled

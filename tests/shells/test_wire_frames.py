@@ -62,9 +62,7 @@ def _both(name, *args):
 @needs_compiled
 def test_both_twins_have_the_same_public_names():
     from riverbed.shells import _wire
-    for name in PUBLIC:
-        assert hasattr(_wire, name) and hasattr(_pywire, name), name
-    assert _wire.COMPILED is True and _pywire.COMPILED is False
+    twins.check_public_names(_wire, _pywire, PUBLIC)
 
 
 def _feed(split, stream, cuts, max_size):

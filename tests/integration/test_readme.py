@@ -227,7 +227,7 @@ def test_ream_transcript(block, kind, lang, code, lineno):
     expected = [ln[3:] for ln in code.splitlines() if ln.startswith("S: ")]
     assert sent and expected
     block.start_server()
-    with socket.create_connection(("127.0.0.1", block.ports["text_port"]), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", block.ports["ream_port"]), timeout=10) as sock:
         assert _ream_lines(sock, 1) == ["REAM 1.0"]
         sock.sendall("".join(line + "\n" for line in sent).encode("utf-8"))
         got = _ream_lines(sock, len(expected))

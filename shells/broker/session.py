@@ -328,7 +328,8 @@ class SessionKernel:
         """Hook: reading resumed (a session that stopped mid-buffer picks its input up again)."""
 
     def _tails(self):
-        """Hook: the broker Tails delivering to this connection (paused with the transport)."""
+        """Hook: the broker Tails delivering to this connection (paused with the transport); by default
+        those of ``self.subscriptions``' :class:`~riverbed.shells.broker.subscription.Subscription` values."""
         return [sub.tail for sub in self.subscriptions.values() if sub.tail is not None]
 
     def _on_writable(self):

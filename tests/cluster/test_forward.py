@@ -1,0 +1,249 @@
+"""Forwarding (issues 23 and 25): a publish through any protocol to a node that does not lead the stream
+is forwarded to the leader and acknowledged once the leader's majority holds it, with the leader's
+offsets; the log holds it once, at the same offsets on every member; a named RabbitMQ publisher retrying
+through another node is deduplicated; kill -9 of the leader while every protocol publishes through the
+other nodes loses nothing acknowledged. Real etcd and three ``riverbed serve`` nodes."""
+
+import asyncio
+import collections
+import json
+import struct
+import threading
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+
+import rawwire
+from clusterproc import Cluster
+from fwdclients import markers, publisher
+from test_replication import connect, leader_of, publish_batches, stream_of, wait_placed
+from test_rmq_dedup import read_stream
+
+pytestmark = pytest.mark.integration
+
+PROTOCOLS = ("rmq", "bson", "zmq", "ws", "ream")
+ALL_LISTENERS = ("--bson-port", "0", "--zmq-port", "0", "--ws-port", "0", "--text-port", "0", "--kafka-port", "0")
+
+
+@pytest.fixture
+def cluster3all(tmp_path, etcd):
+    """etcd and three nodes with every listener on (loopback, port 0)."""
+    c = Cluster(tmp_path, etcd, extra=ALL_LISTENERS)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def forwarded_metric(srv, stream):
+    with urllib.request.urlopen(f"http://127.0.0.1:{srv.ports['http']}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    for line in text.splitlines():
+        if line.startswith(f'riverbed_forwarded_publishes_total{{stream="{stream}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def ws_publish(srv, stream, first, n):
+    """Publish ``n`` messages over a WebSocket; a resend after them waits for their commit (the
+    session's read-your-writes), and no error frame may come."""
+    async def go():
+        async with aiohttp.ClientSession() as s:
+            ws = await s.ws_connect(f"http://127.0.0.1:{srv.ports['ws']}/api/v1/ws")
+            for i in range(first, first + n):
+                await ws.send_str(json.dumps({"type": "publish", "stream": stream, "msg": json.dumps({"m": f"ws-{i}"})}))
+            await ws.send_str(json.dumps({"type": "resend", "stream": stream, "sub": "x", "resend_last": 1}))
+            while True:
+                msg = json.loads((await ws.receive(timeout=15)).data)
+                assert msg[1] != 7, msg                     # TYPE_ERROR: a publish failed
+                if msg[1] in (5, 6):                        # resent / no_resend
+                    return
+    asyncio.run(asyncio.wait_for(go(), 30))
+
+
+def settled(cluster, stream, total):
+    cluster.wait(lambda st: all(m["committed_offset"] == total and m["lag"] == 0
+                                for m in stream_of(st, stream)["members"]), what=f"every member at {total}")
+
+
+def test_every_protocol_publishes_through_non_leaders(cluster3all):
+    c = cluster3all
+    n1, n2, n3 = (c.nodes[n] for n in ("n1", "n2", "n3"))
+    cl = connect(n1.port)
+    assert cl.create("fwd") == rawwire.OK
+    cl.close()
+    wait_placed(c, "fwd")
+    assert leader_of(c, "fwd") == "n1"
+    # RabbitMQ Stream through n2: a named publisher, confirmed with the leader's majority
+    confirmed, errors = publish_batches(n2.port, "fwd", 0, 300, batch=100, ref="p1")
+    assert errors == {} and confirmed == set(range(300))
+    # the same publisher retries the same ids through n3: confirmed again, stored once (the leader's
+    # publisher sequence dropped them)
+    confirmed, errors = publish_batches(n3.port, "fwd", 200, 100, batch=100, ref="p1")
+    assert errors == {} and confirmed == set(range(200, 300))
+    # every other protocol, acknowledged one by one, through a node that does not lead the stream
+    sent = {"rmq": set(range(300))}
+    for proto, srv in (("bson", n3), ("zmq", n2), ("ws", n3), ("ream", n2)):
+        pub = publisher(proto, srv, "fwd")
+        for i in range(20):
+            assert pub.publish(i), (proto, i)
+        pub.close()
+        sent[proto] = set(range(20))
+    ws_publish(n2, "fwd", 100, 20)          # WebSocket frames too (not only its REST publish)
+    sent["ws"] |= set(range(100, 120))
+    # Kafka does not forward: a node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+    kp = KafkaProducer(bootstrap_servers=f"127.0.0.1:{n3.ports['kafka']}", acks="all", retries=0,
+                       enable_idempotence=False)
+    with pytest.raises(KafkaError) as refused:
+        kp.send("fwd", b"kafka-0").get(timeout=15)
+    kp.close()
+    assert refused.value.errno == 6, refused.value
+    total = 300 + 4 * 20 + 20
+    settled(c, "fwd", total)
+    logs = {name: read_stream(srv.port, "fwd") for name, srv in c.nodes.items()}
+    assert logs["n1"] == logs["n2"] == logs["n3"], "the members' logs differ"
+    got = markers(logs["n1"])
+    assert len(got) == total and len(set(got)) == total, (len(logs["n1"]), collections.Counter(p for p, _ in got), logs["n1"][:2], logs["n1"][-2:])
+    assert not any(b"kafka-0" in r for r in logs["n1"])
+    for proto in PROTOCOLS:
+        assert {i for p, i in got if p == proto} == sent[proto], proto
+    # the forwarding nodes count what they forwarded (records the leader stored); the leader forwards nothing
+    assert forwarded_metric(n2, "fwd") == 300 + 20 + 20 + 20      # rmq, zmq, ream, ws frames
+    assert forwarded_metric(n3, "fwd") == 20 + 20                 # bson, ws REST; the dedup retry stored 0
+    assert forwarded_metric(n1, "fwd") == 0
+    # a StoreOffset on a member reaches the leader and, with the log, every member
+    cl = connect(n3.port)
+    cl.send(rawwire.frame(0x0A, rawwire.s("reader-1") + rawwire.s("fwd") + struct.pack(">Q", 42)))
+    cl.close()
+    for srv in (n1, n2, n3):
+        assert query_offset(srv.port, "fwd", "reader-1") == 42, srv
+    stream_made_by_a_publish_is_found_by_the_other_nodes(c)
+
+
+def stream_made_by_a_publish_is_found_by_the_other_nodes(c):
+    """A publish creates a stream on n3 (REAM); publishes through n2 (BSON) and n1 (ZeroMQ) right after
+    find it in etcd, before their own copies exist, and are forwarded to n3 rather than making rivals."""
+    n1, n2, n3 = (c.nodes[n] for n in ("n1", "n2", "n3"))
+    ream = publisher("ream", n3, "made")
+    assert ream.publish(0)
+    bsonp, zmqp = publisher("bson", n2, "made"), publisher("zmq", n1, "made")
+    for i in range(10):
+        assert bsonp.publish(i) and zmqp.publish(i) and ream.publish(i + 1)
+    for p in (ream, bsonp, zmqp):
+        p.close()
+    st = wait_placed(c, "made")
+    assert stream_of(st, "made")["leader"] == "n3" and stream_of(st, "made")["epoch"] == 1
+    settled(c, "made", 31)
+    logs = {name: read_stream(srv.port, "made") for name, srv in c.nodes.items()}
+    assert logs["n1"] == logs["n2"] == logs["n3"]
+    assert sorted(markers(logs["n1"])) == sorted([("ream", i) for i in range(11)] + [("bson", i) for i in range(10)]
+                                                 + [("zmq", i) for i in range(10)])
+
+
+def query_offset(port, stream, ref, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        cl = connect(port)
+        try:
+            code, body = cl.request(0x0B, rawwire.s(ref) + rawwire.s(stream))
+        finally:
+            cl.close()
+        if code == rawwire.OK:
+            return struct.unpack_from(">Q", body, 0)[0]
+        assert time.monotonic() < deadline, f"no offset of {ref} on {port} (code {code})"
+        time.sleep(0.1)
+
+
+def malformed_forward_frames_drop_only_their_connection(cluster, node):
+    """A forwarding connection with a malformed frame is closed by the leader; the node goes on."""
+    import socket
+
+    from riverbed.shells.cluster import forward_wire as fw
+    from riverbed.shells.cluster import wire
+    port = next(n["replication_port"] for n in cluster.status()["nodes"] if n["name"] == node)
+    bad = [wire.frame(fw.FWD_APPEND, b"\x00" * 9 + b"\xff\xff"),                        # a name past the end
+           wire.frame(fw.FWD_APPEND, struct.pack(">QB", 1, 0x80) + b"\x00\x01s\x00\x00" + b"\x00" * 8),
+           wire.frame(fw.FWD_OFFSET, b"\x01"),
+           wire.frame(fw.FWD_RESULT, b"")]                                                 # not the leader's to get
+    for frame in bad:
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(fw.encode_hello("intruder") + frame)
+        assert s.recv(1024) == b"", "the connection stayed open"
+        s.close()
+
+
+def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3all):
+    """kill -9 of the leader while the five protocols publish with acknowledgements through the other two
+    nodes: every acknowledged message is in the final log (the RabbitMQ publisher, retrying with its
+    ids, exactly once), and the survivors hold the same log."""
+    c = cluster3all
+    cl = connect(c.nodes["n1"].port)
+    assert cl.create("kl") == rawwire.OK
+    cl.close()
+    wait_placed(c, "kl")
+    assert leader_of(c, "kl") == "n1"
+    malformed_forward_frames_drop_only_their_connection(c, "n1")
+    routes = {"rmq": "n2", "bson": "n3", "zmq": "n2", "ws": "n3", "ream": "n2"}
+    acked = {p: set() for p in PROTOCOLS}
+    after = dict.fromkeys(PROTOCOLS, 0)
+    stop, killed = threading.Event(), threading.Event()
+
+    def run(proto):
+        srv = c.nodes[routes[proto]]
+        pub, n = None, 0
+        while not stop.is_set():
+            try:
+                if pub is None:
+                    pub = publisher(proto, srv, "kl", ref="kill-ref")
+                if pub.publish(n):
+                    acked[proto].add(n)
+                    if killed.is_set():
+                        after[proto] += 1
+                    n += 1
+                else:
+                    time.sleep(0.05)      # refused: the same message again (RabbitMQ: the same id)
+            except (OSError, ConnectionError, AssertionError):
+                if pub is not None:
+                    pub.close()
+                pub = None
+                time.sleep(0.1)
+        if pub is not None:
+            pub.close()
+    threads = [threading.Thread(target=run, args=(p,), daemon=True) for p in PROTOCOLS]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 30
+        while min(len(a) for a in acked.values()) < 20:
+            assert time.monotonic() < deadline, {p: len(a) for p, a in acked.items()}
+            time.sleep(0.05)
+        c.nodes["n1"].kill()
+        killed.set()
+        deadline = time.monotonic() + 40
+        while min(after.values()) < 20:
+            assert time.monotonic() < deadline, f"acknowledged after the kill: {after}"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+    new = leader_of(c, "kl", not_this="n1")
+    other = ({"n2", "n3"} - {new}).pop()
+    deadline = time.monotonic() + 20
+    while True:
+        logs = {n: read_stream(c.nodes[n].port, "kl") for n in (new, other)}
+        if logs[new] == logs[other]:
+            break
+        assert time.monotonic() < deadline, "the survivors' logs differ"
+        time.sleep(0.2)
+    got = markers(logs[new])
+    for proto in PROTOCOLS:
+        stored = [i for p, i in got if p == proto]
+        assert acked[proto] <= set(stored), f"{proto}: acknowledged messages lost: {sorted(acked[proto] - set(stored))[:10]}"
+    rmq = [i for p, i in got if p == "rmq"]
+    assert len(rmq) == len(set(rmq)), "the RabbitMQ publisher's retries were stored twice"

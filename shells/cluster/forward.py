@@ -318,10 +318,13 @@ class Forwarder:
         finally:
             budget.cancel(key)
 
+    def _not_leader(self, rid, stream):
+        return fw.encode_result(rid, fw.CODE_NOT_LEADER, message=f"{self.node.name} does not lead {stream!r}")
+
     def _serve_append(self, writer, req):
         rid, stream, publisher, ids, filters, num_entries, num_records, data = req
         if stream not in self.node.leading:
-            writer.write(fw.encode_result(rid, fw.CODE_NOT_LEADER, message=f"{self.node.name} does not lead {stream!r}"))
+            writer.write(self._not_leader(rid, stream))
             return
 
         def done(res, exc):
@@ -336,7 +339,7 @@ class Forwarder:
     def _serve_offset(self, writer, req):
         rid, stream, reference, offset = req
         if stream not in self.node.leading:
-            writer.write(fw.encode_result(rid, fw.CODE_NOT_LEADER, message=f"{self.node.name} does not lead {stream!r}"))
+            writer.write(self._not_leader(rid, stream))
             return
 
         def done(exc):

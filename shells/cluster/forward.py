@@ -217,12 +217,23 @@ class Forwarder:
         """Called on every poll of the cluster state (a leader may have changed): send what was parked,
         fail what waited too long, parked or sent (a leader that stopped answering: paused, cut off)."""
         now = time.monotonic()
+        placements = self.node.placements
         for link in list(self.links.values()):
             late = [rid for rid, req in link.inflight.items() if now >= req.deadline + self.node.replication_timeout]
             for rid in late:
                 req = link.inflight.pop(rid)
                 self._fail(req, ForwardFailed(f"the leader {link.node} of {req.stream!r} did not answer in time"))
-            if late:
+            # etcd names another leader (the old one paused or cut off, its connection still open): what
+            # it has not answered is handled as if its connection had dropped
+            moved = [rid for rid, req in link.inflight.items()
+                     if placements.get(req.stream, ({},))[0].get("leader", link.node) != link.node]
+            for rid in sorted(moved):
+                req = link.inflight.pop(rid)
+                if req.retry_safe:
+                    self._park(req)
+                else:
+                    self._fail(req, ForwardFailed(f"{link.node} no longer leads {req.stream!r}; it did not confirm"))
+            if late or moved:
                 link.pump()
         if not self.parked:
             return

@@ -7,6 +7,8 @@ other nodes loses nothing acknowledged. Real etcd and three ``riverbed serve`` n
 import asyncio
 import collections
 import json
+import os
+import signal
 import struct
 import threading
 import time
@@ -179,10 +181,12 @@ def malformed_forward_frames_drop_only_their_connection(cluster, node):
         s.close()
 
 
-def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3all):
-    """kill -9 of the leader while the five protocols publish with acknowledgements through the other two
-    nodes: every acknowledged message is in the final log (the RabbitMQ publisher, retrying with its
-    ids, exactly once), and the survivors hold the same log."""
+@pytest.mark.parametrize("fault", ["kill", pytest.param("sigstop", marks=pytest.mark.slow)])
+def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3all, fault):
+    """kill -9 (or SIGSTOP) of the leader while the five protocols publish with acknowledgements through
+    the other two nodes: every acknowledged message is in the final log (the RabbitMQ publisher, retried
+    with its ids, exactly once), and the survivors hold the same log. A paused leader keeps its
+    connections open: what it has not answered is resent or refused once etcd names another leader."""
     c = cluster3all
     cl = connect(c.nodes["n1"].port)
     assert cl.create("kl") == rawwire.OK
@@ -230,8 +234,11 @@ def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3
         while min(len(a) for a in acked.values()) < 20:
             assert time.monotonic() < deadline, {p: len(a) for p, a in acked.items()}
             time.sleep(0.05)
-        c.nodes["n1"].kill()
-        t_kill = [time.monotonic()]
+        if fault == "kill":
+            c.nodes["n1"].kill()
+        else:
+            os.kill(c.nodes["n1"].pid, signal.SIGSTOP)
+        t_kill[0] = time.monotonic()
         killed.set()
         deadline = time.monotonic() + 40
         while min(after.values()) < 20:
@@ -241,6 +248,8 @@ def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3
         stop.set()
         for t in threads:
             t.join(15)
+        if fault == "sigstop":
+            os.kill(c.nodes["n1"].pid, signal.SIGCONT)
     new = leader_of(c, "kl", not_this="n1")
     other = ({"n2", "n3"} - {new}).pop()
     deadline = time.monotonic() + 20
@@ -258,6 +267,6 @@ def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3
     rmq = [i for p, i in got if p == "rmq"]
     assert len(rmq) == len(set(rmq)), "the RabbitMQ publisher's retries were stored twice"
     stored = collections.Counter(p for p, _ in got)
-    print(f"kill -9 of the leader: acknowledged {({p: len(a) for p, a in acked.items()})}, stored {dict(stored)}, "
+    print(f"{fault} of the leader: acknowledged {({p: len(a) for p, a in acked.items()})}, stored {dict(stored)}, "
           f"refused/retried {refused}, first acknowledgement after the kill (s) "
           f"{({p: round(t, 2) for p, t in first_after.items()})}, new leader {new}")

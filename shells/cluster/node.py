@@ -31,8 +31,8 @@ from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
 from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.cluster import forward_wire, wire
-from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.forward import Forwarder
 
 log = logging.getLogger("riverbed.cluster")
 

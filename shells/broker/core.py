@@ -280,7 +280,7 @@ class Broker:
         if waiting is not None:
             waiting.append(cb)
             return
-        if self._exists(name):
+        if self.has_stream_anywhere(name):
             cb(None)
             return
         self._creating[name] = [cb]
@@ -297,8 +297,9 @@ class Broker:
         # no member of it): then StreamExists, and a publish to it is forwarded to its leader
         self.create_stream(name, {}, created)
 
-    def _exists(self, name):
-        """Whether ``name`` exists here or, in a cluster, is placed on other nodes (as last read)."""
+    def has_stream_anywhere(self, name):
+        """Whether ``name`` exists here or, in a cluster, is placed on other nodes (as this node last read
+        etcd): a publish to it is taken (forwarded to its leader when that is another node)."""
         if self.engine.has_stream(name):
             return True
         return self.cluster is not None and self.cluster.forwarding.placed(name)
@@ -591,7 +592,7 @@ class Broker:
         when the stream could not be made (InvalidArgument for a bad name, ...), else the append's.
         Appends to one stream are submitted in call order, also across a creation in flight. Permission
         checks (write, and configure for the creation) are the caller's."""
-        if stream not in self._creating and self._exists(stream):
+        if stream not in self._creating and self.has_stream_anywhere(stream):
             self.append_records(stream, records, cb, forward=forward)
             return
 
@@ -658,8 +659,19 @@ class Broker:
         except RiverbedError as e:
             cb(None, e)
 
-    def query_publisher_sequence(self, stream, publisher, cb):
-        """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit."""
+    def query_publisher_sequence(self, stream, publisher, cb, *, forward=True):
+        """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit. In a
+        cluster, on a node that does not lead ``stream``, the leader answers (forwarded, after those
+        appends): a member's copy of the sequences may be behind the leader's."""
+        cluster = self.cluster
+        if forward and cluster is not None and cluster.check_write(stream) is not None:
+            entry = self._seq_writes.get((stream, publisher))
+            ask = lambda: cluster.forwarding.query_sequence(stream, publisher, cb)   # noqa: E731
+            if entry is None:
+                ask()
+            else:
+                entry[1].append(ask)
+            return
         self._after_writes(self._seq_writes, (stream, publisher),
                            lambda: self.engine.query_publisher_sequence(stream, publisher), cb)
 

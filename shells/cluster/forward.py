@@ -79,6 +79,8 @@ class _Request:
         if self.kind == fw.FWD_APPEND:
             publisher, ids, filters, num_entries, num_records, data = self.args
             return fw.encode_append(rid, self.stream, publisher, ids, filters, num_entries, num_records, data)
+        if self.kind == fw.FWD_SEQUENCE:
+            return [fw.encode_sequence(rid, self.stream, self.args)]
         reference, offset = self.args
         return [fw.encode_offset(rid, self.stream, reference, offset)]
 
@@ -195,6 +197,13 @@ class Forwarder:
         self._route(_Request(stream, fw.FWD_OFFSET, (reference, offset), lambda res, exc: cb(exc),
                              time.monotonic() + self.node.replication_timeout, retry_safe=True))
 
+    def query_sequence(self, stream, publisher, cb):
+        """QueryPublisherSequence of ``publisher`` on ``stream``, asked of its leader (a member's copy of
+        the sequences may be behind, and a publisher that continued from a stale one would have its new
+        messages dropped as duplicates); ``cb(sequence, exc)``."""
+        self._route(_Request(stream, fw.FWD_SEQUENCE, publisher, cb,
+                             time.monotonic() + self.node.replication_timeout, retry_safe=True))
+
     def placed(self, stream):
         """Whether etcd (as this node last read it) places ``stream`` on the cluster."""
         return stream in self.node.placements
@@ -278,6 +287,8 @@ class Forwarder:
             publisher, ids, filters, num_entries, num_records, data = req.args
             self.broker.append(req.stream, data, ids, publisher, filters, req.cb, num_entries, num_records,
                                forward=False)
+        elif req.kind == fw.FWD_SEQUENCE:
+            self.broker.query_publisher_sequence(req.stream, req.args, req.cb, forward=False)
         else:
             reference, offset = req.args
             self.broker.store_offset(req.stream, reference, offset, lambda exc: req.cb(None, exc), forward=False)
@@ -294,9 +305,12 @@ class Forwarder:
             self._park(req)          # nothing stored there, or stored and deduplicated if sent again
             return
         if code == fw.CODE_OK:
-            if req.kind == fw.FWD_APPEND and first >= 0:
-                self.forwarded[req.stream] += last - first + 1    # what the leader stored (not duplicates)
-            res, exc = AppendResult(first, last, dups), None
+            if req.kind == fw.FWD_SEQUENCE:
+                res, exc = fw.u64_of(first), None
+            else:
+                if req.kind == fw.FWD_APPEND and first >= 0:
+                    self.forwarded[req.stream] += last - first + 1    # what the leader stored (not duplicates)
+                res, exc = AppendResult(first, last, dups), None
         else:
             res, exc = None, _ERRORS.get(code, ForwardFailed)(message or f"forwarding failed (code {code})")
         # through the broker's inbox: the confirms of one read leave in one write per connection
@@ -322,6 +336,8 @@ class Forwarder:
                     self._serve_append(writer, fw.decode_append(payload))
                 elif kind == fw.FWD_OFFSET:
                     self._serve_offset(writer, fw.decode_offset(payload))
+                elif kind == fw.FWD_SEQUENCE:
+                    self._serve_sequence(writer, fw.decode_sequence(payload))
                 else:
                     raise wire.WireError(f"frame type {kind} on a forwarding connection")
         except (asyncio.IncompleteReadError, ConnectionError, OSError, wire.WireError) as e:
@@ -346,6 +362,21 @@ class Forwarder:
             else:
                 writer.write(fw.encode_result(rid, _code_of(exc), message=str(exc)))
         self.broker.append(stream, data, ids, publisher, filters, done, num_entries, num_records, forward=False)
+
+    def _serve_sequence(self, writer, req):
+        rid, stream, publisher = req
+        if stream not in self.node.leading:
+            writer.write(self._not_leader(rid, stream))
+            return
+
+        def done(seq, exc):
+            if writer.is_closing():
+                return
+            if exc is None:
+                writer.write(fw.encode_result(rid, fw.CODE_OK, fw.i64_of(seq), -1))
+            else:
+                writer.write(fw.encode_result(rid, _code_of(exc), message=str(exc)))
+        self.broker.query_publisher_sequence(stream, publisher, done, forward=False)
 
     def _serve_offset(self, writer, req):
         rid, stream, reference, offset = req

@@ -7,6 +7,8 @@ payload |``, big-endian), on a connection of its own that opens with FWD_HELLO i
                                      records u32 | [ids: n u32, n x u64] | [filters: n u32, n x (len i32,
                                      bytes; -1 = none)] | data section (the rest)
     FWD_OFFSET  forwarder -> leader  rid u64 | stream str | reference str | offset u64
+    FWD_SEQUENCE forwarder -> leader rid u64 | stream str | publisher str: QueryPublisherSequence (its
+                                     answer's ``first`` is the sequence, as the u64's two's complement)
     FWD_RESULT  leader -> forwarder  rid u64 | code u16 | first i64 | last i64 | duplicates n u32, n x u64 |
                                      message (the rest, UTF-8)
 
@@ -27,7 +29,7 @@ import struct
 
 from riverbed.shells.cluster.wire import WireError, frame
 
-FWD_HELLO, FWD_APPEND, FWD_OFFSET, FWD_RESULT = 32, 33, 34, 35
+FWD_HELLO, FWD_APPEND, FWD_OFFSET, FWD_RESULT, FWD_SEQUENCE = 32, 33, 34, 35, 36
 
 FLAG_IDS = 1
 FLAG_FILTERS = 2
@@ -129,6 +131,10 @@ def encode_offset(rid, stream, reference, offset):
     return frame(FWD_OFFSET, _U64.pack(rid) + _str(stream) + _str(reference) + _U64.pack(offset))
 
 
+def encode_sequence(rid, stream, publisher):
+    return frame(FWD_SEQUENCE, _U64.pack(rid) + _str(stream) + _str(publisher))
+
+
 def encode_result(rid, code, first=-1, last=-1, duplicates=(), message=""):
     dups = list(duplicates or ())
     return frame(FWD_RESULT, _RESULT_HEAD.pack(rid, code, first, last) + _U32.pack(len(dups))
@@ -205,6 +211,28 @@ def decode_offset(payload):
     return rid, stream, reference, offset
 
 
+def decode_sequence(payload):
+    """``(rid, stream, publisher)`` of a FWD_SEQUENCE payload. WireError when malformed."""
+    r = _Reader(payload)
+    (rid,) = r.unpack(_U64)
+    stream = r.str()
+    publisher = r.str()
+    if r.pos != len(r.mv):
+        raise WireError("trailing bytes after FWD_SEQUENCE")
+    if not stream or not publisher:
+        raise WireError("FWD_SEQUENCE without a stream or publisher")
+    return rid, stream, publisher
+
+
+def u64_of(signed):
+    """The u64 a FWD_RESULT's i64 field carries (a publisher sequence may use all 64 bits)."""
+    return signed & 0xFFFFFFFFFFFFFFFF
+
+
+def i64_of(value):
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
 def decode_result(payload):
     """``(rid, code, first, last, [duplicate ids], message)`` of a FWD_RESULT payload. WireError when
     malformed."""
@@ -221,7 +249,7 @@ def decode_result(payload):
 
 
 DECODERS = {FWD_HELLO: decode_hello, FWD_APPEND: decode_append, FWD_OFFSET: decode_offset,
-            FWD_RESULT: decode_result}
+            FWD_RESULT: decode_result, FWD_SEQUENCE: decode_sequence}
 
 
 def decode_frame(kind, payload):

@@ -127,6 +127,26 @@ def test_every_protocol_publishes_through_non_leaders(cluster3all):
     for srv in (n1, n2, n3):
         assert query_offset(srv.port, "fwd", "reader-1") == 42, srv
     stream_made_by_a_publish_is_found_by_the_other_nodes(c)
+    publish_through_a_node_holding_no_copy(c)
+
+
+def publish_through_a_node_holding_no_copy(c):
+    """A stream on two of the three nodes: a RabbitMQ publisher on the third (a load balancer's pick)
+    declares, publishes and queries its sequence there; the leader stores and answers."""
+    cl = connect(c.nodes["n1"].port)
+    assert cl.create("two", {"initial-cluster-size": "2"}) == rawwire.OK
+    cl.close()
+    st = wait_placed(c, "two")
+    members = {m["node"] for m in stream_of(st, "two")["members"]}
+    assert len(members) == 2
+    outside = c.nodes[({"n1", "n2", "n3"} - members).pop()]
+    confirmed, errors = publish_batches(outside.port, "two", 0, 50, batch=25, ref="p2")
+    assert errors == {} and confirmed == set(range(50))
+    cl = connect(outside.port)
+    code, body = cl.request(0x05, rawwire.s("p2") + rawwire.s("two"))
+    cl.close()
+    assert (code, struct.unpack(">Q", body)[0]) == (rawwire.OK, 49)
+    assert markers(read_stream(c.nodes["n1"].port, "two")) == [("rmq", i) for i in range(50)]
 
 
 def stream_made_by_a_publish_is_found_by_the_other_nodes(c):

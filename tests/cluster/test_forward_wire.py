@@ -27,6 +27,7 @@ def samples():
         b"".join(fw.encode_append(2, "orders", "pub-1", PublishingIds(raw, 7, 9, True), None, 3, 3, data)),
         b"".join(fw.encode_append(3, "s", "p", [1, 5, 2], [b"eu", None, b""], 3, 3, memoryview(data))),
         fw.encode_offset(4, "orders", "reader-1", 42),
+        fw.encode_sequence(7, "orders", "pub-1"),
         fw.encode_result(5, fw.CODE_OK, 10, 12, [3, 4], ""),
         fw.encode_result(6, fw.CODE_NOT_CONFIRMED, message="no majority"),
     ]
@@ -44,6 +45,9 @@ def test_round_trip():
     kind, p = payload_of(fw.encode_result(5, fw.CODE_OK, 10, 12, [3, 4], "x"))
     assert fw.decode_frame(kind, p) == (5, fw.CODE_OK, 10, 12, [3, 4], "x")
     assert fw.decode_frame(*payload_of(fw.encode_hello("n2"))) == "n2"
+    assert fw.decode_frame(*payload_of(fw.encode_sequence(7, "orders", "pub-1"))) == (7, "orders", "pub-1")
+    kind, p = payload_of(fw.encode_result(8, fw.CODE_OK, fw.i64_of(2 ** 64 - 2), -1))
+    assert fw.u64_of(fw.decode_frame(kind, p)[2]) == 2 ** 64 - 2
 
 
 @pytest.mark.parametrize("payload,kind", [
@@ -52,6 +56,7 @@ def test_round_trip():
      fw.FWD_APPEND),                                            # 4 billion ids announced, none there
     (b"\x00" * 8 + b"\x00" + b"\x00\x01s" + b"\x00\x00" + struct.pack(">II", 0, 0), fw.FWD_APPEND),  # empty
     (b"\x00" * 8 + b"\x00\x02\xff\xfe", fw.FWD_OFFSET),          # a name that is not UTF-8
+    (b"\x00" * 8 + b"\x00\x01s\x00\x00", fw.FWD_SEQUENCE),        # no publisher
     (b"\x00" * 8 + b"\x00\x07" + b"\x00" * 20, fw.FWD_RESULT),     # an unknown code
     (b"\x00" * 26 + b"\x00\x00\x00\x09", fw.FWD_RESULT), (b"[1]", fw.FWD_HELLO), (b"\xff", fw.FWD_HELLO), (b"", 99),
 ])

@@ -290,3 +290,56 @@ def test_kill_leader_while_every_protocol_publishes_through_other_nodes(cluster3
     print(f"{fault} of the leader: acknowledged {({p: len(a) for p, a in acked.items()})}, stored {dict(stored)}, "
           f"refused/retried {refused}, first acknowledgement after the kill (s) "
           f"{({p: round(t, 2) for p, t in first_after.items()})}, new leader {new}")
+
+
+@pytest.mark.slow
+def test_pipelined_rabbitmq_publisher_through_a_non_leader_loses_nothing_on_leader_kill(cluster3):
+    """A named RabbitMQ publisher keeps ~400 messages in flight through n2 while the leader n1 is killed:
+    the forwarder resends what n1 had not confirmed to the next leader, in order (its ids make that
+    safe), so every message is confirmed, stored once and in publishing-id order, and none is refused."""
+    c = cluster3
+    cl = connect(c.nodes["n1"].port)
+    assert cl.create("pipe") == rawwire.OK
+    cl.close()
+    wait_placed(c, "pipe")
+    pc = rawwire.RawClient(c.nodes["n2"].port, timeout=30)
+    assert pc.handshake() == rawwire.OK and pc.declare_publisher(1, "pipe", "pipe-ref") == rawwire.OK
+    confirmed, errors, stop = set(), {}, threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                f = pc.recv_frame(0.5)
+            except OSError:
+                continue
+            if f is None:
+                return
+            key, _, body = f
+            n = struct.unpack_from(">i", body, 1)[0]
+            if key == 0x03:
+                confirmed.update(struct.unpack_from(">%dQ" % n, body, 5))
+            elif key == 0x04:
+                errors.update(struct.unpack_from(">QH", body, 5 + 10 * j) for j in range(n))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    sent, t0, killed = 0, time.monotonic(), False
+    try:
+        while time.monotonic() - t0 < 6:
+            while sent - len(confirmed) - len(errors) < 400:
+                pc.publish(1, [(i, b"m-%d" % i) for i in range(sent, sent + 10)])
+                sent += 10
+            if not killed and time.monotonic() - t0 > 1.5:
+                c.nodes["n1"].kill()
+                killed = True
+            time.sleep(0.002)
+        deadline = time.monotonic() + 25
+        while len(confirmed) + len(errors) < sent and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        reader.join(5)
+        pc.close()
+    new = leader_of(c, "pipe", not_this="n1")
+    ids = [int(r[2:]) for r in read_stream(c.nodes[new].port, "pipe")]
+    assert errors == {} and confirmed == set(range(sent))
+    assert ids == list(range(sent)), "a message was lost, stored twice or out of order"

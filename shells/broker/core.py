@@ -27,6 +27,9 @@ What lives here, protocol-neutral:
   only for RabbitMQ Stream), watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
   (tailing subscriptions of records or chunks, with per-chunk credit or a byte window);
 * consumer offsets and named durable positions;
+* in a cluster (``self.cluster``), forwarding: an append, StoreOffset or publisher-sequence query for a
+  stream another node leads goes to that leader (shells/cluster/forward.py), whatever the protocol,
+  unless the caller says ``forward=False`` (Kafka);
 * the one document store of the engine (``docs``) and transactions over it and the log (``transact``);
 * monitoring reads of the engine's committed state (``stream_states``, ``engine_stats``, ...);
 * the session registry (every protocol's connections, for the management API and shutdown).

@@ -97,13 +97,14 @@ def test_kafka_clients_bootstrap_from_one_node_and_go_to_each_partition_leader(t
                 except BufferError:
                     p.poll(0.01)
         assert p.flush(120) == 0 and errors == []
+        del p
 
         c = Consumer({"bootstrap.servers": boot, "group.id": "kg", "auto.offset.reset": "earliest",
                       "enable.auto.commit": False})
         c.subscribe([TOPIC])
         seen, per_partition = [], {}
         deadline = time.monotonic() + 90
-        while len(seen) < N + 1 and time.monotonic() < deadline:
+        while len(seen) < N and time.monotonic() < deadline:
             m = c.poll(0.2)
             if m is None or m.error():
                 continue

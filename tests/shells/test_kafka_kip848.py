@@ -167,3 +167,16 @@ def test_a_member_that_does_not_revoke_in_time_is_removed(h):
     assert hb(a, "g", ma, ea, owned=owned(tid, [0, 1]))["error_code"] == 25
     rb = hb(b, "g", rb["member_id"], rb["member_epoch"], owned=[])
     assert parts(rb, tid) == [0, 1]
+
+
+def test_a_regex_subscription_follows_topics_as_they_appear(h):
+    a = h.connect()
+    create(a, "kt", 2)
+    create(a, "other", 1)
+    ra = hb(a, "g", topics=None, subscribed_topic_regex="(^k.*)")       # as librdkafka sends "^k.*"
+    ma, ea = ra["member_id"], ra["member_epoch"]
+    assert parts(ra, h.shell.topic_id("kt")) == [0, 1] and len(ra["assignment"]["topic_partitions"]) == 1
+    create(a, "k2", 1)
+    ra = hb(a, "g", ma, ea, owned=owned(h.shell.topic_id("kt"), [0, 1]))
+    assert ra["member_epoch"] > ea and parts(ra, h.shell.topic_id("k2")) == [0]
+    assert hb(a, "g2", topics=None, subscribed_topic_regex="(")["error_code"] == C.ERR_INVALID_REGULAR_EXPRESSION

@@ -205,10 +205,17 @@ class ConsumerCoordinator:
         if g.epoch != g.assignment_epoch:
             self._assign(g)
         owned = req["topic_partitions"]
-        self._reconcile(g, m, None if owned is None else self._names(owned))
+        reported = None if owned is None else self._names(owned)
+        self._reconcile(g, m, reported)
         answer = {"error_code": 0, "member_id": m.member_id, "member_epoch": m.epoch,
                   "heartbeat_interval_ms": self.heartbeat_interval_ms, "assignment": None}
-        if m.sent != m.assigned or epoch == EPOCH_JOIN:
+        # the assignment is answered when it changed, and also when the member may have missed it: a
+        # join, a full request (what a client sends after a timed-out heartbeat, whose answer it never
+        # read), or a member that says it owns something else than it was told
+        full = (req["rebalance_timeout_ms"] != -1 and req["subscribed_topic_names"] is not None
+                and owned is not None)
+        if (m.sent != m.assigned or epoch == EPOCH_JOIN or full
+                or (reported is not None and not m.revoking and reported != m.assigned)):
             m.sent = _copy(m.assigned)
             answer["assignment"] = {"topic_partitions": [
                 {"topic_id": self._topic_id(t), "partitions": sorted(p)} for t, p in sorted(m.assigned.items())]}

@@ -180,3 +180,18 @@ def test_a_regex_subscription_follows_topics_as_they_appear(h):
     ra = hb(a, "g", ma, ea, owned=owned(h.shell.topic_id("kt"), [0, 1]))
     assert ra["member_epoch"] > ea and parts(ra, h.shell.topic_id("k2")) == [0]
     assert hb(a, "g2", topics=None, subscribed_topic_regex="(")["error_code"] == C.ERR_INVALID_REGULAR_EXPRESSION
+
+
+def test_an_assignment_whose_answer_was_lost_is_answered_again(h):
+    a = h.connect()
+    create(a, "t", 2)
+    tid = h.shell.topic_id("t")
+    ra = hb(a, "g", topics=["t"])
+    ma, ea = ra["member_id"], ra["member_epoch"]
+    assert parts(ra, tid) == [0, 1]
+    # the client's request timed out and it never read that answer: it still says it owns nothing
+    assert parts(hb(a, "g", ma, ea, owned=[]), tid) == [0, 1]
+    # a full request (sent after an error) gets the assignment too, even when nothing changed
+    full = hb(a, "g", ma, ea, topics=["t"], owned=owned(tid, [0, 1]), rebalance_timeout_ms=10000)
+    assert parts(full, tid) == [0, 1]
+    assert parts(hb(a, "g", ma, ea, owned=owned(tid, [0, 1])), tid) is None      # otherwise not repeated

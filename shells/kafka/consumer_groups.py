@@ -211,11 +211,12 @@ class ConsumerCoordinator:
                   "heartbeat_interval_ms": self.heartbeat_interval_ms, "assignment": None}
         # the assignment is answered when it changed, and also when the member may have missed it: a
         # join, a full request (what a client sends after a timed-out heartbeat, whose answer it never
-        # read), or a member that says it owns something else than it was told
+        # read), or a member that says it owns something else than it was told (one that still owns
+        # what it must revoke is told again)
         full = (req["rebalance_timeout_ms"] != -1 and req["subscribed_topic_names"] is not None
                 and owned is not None)
         if (m.sent != m.assigned or epoch == EPOCH_JOIN or full
-                or (reported is not None and not m.revoking and reported != m.assigned)):
+                or (reported is not None and reported != m.assigned)):
             m.sent = _copy(m.assigned)
             answer["assignment"] = {"topic_partitions": [
                 {"topic_id": self._topic_id(t), "partitions": sorted(p)} for t, p in sorted(m.assigned.items())]}

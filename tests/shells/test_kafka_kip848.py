@@ -81,6 +81,8 @@ def test_a_second_member_gets_partitions_only_once_the_first_revoked_them(h):
     ra = hb(a, "g", ma, ea, owned=owned(tid, [0, 1, 2]))
     keep = parts(ra, tid)
     assert ra["member_epoch"] == ea and len(keep) == 2      # revoke one first, at the same epoch
+    # that answer lost: a still says it owns all three, and is told again
+    assert parts(hb(a, "g", ma, ea, owned=owned(tid, [0, 1, 2])), tid) == keep
     assert parts(hb(b, "g", mb, eb, owned=[]), tid) is None  # not released yet: nothing new for b
     ra = hb(a, "g", ma, ea, owned=owned(tid, keep))          # a acknowledges the revocation
     assert ra["member_epoch"] == eb

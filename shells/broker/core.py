@@ -249,6 +249,8 @@ class Broker:
 
     def create_stream(self, name, arguments, cb):
         """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...)."""
+        if self.cluster is not None:      # answered once the node chosen to lead it leads it
+            cb = self.cluster.hold_create([name], cb)
         self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
 
     def ensure_stream(self, name, cb):
@@ -264,6 +266,8 @@ class Broker:
             cb(None)
             return
         self._creating[name] = [cb]
+        if self.cluster is not None:      # made by a publish: led where it is published (client-local)
+            self.cluster.pending_leaders.setdefault(name, self.cluster.name)
 
         def created(exc):
             if isinstance(exc, StreamExists):
@@ -402,6 +406,8 @@ class Broker:
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
+        if self.cluster is not None:
+            cb = self.cluster.hold_create(list(partitions), cb)
         self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
                    lambda res, exc: cb(exc))
 

@@ -71,7 +71,7 @@ def test_add_replica_copies_the_log_byte_identical_then_follows(cluster3):
         rc, out = cli(cluster3, *argv)
         assert rc == exit_status and text in out, (argv, rc, out)
     cluster3.nodes["n3"].kill()
-    cluster3.wait(lambda st: not next(n for n in st["nodes"] if n["name"] == "n3")["up"], what="n3 down")
+    cluster3.wait(lambda st: not any(n["name"] == "n3" and n["up"] for n in st["nodes"]), what="n3 down")
     rc, out = cli(cluster3, "add-replica", "solo", "n3")
     assert rc == 1 and "is down" in out, out
     assert members(cluster3.status(), "solo") == ["n1", "n2"]

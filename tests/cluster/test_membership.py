@@ -42,7 +42,10 @@ def test_add_replica_copies_the_log_byte_identical_then_follows(cluster3):
     from test_rmq_dedup import read_stream
     n1, n2 = cluster3.nodes["n1"], cluster3.nodes["n2"]
     cl = connect(n1.port)
-    assert cl.create("solo", {"initial-cluster-size": "1", "queue-leader-locator": "client-local"}) == rawwire.OK
+    # the nodes run --fsync never; this stream asks for fsync=always, on every member (its arguments
+    # travel with the placement): replication and fsync together
+    assert cl.create("solo", {"initial-cluster-size": "1", "queue-leader-locator": "client-local",
+                              "fsync": "always"}) == rawwire.OK
     cl.close()
     st = wait_placed(cluster3, "solo")
     assert members(st, "solo") == ["n1"]
@@ -79,8 +82,10 @@ def test_add_replica_copies_the_log_byte_identical_then_follows(cluster3):
     # the copy is the leader's chunks as stored: the dump lines (offsets, epochs, CRCs) agree
     for name in ("n1", "n2"):
         cluster3.nodes[name].stop()
-    d1, d2 = (chunk_lines(dump(cluster3.data_dir(n), "solo"), 2500) for n in ("n1", "n2"))
+    texts = {n: dump(cluster3.data_dir(n), "solo") for n in ("n1", "n2")}
+    d1, d2 = (chunk_lines(texts[n], 2500) for n in ("n1", "n2"))
     assert len(d1) > 1 and d1 == d2
+    assert all("'fsync': 'always'" in t for t in texts.values()), texts["n2"][:300]
 
 
 def test_delete_replica_follower_then_leader_hands_over_last_member_stays(cluster3):

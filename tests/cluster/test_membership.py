@@ -99,12 +99,15 @@ def test_delete_replica_follower_then_leader_hands_over_last_member_stays(cluste
     confirmed, errors = publish_batches(n1.port, "trio", 0, 300, ref="p")
     assert len(confirmed) == 300 and not errors
 
-    # a follower: off the placement, its copy deleted
+    # a follower that is down: off the placement now, its copy deleted when it returns
+    cluster3.nodes["n3"].kill()
+    cluster3.wait(lambda st: not any(n["name"] == "n3" and n["up"] for n in st["nodes"]), what="n3 down")
     rc, out = cli(cluster3, "delete-replica", "trio", "n3")
-    assert rc == 0, out
+    assert rc == 0 and "deleted when it returns" in out, out
     assert sorted(members(cluster3.status(), "trio")) == ["n1", "n2"]
-    deadline = time.monotonic() + 10
-    while has_stream(cluster3.nodes["n3"].port, "trio"):
+    n3 = cluster3.restart("n3")
+    deadline = time.monotonic() + 15
+    while has_stream(n3.port, "trio"):
         assert time.monotonic() < deadline, "n3 kept its copy"
         time.sleep(0.1)
     confirmed, errors = publish_batches(n1.port, "trio", 300, 100, ref="p")

@@ -1,5 +1,7 @@
 """The cluster's replication port (shells/cluster/wire.py): its frame splitter, the asyncio frame reader
-the nodes use, and the decoder of every frame type (wire.DECODERS).
+the nodes use, and the decoder of every frame type on that port: the ``DECODERS`` of every
+``shells/cluster/*wire.py`` module (wire.py's replication frames and, where it exists, forward_wire.py's
+forwarding frames), found at import so that a module adding frames is fuzzed without editing this file.
 
 Input: flag byte, then bytes as a peer would send them on the replication port. Without FLAG_PRELUDE
 they are split into frames (both by ``split_frames`` and by ``read_frame`` over a StreamReader fed in
@@ -20,6 +22,32 @@ from .harness import FLAG_PRELUDE, InvariantBroken, flags_and_body, pieces
 MAX_FRAMES = 64        # frames decoded per input (the split is still checked over all of them)
 
 
+def wire_modules():
+    """Every ``riverbed.shells.cluster.*wire`` module that has a DECODERS table, wire.py first."""
+    import importlib
+    import pkgutil
+
+    import riverbed.shells.cluster as pkg
+    names = sorted((m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.endswith("wire")),
+                   key=lambda n: (n != "wire", n))
+    mods = [importlib.import_module(f"{pkg.__name__}.{n}") for n in names]
+    return [m for m in mods if isinstance(getattr(m, "DECODERS", None), dict)]
+
+
+def all_decoders():
+    """{frame type: decoder} over every wire module (their types must not overlap)."""
+    out = {}
+    for m in wire_modules():
+        for kind, fn in m.DECODERS.items():
+            if kind in out:
+                raise AssertionError(f"frame type {kind} decoded by two modules")
+            out[kind] = fn
+    return out
+
+
+DECODERS = all_decoders()
+
+
 class ReplicationTarget:
     name = "replication"
 
@@ -29,7 +57,7 @@ class ReplicationTarget:
     def run(self, data):
         flags, body = flags_and_body(bytes(data))
         if flags & FLAG_PRELUDE:
-            for kind in sorted(wire.DECODERS):
+            for kind in sorted(DECODERS):
                 self._decode(kind, body)
             self._decode(0, body)
             return
@@ -77,8 +105,12 @@ class ReplicationTarget:
 
     @staticmethod
     def _decode(kind, payload):
+        fn = DECODERS.get(kind)
         try:
-            wire.decode(kind, payload)
+            if fn is None:
+                wire.decode(kind, payload)       # an unknown type: WireError
+            else:
+                fn(payload)
         except wire.WireError:
             pass
 
@@ -101,6 +133,7 @@ class ReplicationTarget:
         out.append(b"\x00" + struct.pack(">IB", 0, 1))              # a zero length
         out.append(b"\x00" + struct.pack(">IB", wire.MAX_FRAME + 1, 2))
         out.append(b"\x00" + hello[:7])                             # cut short
+        out += [b"\x00" + f for f in _other_seeds()]
         out += [bytes([FLAG_PRELUDE]) + p for p in (
             b'{"node":"n","stream":"s","epoch":1,"next":0,"last":null}', b'{"a":1,"b":18446744073709551615}',
             b'{"reason":"x"}', chunk, struct.pack(">Q", 7), b"[1,2]", b'{"last":[1,2]}')]
@@ -108,3 +141,29 @@ class ReplicationTarget:
 
     def close(self):
         self.loop.close()
+
+
+def _other_seeds():
+    """Frames of the other wire modules, built with their own encoders where they have them."""
+    out = []
+    for m in wire_modules():
+        if m is wire:
+            continue
+        enc = {name: getattr(m, name) for name in ("encode_hello", "encode_append", "encode_offset",
+                                                    "encode_result") if callable(getattr(m, name, None))}
+        try:
+            if "encode_hello" in enc:
+                out.append(bytes(enc["encode_hello"]("n2")))
+            if "encode_append" in enc:
+                data = struct.pack(">I", 2) + b"r1" + struct.pack(">I", 2) + b"r2"
+                out.append(b"".join(bytes(x) for x in enc["encode_append"](7, "orders", "p1", [1, 2], None, 2, 2,
+                                                                            data)))
+                out.append(b"".join(bytes(x) for x in enc["encode_append"](8, "orders", None, None, [b"f", None], 2,
+                                                                            2, data)))
+            if "encode_offset" in enc:
+                out.append(bytes(enc["encode_offset"](9, "orders", "c1", 41)))
+            if "encode_result" in enc:
+                out.append(bytes(enc["encode_result"](7, 0, 0, 1, [3], "ok")))
+        except TypeError:       # an encoder whose signature changed: its frames come from mutation only
+            pass
+    return out

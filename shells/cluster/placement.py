@@ -54,7 +54,7 @@ def _fewest_leaders(node):
     # stream -> leader: etcd's view, then what this node leads or is placing (a poll may not show it yet)
     led = {name: p.get("leader") for name, (p, _) in node.placements.items()}
     led.update((name, node.name) for name in node.leading if name not in led)
-    led.update(node.pending_leaders)
+    led.update((name, leader) for name, leader in node.pending_leaders.items() if name not in led)
     leads = {n: 0 for n in node.nodes}
     leads[node.name] = 0
     for leader in led.values():

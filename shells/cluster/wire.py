@@ -57,8 +57,8 @@ def u64(payload):
 def parse_json(payload):
     try:
         obj = json.loads(payload)
-    except ValueError as e:
-        raise WireError(f"bad JSON: {e}") from None
+    except (ValueError, RecursionError) as e:     # RecursionError: arrays nested a thousand deep
+        raise WireError(f"bad JSON: {type(e).__name__}") from None
     if not isinstance(obj, dict):
         raise WireError("expected a JSON object")
     return obj

@@ -32,8 +32,10 @@ import time
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
-from riverbed.shells.cluster import membership, placement, wire
+from riverbed.shells.broker.core import NotLeaderError
+from riverbed.shells.cluster import forward_wire, membership, placement, wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.forward import Forwarder
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -43,7 +45,7 @@ STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gi
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
 
 
-class NotLeader(RiverbedError):
+class NotLeader(NotLeaderError):
     """This node does not lead the stream (or lost its lease): publish to the leader Metadata names."""
 
 
@@ -165,6 +167,7 @@ class ClusterNode:
         self.pending_leaders = {}         # stream made here -> the node chosen to lead it (placement.py)
         self.placing = set()              # streams whose placement another node is to lead, in flight
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
+        self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -202,6 +205,7 @@ class ClusterNode:
         self._stopping = True
         for t in self._tasks:
             t.cancel()
+        self.forwarding.close()
         for _, _, task in list(self.following.values()):
             task.cancel()
         for st in list(self.leading.values()):
@@ -273,6 +277,7 @@ class ClusterNode:
                     log.warning("cluster: etcd unreachable: %s", e)
             except Exception:
                 log.exception("cluster: control loop failed")
+            self.forwarding.route_changed()
 
     # ------------------------------------------------------------------------------ etcd state
 
@@ -672,6 +677,9 @@ class ClusterNode:
         ev = asyncio.Event()
         try:
             kind, payload = await wire.read_frame(reader)
+            if kind == forward_wire.FWD_HELLO:
+                await self.forwarding.serve(reader, writer, payload)
+                return
             if kind != wire.HELLO:
                 return
             hello = wire.decode_hello(payload)

@@ -150,7 +150,8 @@ def _other_seeds():
         if m is wire:
             continue
         enc = {name: getattr(m, name) for name in ("encode_hello", "encode_append", "encode_offset",
-                                                    "encode_result") if callable(getattr(m, name, None))}
+                                                    "encode_sequence", "encode_result")
+               if callable(getattr(m, name, None))}
         try:
             if "encode_hello" in enc:
                 out.append(bytes(enc["encode_hello"]("n2")))
@@ -162,6 +163,8 @@ def _other_seeds():
                                                                             2, data)))
             if "encode_offset" in enc:
                 out.append(bytes(enc["encode_offset"](9, "orders", "c1", 41)))
+            if "encode_sequence" in enc:
+                out.append(bytes(enc["encode_sequence"](10, "orders", "p1")))
             if "encode_result" in enc:
                 out.append(bytes(enc["encode_result"](7, 0, 0, 1, [3], "ok")))
         except TypeError:       # an encoder whose signature changed: its frames come from mutation only

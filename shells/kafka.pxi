@@ -125,11 +125,15 @@ cdef bint k_utf8(const unsigned char* s, Py_ssize_t n) noexcept nogil:
     return True
 
 
-cdef inline unsigned char* k_grow(bytearray out, Py_ssize_t extra) except NULL:
-    # bytearray's own growth over-allocates, so appending record by record is amortised linear
-    cdef Py_ssize_t n = PyByteArray_GET_SIZE(out)
-    PyByteArray_Resize(out, n + extra)
-    return <unsigned char*>PyByteArray_AS_STRING(out) + n
+cdef inline unsigned char* k_room(bytearray out, Py_ssize_t* used, Py_ssize_t need) except NULL:
+    # ``need`` bytes at ``used`` of ``out``, whose size is its capacity until the caller trims it: sized
+    # from an estimate first and doubled when short, so no record costs a realloc and a copy of the rest
+    cdef Py_ssize_t cap = PyByteArray_GET_SIZE(out)
+    cdef Py_ssize_t at = used[0]
+    if at + need > cap:
+        PyByteArray_Resize(out, max(2 * cap, at + need))
+    used[0] = at + need
+    return <unsigned char*>PyByteArray_AS_STRING(out) + at
 
 
 cdef inline Py_ssize_t k_var_head(Py_ssize_t n) noexcept nogil:
@@ -153,7 +157,7 @@ cdef inline unsigned char* k_put_var(unsigned char* o, unsigned char small, unsi
 # ---- Produce: Kafka records -> stored records ----------------------------------------------------------
 
 cdef int c_kafka_stored(const unsigned char* b, Py_ssize_t n, int64_t count, int64_t base_ts, bytearray out,
-                        Py_ssize_t* used) except -1:
+                        Py_ssize_t* used, Py_ssize_t* filled) except -1:
     cdef Py_ssize_t pos = 0, end, kp, vp, size, body, q
     cdef int64_t i, j, length, delta, ts, klen, vlen, nh, hk, hv
     cdef int nhe
@@ -234,7 +238,7 @@ cdef int c_kafka_stored(const unsigned char* b, Py_ssize_t n, int64_t count, int
             for j in range(nhe):
                 body += k_var_head(names[j].len) + names[j].len + k_var_head(vals[j].len) + vals[j].len
             size += 3 + (3 if 1 + body <= 0xFF and 2 * nhe <= 0xFF else 9) + body
-        o = k_grow(out, 4 + size)
+        o = k_room(out, filled, 4 + size)
         st_u32(o, <uint32_t>size)
         o += 4
         if kp >= 0:
@@ -297,35 +301,33 @@ def kafka_stored(body, count, base_ts, bytearray out, to_stored):
 
     The stored layout is written here for the records to_stored makes (the Kafka shell's mapping);
     ``to_stored`` itself is called only through the pure twin, for input the fast path hands over."""
-    cdef Py_buffer view
-    cdef Py_ssize_t used = 0, start = PyByteArray_GET_SIZE(out)
-    cdef int r
-    c_get_buffer(body, &view)
-    try:
-        r = c_kafka_stored(<const unsigned char*>view.buf, view.len, count, base_ts, out, &used)
-    finally:
-        PyBuffer_Release(&view)
+    r, used = _k_stored(body, count, base_ts, out)
     if r == K_SLOW:
-        del out[start:]
         return _k_py.kafka_stored(body, count, base_ts, out, to_stored)
     return used
+
+
+cdef tuple _k_stored(body, int64_t count, int64_t base_ts, bytearray out):
+    # (0 or K_SLOW, body bytes used); ``out`` trimmed to what was written (K_SLOW: to what it was)
+    cdef Py_buffer view
+    cdef Py_ssize_t used = 0, start = PyByteArray_GET_SIZE(out), filled = start
+    cdef int r = K_SLOW
+    c_get_buffer(body, &view)
+    try:
+        # a stored record is its Kafka record plus at most about 90 bytes of AMQP framing
+        PyByteArray_Resize(out, start + view.len + 96 * max(count, 0))
+        r = c_kafka_stored(<const unsigned char*>view.buf, view.len, count, base_ts, out, &used, &filled)
+    finally:
+        PyBuffer_Release(&view)
+        PyByteArray_Resize(out, start if r == K_SLOW else filled)
+    return r, used
 
 
 def kafka_stored_fast(body, count, base_ts, bytearray out):
     """:func:`kafka_stored` without the pure twin: None (``out`` as it was) where the fast path hands
     over. For tests that the common layouts take the fast path."""
-    cdef Py_buffer view
-    cdef Py_ssize_t used = 0, start = PyByteArray_GET_SIZE(out)
-    cdef int r
-    c_get_buffer(body, &view)
-    try:
-        r = c_kafka_stored(<const unsigned char*>view.buf, view.len, count, base_ts, out, &used)
-    finally:
-        PyBuffer_Release(&view)
-    if r == K_SLOW:
-        del out[start:]
-        return None
-    return used
+    r, used = _k_stored(body, count, base_ts, out)
+    return None if r == K_SLOW else used
 
 
 # ---- Fetch: stored records -> a Kafka record batch -----------------------------------------------------
@@ -521,7 +523,7 @@ cdef bint k_parse_stored(const unsigned char* b, Py_ssize_t n, KRec* r) noexcept
 
 cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
     """The batch, or None when there are no records, or False when the pure twin must decide."""
-    cdef Py_ssize_t total = len(raws), i, k, size, body_len
+    cdef Py_ssize_t total = len(raws), i, k, size, body_len, filled = K_BATCH_HEADER, cap = K_BATCH_HEADER
     cdef int64_t base_ts = 0, max_ts = 0, ts, delta, count
     cdef KRec rec
     cdef const unsigned char* b
@@ -532,7 +534,9 @@ cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64
     if skip >= total:
         return None
     count = total - skip
-    out = PyByteArray_FromStringAndSize(NULL, K_BATCH_HEADER)
+    for i in range(skip, total):
+        cap += len(raws[i]) + 32           # a Kafka record is its stored one's spans plus a few varints
+    out = PyByteArray_FromStringAndSize(NULL, cap)
     for i in range(skip, total):
         raw = raws[i]
         if type(raw) is not bytes:
@@ -551,14 +555,15 @@ cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64
             max_ts = ts
         delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts)     # wraps as Kafka's (Java's) long arithmetic
         if slow is not None:
-            out += _k_py.kafka_record(i - skip, delta, slow[1], slow[2], slow[3])
+            slow = _k_py.kafka_record(i - skip, delta, slow[1], slow[2], slow[3])
+            memcpy(k_room(out, &filled, len(<bytes>slow)), PyBytes_AS_STRING(slow), len(<bytes>slow))
             continue
         size = 1 + k_zz_len(delta) + k_zz_len(i - skip)
         size += 1 if rec.key_off < 0 else k_zz_len(rec.key_len) + rec.key_len
         size += k_zz_len(rec.value_len) + rec.value_len + k_zz_len(rec.nh)
         for k in range(rec.nh):
             size += k_zz_len(rec.name[k].len) + rec.name[k].len + k_zz_len(rec.val[k].len) + rec.val[k].len
-        o = k_grow(out, k_zz_len(size) + size)
+        o = k_room(out, &filled, k_zz_len(size) + size)
         o = k_put_zz(o, size)
         o[0] = 0
         o = k_put_zz(o + 1, delta)
@@ -581,7 +586,8 @@ cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64
             o = k_put_zz(o + rec.name[k].len, rec.val[k].len)
             memcpy(o, b + rec.val[k].off, rec.val[k].len)
             o += rec.val[k].len
-    body_len = PyByteArray_GET_SIZE(out) - K_BATCH_HEADER
+    PyByteArray_Resize(out, filled)
+    body_len = filled - K_BATCH_HEADER
     o = <unsigned char*>PyByteArray_AS_STRING(out)
     st_u64(o, <uint64_t>base_offset)
     st_u32(o + 8, <uint32_t>(K_BATCH_HEADER - K_BATCH_OVERHEAD + body_len))

@@ -19,8 +19,9 @@ is answered CORRUPT_MESSAGE and nothing of that partition is stored; one whose r
 import collections
 import functools
 import logging
+import struct
 
-from riverbed.engine import OffsetSpec
+from riverbed.engine import OffsetSpec, PublishingIds
 from riverbed.engine import core
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
@@ -349,7 +350,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             if exc is None:
                 # a retried idempotent batch the engine dropped: the offset it got the first time
                 res["base_offset"] = (result.first_offset if result.first_offset >= 0
-                                      else self.shell.batch_offset(stream, publisher, ids[0]))
+                                      else self.shell.batch_offset(stream, publisher, ids.first))
             elif isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
             else:
@@ -365,7 +366,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
 
             def cb(result, exc, stream=stream, ids=ids, publisher=publisher, answered=answered):
                 if exc is None and ids is not None and result.first_offset >= 0:
-                    self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
+                    self.shell.remember_batch(stream, publisher, ids.first, result.first_offset)
                 answered(result, exc)
             # one chunk built in one pass (codec.stored_batches); an idempotent producer's sequences are the
             # engine's publisher sequences, which drop a retried batch; the writer computes the CRC
@@ -394,7 +395,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             return C.ERR_CORRUPT_MESSAGE, str(e)
         except C.UnsupportedCompression as e:
             return C.ERR_UNSUPPORTED_COMPRESSION_TYPE, str(e)
-        ids = []
+        seqs = []
         publisher = None
         plain = False
         for b in batches:
@@ -409,13 +410,14 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                 if plain:
                     return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
                 publisher = ref
-                ids.extend(range(b.base_sequence, b.base_sequence + b.records))
+                seqs.append((b.base_sequence, b.records))
             elif publisher is not None:
                 return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
             else:
                 plain = True
         if count:
-            waits.append((res, stream, chunk, count, ids if publisher is not None else None, publisher))
+            waits.append((res, stream, chunk, count, _sequence_ids(seqs) if publisher is not None else None,
+                          publisher))
         return None
 
     # --------------------------------------------------------------------------------------------- Fetch
@@ -614,6 +616,17 @@ def _read_batches(broker, stream, offset, limit):
                 size += len(batch)
                 pos = nxt
     return b"".join(out)
+
+
+def _sequence_ids(seqs):
+    """An idempotent producer's sequences, ``(base sequence, records)`` per batch, as the engine's
+    PublishingIds: packed once, first, last and whether they rise, so the writer's duplicate check costs
+    nothing per record unless a batch is a retry."""
+    seqs = [s for s in seqs if s[1]]
+    raw = b"".join(struct.pack(f">{n}Q", *range(base, base + n)) for base, n in seqs)
+    increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
+    last_base, last_n = seqs[-1]
+    return PublishingIds(raw, seqs[0][0], last_base + last_n - 1, increasing)
 
 
 def _empty_batch(first, last):

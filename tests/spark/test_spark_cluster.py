@@ -85,12 +85,13 @@ def make_stream(cluster, n):
     c = rawwire.RawClient(n1.port)
     assert c.handshake() == rawwire.OK and c.create(STREAM) == rawwire.OK
     c.close()
-    cluster.wait(lambda st: stream_of(st, STREAM) is not None and all(
+    st = cluster.wait(lambda st: stream_of(st, STREAM) is not None and all(
         m["committed_offset"] is not None for m in stream_of(st, STREAM)["members"]), what="placed")
-    publish(n1.port, STREAM, n)
+    leader = stream_of(st, STREAM)["leader"]        # n1 (client-local), or where a locator put it
+    publish(cluster.nodes[leader].port, STREAM, n)
     cluster.wait(lambda st: all(m["committed_offset"] == n for m in stream_of(st, STREAM)["members"]),
                  timeout=120, what=f"every member at {n}")
-    return stream_of(cluster.status(), STREAM)["leader"]
+    return leader
 
 
 def spark_consumers(srv):
@@ -150,17 +151,21 @@ def read_with_a_kill(spark, cluster, n, parts):
     killer = KillWhenReading(cluster, leader, n)
     df = read_all(spark, cluster, order, parts)
     killer.start()
+    t0 = time.monotonic()
     try:
         check_every_record_once(df, n)
+        print(f"the read and its check took {time.monotonic() - t0:.1f} s")
     finally:
         killer.stop.set()
         killer.join(5)
+    print(f"read {n:,} records with {parts} partitions; killed {killer.killed} (leader {leader}) while its "
+          f"consumers were at offsets {killer.positions}")
     assert killer.killed is not None, "the read ended before any node could be killed"
     assert any(p is not None and p < n for p in killer.positions), killer.positions
     return killer
 
 
-def test_nodes_option_reads_from_replicas_in_parallel(spark, cluster3):
+def test_nodes_option_reads_from_replicas_in_parallel(spark, cluster3, tmp_path):
     n = 30_000
     leader = make_stream(cluster3, n)
     df = read_all(spark, cluster3, ["n1", "n2", "n3"], 4)
@@ -178,6 +183,13 @@ def test_nodes_option_reads_from_replicas_in_parallel(spark, cluster3):
     first = [ports[int(p.nodes[0].rsplit(":", 1)[1])] for p in parts]
     assert leader not in first and len(set(first)) == 2, first
     assert all(len(p.nodes) == 3 and ports[int(p.nodes[-1].rsplit(":", 1)[1])] == leader for p in parts)
+    # spark-load takes the same list of nodes
+    from riverbed.spark import load as spark_load
+    out = str(tmp_path / "lake")
+    nodes = ",".join(f"127.0.0.1:{s.port}" for s in cluster3.nodes.values())
+    assert spark_load.main([STREAM, "--nodes", nodes, "--to", "parquet", "--output", out, "--no-progress"]) == 0
+    check_every_record_once(spark.read.parquet(out), n)
+    assert spark_load.main([STREAM, "--to", "parquet", "--output", out + "2"]) == 2     # no source
 
 
 def test_a_node_killed_mid_read_every_record_once(spark, cluster3):

@@ -81,6 +81,23 @@ class Publisher(threading.Thread):
             self.error = e
 
 
+def forward_some(srv, n):
+    """Publish ``n`` confirmed messages through ``srv``, which does not lead STREAM (forwarded)."""
+    c = rawwire.RawClient(srv.port, timeout=30)
+    try:
+        assert c.handshake() == rawwire.OK and c.declare_publisher(7, STREAM, "fwd") == rawwire.OK
+        ok, bad = c.publish_confirmed(7, [(i, b"f-%d" % i) for i in range(n)], timeout=20)
+        assert len(ok) == n and not bad, bad
+    finally:
+        c.close()
+    time.sleep(view_cache_ttl())
+
+
+def view_cache_ttl():
+    from riverbed.shells.cluster.view import CACHE_TTL
+    return CACHE_TTL + 0.1
+
+
 def lag_of(doc, node):
     s = stream_of(doc, STREAM)
     return next(m["lag"] for m in s["members"] if m["node"] == node) if s else None
@@ -163,6 +180,10 @@ def test_api_cluster_shows_nodes_leader_members_and_lag(tmp_path, etcd):
                     snap = json.loads(line[6:])
                     break
         assert snap["cluster"]["self"] == replicas[1] and stream_of(snap["cluster"], STREAM)["leader"] == leader
+        # a publish through the viewer (a replica) is forwarded to the leader: the viewer counts it
+        assert STREAM not in get(viewer, "/api/cluster")["forwarded"]
+        forward_some(viewer, 50)
+        assert get(viewer, "/api/cluster")["forwarded"][STREAM] == 50
         # a node down: shown down by the others
         cluster.nodes[paused].kill()
         doc = get(viewer, "/api/cluster")
@@ -249,6 +270,11 @@ def test_dashboard_shows_the_cluster_and_a_paused_replicas_lag(tmp_path, etcd, b
         assert max(x or 0 for x in during) > 0, during
         assert after[-1] == 0, after
         assert max(x or 0 for x in during) > (after[-1] or 0)
+        # publishes forwarded by the viewer to the leader show in its column
+        forward_some(viewer, 50)
+        page.wait_for_function(
+            "s => (document.querySelector(`#placement tr[data-stream=\"${s}\"] td.forwarded`) || {}).textContent === '50'",
+            arg=STREAM, timeout=TIMEOUT_MS)
         ctx.close()
     finally:
         cluster.stop()

@@ -297,13 +297,17 @@ class ClusterNode:
                 placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
             except (ValueError, KeyError):
                 continue
-        self.placements = placements
+        before, self.placements = self.placements, placements
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
                       for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
         # local streams no placement names: deleted on the cluster while this node was away (a
-        # tombstone says so), else made before the cluster or while etcd was away: this node leads them
+        # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
+        # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
+        # tombstone (a client deleted it through another member); one it leads but has not placed yet is
+        # a new stream, whatever tombstone an older one of that name left
         for name in self.engine.list_streams():
-            if name in placements or name in self.leading or name in self.placing:
+            if (name in placements or name in self.placing
+                    or name in self.leading and not (name in before and name in tombstones)):
                 continue
             if name in tombstones:
                 self._member_deleting.add(name)

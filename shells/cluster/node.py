@@ -17,7 +17,8 @@ a majority of the members has done so, the one with the highest (epoch of its la
 takes the stream at epoch + 1 by compare-and-swap and stamps that epoch into its chunks. A member whose
 tail does not match the new leader's log truncates it (those chunks were never confirmed). A member
 refuses chunks of an epoch older than one it has seen, and a leader whose lease may have expired stops
-confirming at once.
+confirming at once. A member whose dial of a killed leader is refused need not wait for the lease: see
+failover.py (the fast path, with its safety argument).
 
 Loop thread only (the broker's loop), except the engine completions posted back to it.
 """
@@ -31,6 +32,7 @@ from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
 from riverbed.shells.cluster import wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.failover import LeaderWatch
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -148,6 +150,7 @@ class ClusterNode:
         self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
         self.progress_sent = {}       # stream -> last progress value written
         self.detached = {}            # stream -> epoch whose leader this member lost
+        self.watch = LeaderWatch()    # leaders found gone by a refused dial (failover.py)
         self._server = None
         self._tasks = []
         self._stopping = False
@@ -335,6 +338,7 @@ class ClusterNode:
         if epoch < self.max_epoch.get(name, 0):
             return
         self.max_epoch[name] = epoch
+        self.watch.forget(name, epoch)
         if leader == self.name:
             st = self.leading.get(name)
             if st is None:
@@ -355,7 +359,7 @@ class ClusterNode:
             self._step_down(name)
         if not self.engine.has_stream(name):
             await self._create_local(name, p.get("arguments") or {})
-        if leader in self.nodes:
+        if leader in self.nodes and not self.watch.is_lost(name, leader, epoch):
             f = self.following.get(name)
             if f is None or f[0] != leader or f[1] != epoch or f[2].done():
                 if f is not None:
@@ -366,7 +370,8 @@ class ClusterNode:
                 task = asyncio.get_running_loop().create_task(self._follow(name, leader, epoch))
                 self.following[name] = (leader, epoch, task)
             return
-        # the leader's lease is gone: report a final position, then elect once a majority has
+        # the leader's lease is gone (or its dial refused): report a final position, then elect once a
+        # majority has
         f = self.following.pop(name, None)
         if f is not None:
             f[2].cancel()
@@ -525,6 +530,7 @@ class ClusterNode:
         self.max_epoch.pop(name, None)
         self.progress_sent.pop(name, None)
         self.detached.pop(name, None)
+        self.watch.forget(name)
         if name in self._member_deleting:
             self._member_deleting.discard(name)
             return
@@ -726,6 +732,12 @@ class ClusterNode:
                 await self._follow_once(name, leader, epoch, reg)
             except asyncio.CancelledError:
                 raise
+            except ConnectionRefusedError:
+                # nothing listens on the leader's replication port: its process is gone (failover.py);
+                # this member never follows it at this epoch again and elects at the next poll
+                log.info("cluster: %s finds %s gone (leader of %s at epoch %d)", self.name, leader, name, epoch)
+                self.watch.refused(name, leader, epoch)
+                return
             except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
                 log.debug("cluster: following %s on %s: %s", name, leader, e)
             except RiverbedError as e:      # a chunk refused (bad CRC, not at the log's end)

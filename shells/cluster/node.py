@@ -465,11 +465,11 @@ class ClusterNode:
 
     def _cut_off(self, st, now):
         """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
-        lease TTL: a member counts while it is connected or acknowledged within the TTL."""
+        lease TTL: a member counts while it acknowledged (a chunk or a COMMIT heartbeat) within the TTL; an
+        open connection alone does not count (a partition leaves it open and silent)."""
         if len(st.members) < 2 or now - st.since < self.ttl:
             return False
-        heard = 1 + sum(1 for m in st.members if m != self.name and (
-            st.connected.get(m, 0) > 0 or now - st.heard.get(m, st.since) < self.ttl))
+        heard = 1 + sum(1 for m in st.members if m != self.name and now - st.heard.get(m, st.since) < self.ttl)
         return heard < len(st.members) // 2 + 1
 
     async def _resign(self, st):
@@ -657,10 +657,11 @@ class ClusterNode:
             st.conns.add(writer)
             st.acked[node] = pos
             st.connected[node] = st.connected.get(node, 0) + 1
+            st.heard[node] = time.monotonic()
             connected = node
             acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
-            sent_commit = -1
+            sent_commit, sent_at = -1, 0.0
             sent_offsets = {}
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
@@ -670,8 +671,10 @@ class ClusterNode:
                         writer.write(wire.json_frame(wire.SEQS, seqs))
                     writer.write(wire.frame(wire.CHUNK, raw))
                     pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
-                if st.committed != sent_commit:
-                    sent_commit = st.committed
+                if st.committed != sent_commit or time.monotonic() - sent_at >= self.ttl / 4:
+                    # also a heartbeat: the member answers every COMMIT with an ACK, so a connection
+                    # gone silent (a partition leaves it open) does not count as hearing from it
+                    sent_commit, sent_at = st.committed, time.monotonic()
                     writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
                 offsets = self.engine.stored_offsets(name)
                 if offsets != sent_offsets:
@@ -760,6 +763,7 @@ class ClusterNode:
             writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
                                                       "next": s.next_offset, "last": last}))
             await writer.drain()
+            durable = [s.next_offset]       # the highest offset acknowledged on this connection
             seqs = None
             while True:
                 kind, payload = await wire.read_frame(reader)
@@ -771,7 +775,7 @@ class ClusterNode:
 
                     def stored(res, exc, w=writer):
                         if exc is None and not w.is_closing():
-                            loop.call_soon_threadsafe(self._ack, w, res)
+                            loop.call_soon_threadsafe(self._ack, w, res, durable)
                         elif exc is not None:
                             loop.call_soon_threadsafe(w.close)
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
@@ -784,6 +788,7 @@ class ClusterNode:
                         self.engine.store_offset(name, ref, int(off))
                 elif kind == wire.COMMIT:
                     self.engine.set_read_limit(name, wire.u64(payload))
+                    self._ack(writer, durable[0], durable)     # the heartbeat's answer
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)
                     log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
@@ -796,7 +801,8 @@ class ClusterNode:
             writer.close()
 
     @staticmethod
-    def _ack(writer, offset):
+    def _ack(writer, offset, durable):
+        durable[0] = max(durable[0], offset)
         if not writer.is_closing():
             writer.write(wire.u64_frame(wire.ACK, offset))
 

@@ -116,11 +116,11 @@ class Publisher(threading.Thread):
         self.pending = []
         self.refusals = 0
         self.reconnects = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.lock = threading.Lock()
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(30)
 
     def confirms_after(self, t0, not_node=None):
@@ -130,7 +130,7 @@ class Publisher(threading.Thread):
         return min(times) if times else None
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             lead = self.leaders.leader()
             if lead is None:
                 time.sleep(0.05)
@@ -153,7 +153,7 @@ class Publisher(threading.Thread):
                 c.close()
 
     def _publish_on(self, c, node):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             if not self.pending:
                 self.pending = list(range(self.next_seq, self.next_seq + self.batch))
                 self.next_seq += self.batch
@@ -182,14 +182,14 @@ class Consumer(threading.Thread):
         self.seen = []
         self.next_offset = 0
         self.reconnects = 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self):
-        self._stop.set()
+        self._halt.set()
         self.join(30)
 
     def run(self):
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             live = self.leaders.live()
             if not live:
                 time.sleep(0.05)
@@ -214,7 +214,7 @@ class Consumer(threading.Thread):
                             + struct.pack(">HQH", OFFSET_AT, self.next_offset, 10) + props({}))
         if code != rawwire.OK:
             return
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             if c.pushed:
                 f = c.pushed.pop(0)
             else:

@@ -39,6 +39,7 @@ log = logging.getLogger("riverbed.cluster")
 DEFAULT_CLUSTER_SIZE = 3
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
+MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
 
 
@@ -667,7 +668,7 @@ class ClusterNode:
                 ev.clear()
                 chunks, seqs = self.engine.read_for_replica(name, pos)
                 for i, (chunk_id, raw) in enumerate(chunks):
-                    if seqs and i == len(chunks) - 1:
+                    if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
                         writer.write(wire.json_frame(wire.SEQS, seqs))
                     writer.write(wire.frame(wire.CHUNK, raw))
                     pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
@@ -765,6 +766,7 @@ class ClusterNode:
             await writer.drain()
             durable = [s.next_offset]       # the highest offset acknowledged on this connection
             seqs = None
+            held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
             while True:
                 kind, payload = await wire.read_frame(reader)
                 if kind == wire.CHUNK:
@@ -778,7 +780,18 @@ class ClusterNode:
                             loop.call_soon_threadsafe(self._ack, w, res, durable)
                         elif exc is not None:
                             loop.call_soon_threadsafe(w.close)
+                    if seqs is None and held_bytes + len(payload) <= MAX_UNSEQUENCED:
+                        # held until the publisher sequences that cover it arrive (SEQS comes with the last
+                        # chunk of a batch that reaches the leader's log end): a member whose leader dies
+                        # mid-batch then holds no chunk its dedup state does not count, so re-sent publishes
+                        # are not stored twice if it is elected
+                        held.append(payload)
+                        held_bytes += len(payload)
+                        continue
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
+                    for raw in held:
+                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                    held, held_bytes = [], 0
                     self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
                     seqs = None
                 elif kind == wire.SEQS:

@@ -218,6 +218,7 @@ class ClusterNode:
         t0 = time.monotonic()
         self.lease = await self.etcd.grant(max(1, round(self.ttl)))
         self._lease_until = t0 + self.ttl
+        self.progress_sent.clear()      # the progress keys went with the old lease: write them again
         await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
 
     async def _keepalive_loop(self):

@@ -225,6 +225,10 @@ def test_rolling_restart_rstream_clients_reconnect_nothing_lost(tmp_path, etcd):
         print(f"\nrolling restart {restarted}: {sent} published and confirmed, consumer got {len(got)}, "
               f"{resent} publish(es) the client reported unconfirmed re-sent by the test; "
               f"{len(log) - len(set(log))} stored twice (a re-sent message whose first copy was stored)")
+    except BaseException:
+        for name, srv in c.nodes.items():
+            print(f"--- {name}\n" + "\n".join(srv.lines[-60:]))
+        raise
     finally:
         c.stop()
 

@@ -120,10 +120,12 @@ def test_kill_leader_ten_times_two_dedup_publishers_nothing_lost(tmp_path, etcd)
         assert p50(times) <= 3.0, f"failover p50 {p50(times):.2f} s with the default lease (goal: <= 3 s)"
         assert summary["consumed"] > 0 and summary["confirmed"] > 0
     finally:
-        for t in (*pubs, *([cons] if cons else [])):
-            if t.is_alive():
-                t.stop()
-        c.stop()
+        try:
+            for t in (*pubs, *([cons] if cons else [])):
+                if t.is_alive():
+                    t.stop()
+        finally:
+            c.stop()         # the servers stop even if a worker does not
 
 
 @pytest.mark.slow

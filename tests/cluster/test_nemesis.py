@@ -221,7 +221,9 @@ def test_nemesis_random_faults_every_confirmed_message_once_one_order(tmp_path, 
         print(f"nemesis seed {seed}; faults so far: {done}")
         raise
     finally:
-        for w in workers:
-            if w.is_alive():
-                w.stop()
-        c.stop()
+        try:
+            for w in workers:
+                if w.is_alive():
+                    w.stop()
+        finally:
+            c.stop()         # the servers stop even if a worker does not

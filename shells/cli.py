@@ -328,6 +328,19 @@ def build_parser():
     st.add_argument("--cluster", default=os.environ.get("RIVERBED_CLUSTER", "riverbed"), metavar="NAME",
                     help="cluster name (also RIVERBED_CLUSTER; default riverbed)")
     st.add_argument("--json", action="store_true", help="print the status as JSON")
+    for action, text in (("add-replica", "make NODE a member of STREAM: it copies the leader's log, then "
+                                         "follows it (a member once it holds the committed offset)"),
+                         ("delete-replica", "take NODE off STREAM and delete its copy there (a leader hands "
+                                            "leadership to another member first; the last member stays)")):
+        r = cs.add_parser(action, help=text, description=text + ". Exit 0 done, 1 refused, 2 etcd unreachable.")
+        r.add_argument("stream")
+        r.add_argument("node")
+        r.add_argument("--etcd", default=os.environ.get("RIVERBED_ETCD"), metavar="URL[,URL]",
+                       help="etcd client URL(s) (also RIVERBED_ETCD)")
+        r.add_argument("--cluster", default=os.environ.get("RIVERBED_CLUSTER", "riverbed"), metavar="NAME",
+                       help="cluster name (also RIVERBED_CLUSTER; default riverbed)")
+        r.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long to wait for the change to complete (default 60)")
     sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
                    add_help=False)
     return p
@@ -355,6 +368,9 @@ def main(argv=None):
         if not args.etcd:
             print("riverbed cluster: give --etcd URL (or RIVERBED_ETCD)", file=sys.stderr)
             return 2
+        if args.action in ("add-replica", "delete-replica"):
+            from riverbed.shells.cluster.membership import main_change
+            return main_change(args)
         from riverbed.shells.cluster.status import main_status
         return main_status(args)
     return 2

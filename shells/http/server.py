@@ -36,6 +36,7 @@ FEATURES = (
     "riverbed.shells.http.health",        # /healthz, /readyz: probes, no auth
     "riverbed.shells.http.api",           # /api/streams, /api/stream/consumers|publishers: dashboard JSON
     "riverbed.shells.http.dashboard",     # GET /, /static/*, /api/events (server-sent snapshots)
+    "riverbed.shells.http.cluster",       # /api/cluster: nodes, each stream's leader, members and lag
 )
 
 

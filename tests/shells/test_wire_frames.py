@@ -22,7 +22,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
                                            HealthCheck.data_too_large])
 needs_compiled = pytest.mark.skipif(wire.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
 
-PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub"]
+PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub", "kafka_stored", "kafka_batch"]
 
 
 def test_wire_twin_fixture_yields_the_named_implementation(wire_twin):

@@ -20,7 +20,8 @@ a majority of the members has done so, the one with the highest (epoch of its la
 takes the stream at epoch + 1 by compare-and-swap and stamps that epoch into its chunks. A member whose
 tail does not match the new leader's log truncates it (those chunks were never confirmed). A member
 refuses chunks of an epoch older than one it has seen, and a leader whose lease may have expired stops
-confirming at once.
+confirming at once. A member whose dial of a killed leader is refused need not wait for the lease: see
+failover.py (the fast path, with its safety argument).
 
 Loop thread only (the broker's loop), except the engine completions posted back to it.
 """
@@ -35,6 +36,7 @@ from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
 from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.cluster import forward_wire, membership, placement, wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 
 log = logging.getLogger("riverbed.cluster")
@@ -42,6 +44,7 @@ log = logging.getLogger("riverbed.cluster")
 DEFAULT_CLUSTER_SIZE = 3
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
+MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
 
 
@@ -156,6 +159,7 @@ class ClusterNode:
         self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
         self.progress_sent = {}       # stream -> last progress value written
         self.detached = {}            # stream -> epoch whose leader this member lost
+        self.watch = LeaderWatch()    # leaders found gone by a refused dial (failover.py)
         self._server = None
         self._tasks = []
         self._stopping = False
@@ -228,6 +232,7 @@ class ClusterNode:
         t0 = time.monotonic()
         self.lease = await self.etcd.grant(max(1, round(self.ttl)))
         self._lease_until = t0 + self.ttl
+        self.progress_sent.clear()      # the progress keys went with the old lease: write them again
         await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
 
     async def _keepalive_loop(self):
@@ -364,6 +369,7 @@ class ClusterNode:
         if epoch < self.max_epoch.get(name, 0):
             return
         self.max_epoch[name] = epoch
+        self.watch.forget(name, epoch)
         if leader == self.name:
             st = self.leading.get(name)
             if st is None and membership.given_to_me(self, p):
@@ -388,7 +394,7 @@ class ClusterNode:
             self._step_down(name)
         if not self.engine.has_stream(name):
             await self._create_local(name, p.get("arguments") or {})
-        if leader in self.nodes:
+        if leader in self.nodes and not self.watch.is_lost(name, leader, epoch):
             f = self.following.get(name)
             if f is None or f[0] != leader or f[1] != epoch or f[2].done():
                 if f is not None:
@@ -399,7 +405,8 @@ class ClusterNode:
                 task = asyncio.get_running_loop().create_task(self._follow(name, leader, epoch))
                 self.following[name] = (leader, epoch, task)
             return
-        # the leader's lease is gone: report a final position, then elect once a majority has
+        # the leader's lease is gone (or its dial refused): report a final position, then elect once a
+        # majority has
         f = self.following.pop(name, None)
         if f is not None:
             f[2].cancel()
@@ -495,11 +502,11 @@ class ClusterNode:
 
     def _cut_off(self, st, now):
         """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
-        lease TTL: a member counts while it is connected or acknowledged within the TTL."""
+        lease TTL: a member counts while it acknowledged (a chunk or a COMMIT heartbeat) within the TTL; an
+        open connection alone does not count (a partition leaves it open and silent)."""
         if len(st.members) < 2 or now - st.since < self.ttl:
             return False
-        heard = 1 + sum(1 for m in st.members if m != self.name and (
-            st.connected.get(m, 0) > 0 or now - st.heard.get(m, st.since) < self.ttl))
+        heard = 1 + sum(1 for m in st.members if m != self.name and now - st.heard.get(m, st.since) < self.ttl)
         return heard < len(st.members) // 2 + 1
 
     async def _resign(self, st):
@@ -565,6 +572,7 @@ class ClusterNode:
         self.max_epoch.pop(name, None)
         self.progress_sent.pop(name, None)
         self.detached.pop(name, None)
+        self.watch.forget(name)
         if name in self._member_deleting:
             self._member_deleting.discard(name)
             return
@@ -705,21 +713,24 @@ class ClusterNode:
             st.conns.add(writer)
             st.acked[node] = pos
             st.connected[node] = st.connected.get(node, 0) + 1
+            st.heard[node] = time.monotonic()
             connected = node
             acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
-            sent_commit = -1
+            sent_commit, sent_at = -1, 0.0
             sent_offsets = {}
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
                 chunks, seqs = self.engine.read_for_replica(name, pos)
                 for i, (chunk_id, raw) in enumerate(chunks):
-                    if seqs and i == len(chunks) - 1:
+                    if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
                         writer.write(wire.json_frame(wire.SEQS, seqs))
                     writer.write(wire.frame(wire.CHUNK, raw))
                     pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
-                if st.committed != sent_commit:
-                    sent_commit = st.committed
+                if st.committed != sent_commit or time.monotonic() - sent_at >= self.ttl / 4:
+                    # also a heartbeat: the member answers every COMMIT with an ACK, so a connection
+                    # gone silent (a partition leaves it open) does not count as hearing from it
+                    sent_commit, sent_at = st.committed, time.monotonic()
                     writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
                 offsets = self.engine.stored_offsets(name)
                 if offsets != sent_offsets:
@@ -780,6 +791,12 @@ class ClusterNode:
                 await self._follow_once(name, leader, epoch, reg)
             except asyncio.CancelledError:
                 raise
+            except ConnectionRefusedError:
+                # nothing listens on the leader's replication port: its process is gone (failover.py);
+                # this member never follows it at this epoch again and elects at the next poll
+                log.info("cluster: %s finds %s gone (leader of %s at epoch %d)", self.name, leader, name, epoch)
+                self.watch.refused(name, leader, epoch)
+                return
             except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
                 log.debug("cluster: following %s on %s: %s", name, leader, e)
             except RiverbedError as e:      # a chunk refused (bad CRC, not at the log's end)
@@ -802,7 +819,9 @@ class ClusterNode:
             writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
                                                       "next": s.next_offset, "last": last}))
             await writer.drain()
+            durable = [s.next_offset]       # the highest offset acknowledged on this connection
             seqs = None
+            held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
             while True:
                 kind, payload = await wire.read_frame(reader)
                 if kind == wire.CHUNK:
@@ -813,10 +832,21 @@ class ClusterNode:
 
                     def stored(res, exc, w=writer):
                         if exc is None and not w.is_closing():
-                            loop.call_soon_threadsafe(self._ack, w, res)
+                            loop.call_soon_threadsafe(self._ack, w, res, durable)
                         elif exc is not None:
                             loop.call_soon_threadsafe(w.close)
+                    if seqs is None and held_bytes + len(payload) <= MAX_UNSEQUENCED:
+                        # held until the publisher sequences that cover it arrive (SEQS comes with the last
+                        # chunk of a batch that reaches the leader's log end): a member whose leader dies
+                        # mid-batch then holds no chunk its dedup state does not count, so re-sent publishes
+                        # are not stored twice if it is elected
+                        held.append(payload)
+                        held_bytes += len(payload)
+                        continue
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
+                    for raw in held:
+                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                    held, held_bytes = [], 0
                     self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
                     seqs = None
                 elif kind == wire.SEQS:
@@ -826,6 +856,7 @@ class ClusterNode:
                         self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
                     self.engine.set_read_limit(name, wire.u64(payload))
+                    self._ack(writer, durable[0], durable)     # the heartbeat's answer
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)
                     log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
@@ -838,7 +869,8 @@ class ClusterNode:
             writer.close()
 
     @staticmethod
-    def _ack(writer, offset):
+    def _ack(writer, offset, durable):
+        durable[0] = max(durable[0], offset)
         if not writer.is_closing():
             writer.write(wire.u64_frame(wire.ACK, offset))
 

@@ -4,9 +4,13 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
 
     HELLO     member -> leader   JSON {"node", "stream", "epoch", "next", "last": [chunk id, epoch, crc] | null}
     CHUNK     leader -> member   one whole chunk as the leader stores it (header, bloom, data)
-    SEQS      leader -> member   JSON {publisher: last id}: stored with the next CHUNK (dedup survives failover)
-    COMMIT    leader -> member   u64 committed offset (held by a majority): how far readers may see
-    ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy
+    SEQS      leader -> member   JSON {publisher: last id}: stored with the next CHUNK (dedup survives failover);
+                                 before the last chunk of every batch that reaches the log end (the member
+                                 holds the chunks before it until then)
+    COMMIT    leader -> member   u64 committed offset (held by a majority): how far readers may see; sent
+                                 again every lease TTL / 4 as a heartbeat
+    ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy; also
+                                 the answer to every COMMIT, so the leader knows who still hears it
     TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail)
     REFUSE    leader -> member   JSON {"reason"}: not (or no longer) the leader of that stream at that epoch
     OFFSETS   leader -> member   JSON {reference: offset}: consumer offsets (StoreOffset) that changed

@@ -19,10 +19,11 @@ class ServerProcess:
     ``ports`` maps every listener's name in its ``listening NAME HOST:PORT`` log line (``stream``,
     ``http``, ...) to its port."""
 
-    def __init__(self, data_dir, *args, env=None):
+    def __init__(self, data_dir, *args, env=None, wrap=()):
         self.data_dir = str(data_dir)
         self.args = list(args)
         self.env = env
+        self.wrap = list(wrap)      # a command prefix, e.g. ["ip", "netns", "exec", NS] (it execs the server)
         self.proc = None
         self.port = None
         self.ports = {}
@@ -35,7 +36,7 @@ class ServerProcess:
         env.update(self.env or {})
         # every other listener off unless the test turns it on (the last flag given wins), so that servers
         # of parallel tests never fight over a default port
-        cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir,
+        cmd = [*self.wrap, sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir,
                "--stream-port", "0", *OTHER_LISTENERS_OFF, *self.args]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, env=env)

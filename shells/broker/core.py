@@ -312,6 +312,15 @@ class Broker:
             return True
         return self.cluster is not None and self.cluster.forwarding.placed(name)
 
+    def find_stream(self, name, cb):
+        """``cb(found)`` with :meth:`has_stream_anywhere`'s answer; in a cluster, a miss is asked of etcd
+        first (a stream made on another node a moment ago is placed there before this node's next poll of
+        the cluster state sees it). ``cb`` runs on the loop, at once when no lookup is needed."""
+        if self.cluster is None or self.has_stream_anywhere(name):
+            cb(self.has_stream_anywhere(name))
+            return
+        self.cluster.forwarding.lookup(name, lambda placed, exc: cb(bool(placed)))
+
     def creating(self, name):
         """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""
         return name in self._creating

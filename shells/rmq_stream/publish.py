@@ -55,11 +55,20 @@ class PublishCommands:
         reference = r.string()
         stream = r.string()
         r.done()
+        if stream and self.broker.cluster is not None and not self.broker.has_stream_anywhere(stream):
+            # made on another node a moment ago: etcd places it before this node's next poll sees it
+            self.broker.find_stream(stream, self._later(
+                lambda found: self._declare_publisher(corr, publisher_id, reference, stream, found)))
+            return
+        self._declare_publisher(corr, publisher_id, reference, stream,
+                                bool(stream) and self.broker.has_stream_anywhere(stream))
+
+    def _declare_publisher(self, corr, publisher_id, reference, stream, exists):
         if publisher_id in self.publishers:
             code = RC_PRECONDITION_FAILED
         elif reference and len(reference.encode("utf-8")) > MAX_REFERENCE:
             code = RC_PRECONDITION_FAILED
-        elif not stream or not self.broker.has_stream_anywhere(stream):     # a cluster forwards to the leader
+        elif not exists:     # a cluster forwards to the leader: a copy here is not needed
             code = RC_STREAM_DOES_NOT_EXIST
         elif not self._can(WRITE, stream):
             code = RC_ACCESS_REFUSED

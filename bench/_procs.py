@@ -26,9 +26,9 @@ from bench._client import descendants
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RABBITMQ_SH = os.path.join(ROOT, "ci", "rabbitmq.sh")
 # every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
-OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--ream-port", "off",
                        "--http-port", "off", "--kafka-port", "off")
-LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+LISTEN_RE = re.compile(r"listening stream (\S+):(\d+)")
 KAFKA_RE = re.compile(r"listening kafka (\S+):(\d+)")
 
 

@@ -34,9 +34,10 @@ from riverbed.shells.kafka.admin_commands import AdminCommands, producer_referen
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
 from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
+from riverbed.shells.protocols import KAFKA
 
 log = logging.getLogger("riverbed.kafka")
-LISTENER = "kafka"          # the listener label of riverbed_rejected_total
+LISTENER = KAFKA   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 TS_LATEST, TS_EARLIEST = -1, -2
 ERR_ILLEGAL_SASL_STATE = 34
@@ -65,7 +66,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     succeeds (``OPEN`` at once when the peer needs no login). Loop-thread only; bad input never raises out."""
 
     LISTENER = LISTENER
-    PROTOCOL = "kafka"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
 
     def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=True):
         super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)

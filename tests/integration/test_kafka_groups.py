@@ -86,6 +86,14 @@ class GroupMember(threading.Thread):
         self.assigned.append(sorted(self.owned))
 
     def _revoked(self, consumer, parts):
+        if self.commit_every > 1 and parts:
+            # committing every commit_every records leaves up to commit_every - 1 of them uncommitted: they
+            # are committed before the partitions go, or their next owner would read them again
+            from confluent_kafka import KafkaException
+            try:
+                consumer.commit(asynchronous=False)
+            except KafkaException as e:
+                self.commit_errors.append(e)      # nothing consumed since the last commit
         self.owned -= {p.partition for p in parts}
         self.assigned.append(sorted(self.owned))
 

@@ -94,6 +94,14 @@ class Member(threading.Thread):
         self.owned |= ps
 
     def _revoked(self, consumer, parts):
+        if self.commit_every > 1 and parts:
+            # committing every commit_every records leaves up to commit_every - 1 of them uncommitted: they
+            # are committed before the partitions go, or their next owner would read them again
+            from confluent_kafka import KafkaException
+            try:
+                consumer.commit(asynchronous=False)
+            except KafkaException:
+                pass            # nothing consumed since the last commit, or the partitions are lost
         ps = {p.partition for p in parts}
         self.owned -= ps
         self.owners.give(self.name, ps)

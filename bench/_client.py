@@ -54,6 +54,7 @@ WORKLOADS = ("rstream-raw", "rbfly-raw", "rbfly-amqp", "rbfly-amqp-batch", "cons
 # peer workloads -> the module that runs them (``await module.run(runner)``)
 PEER_CLIENTS = {w: "bench._redis" for w in ("redis-publish", "redis-consume", "redis-latency")}
 PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-publish", "nats-consume", "nats-latency")})
+PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-r3-publish", "nats-r3-consume", "nats-r3-latency")})
 # the server-bound load generator (raw frames, any RabbitMQ Stream broker): bench._loadgen
 PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume")})
 # Riverbed's Kafka shell with confluent-kafka (librdkafka): bench._kafka
@@ -107,8 +108,10 @@ def self_cpu():
     return ru.ru_utime + ru.ru_stime
 
 
-def snapshot(server_pid, idle_pids=()):
-    return {"t": time.monotonic(), "server": tree_cpu(server_pid), "client": self_cpu(),
+def snapshot(server_pid, idle_pids=(), also_server=()):
+    """CPU counters now; ``also_server``: more server processes (a cluster's other nodes), summed in."""
+    return {"t": time.monotonic(), "server": tree_cpu(server_pid) + sum(tree_cpu(p) for p in also_server),
+            "client": self_cpu(),
             "harness": proc_cpu(os.getppid()), "idle_brokers": sum(tree_cpu(p) for p in idle_pids),
             "stat": machine_stat()}
 
@@ -126,7 +129,9 @@ def rstream_producer(a):
 
 async def rstream_create(a):
     async with rstream_producer(a) as p:
-        await p.create_stream(a.stream, exists_ok=True)
+        # --stream-arg K=V: stream arguments (the cluster rows: queue-leader-locator=client-local)
+        args = dict(kv.split("=", 1) for kv in a.stream_arg) or None
+        await p.create_stream(a.stream, arguments=args, exists_ok=True)
 
 
 async def rstream_delete(a):
@@ -206,10 +211,10 @@ class Runner:
             raise SystemExit("harness went away")
 
     def start(self):
-        self.s0 = snapshot(self.a.server_pid, self.a.idle_pid)
+        self.s0 = snapshot(self.a.server_pid, self.a.idle_pid, self.a.also_server_pid)
 
     def stop(self):
-        self.s1 = snapshot(self.a.server_pid, self.a.idle_pid)
+        self.s1 = snapshot(self.a.server_pid, self.a.idle_pid, self.a.also_server_pid)
 
     async def run(self):
         a = self.a
@@ -489,6 +494,10 @@ def parse_args(argv=None):
     ap.add_argument("--server-pid", type=int, default=0, help="the broker process to measure")
     ap.add_argument("--idle-pid", type=int, action="append", default=[],
                     help="other brokers running meanwhile (their CPU is reported, and counts as noise)")
+    ap.add_argument("--also-server-pid", type=int, action="append", default=[],
+                    help="another server process whose CPU counts as the server's (a cluster's other nodes)")
+    ap.add_argument("--stream-arg", action="append", default=[], metavar="K=V",
+                    help="a stream argument for the rstream workloads' create_stream")
     ap.add_argument("--streams", type=int, default=1000, help="memory-rstream: streams (default 1,000)")
     ap.add_argument("--connections", type=int, default=10,
                     help="memory-rstream: producer/consumer connection pairs (default 10)")

@@ -13,6 +13,10 @@ subject of the same name. The workloads (run by ``bench._client``; setup untimed
   like a RabbitMQ stream consumer, it only reads) created and ``fetch(--batch)`` until every message came.
 - ``nats-latency``: ``publish`` (a request that waits for the stream's PubAck) one message at a time:
   ``--warmup`` untimed, then ``--timed`` timed.
+
+The ``nats-r3-*`` workloads are the same three on a stream with ``num_replicas=3``, against the
+three-server cluster of ``bench._cluster.NatsCluster`` (the cluster rows): a PubAck then means a
+majority of the three stored the message.
 """
 
 import asyncio
@@ -57,19 +61,23 @@ async def run(runner):
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType
 
     a = runner.a
+    # nats-r3-*: the same workload on a stream with three replicas (bench._cluster.NatsCluster)
+    workload = a.workload.replace("nats-r3-", "nats-")
+    replicas = 3 if a.workload.startswith("nats-r3-") else 1
     window = a.batch * a.inflight
     nc = await nats.connect(f"nats://{a.host}:{a.port}", allow_reconnect=False)
     js = nc.jetstream(timeout=60, publish_async_max_pending=window)
     subject = stream = a.stream
-    await js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE)
+    await js.add_stream(name=stream, subjects=[subject], storage=StorageType.FILE,
+                        num_replicas=replicas)
     try:
-        if a.workload == "nats-publish":
+        if workload == "nats-publish":
             runner.wait_go()
             runner.start()
             await _publish_all(js, subject, a.n, runner.body, window)
             runner.stop()
             await _check_len(js, stream, a.n)
-        elif a.workload == "nats-consume":
+        elif workload == "nats-consume":
             await _publish_all(js, subject, a.n, runner.body, window)
             await _check_len(js, stream, a.n)
             runner.wait_go()
@@ -86,7 +94,7 @@ async def run(runner):
             await sub.unsubscribe()
             runner.result["received"] = got
             runner.result["received_bytes"] = nbytes
-        elif a.workload == "nats-latency":
+        elif workload == "nats-latency":
             body = runner.body
             runner.wait_go()
             for _ in range(a.warmup):

@@ -48,7 +48,20 @@ W = {
     "kafka-consume": dict(
         label="Kafka consume from 0, confluent-kafka", client="kafka-consume", kind="consume", protocol="kafka",
         rabbitmq=False),
+    # issue 23's cluster rows (bench._cluster): each runs on the headline single node and on a three-node
+    # cluster (etcd + three ``riverbed serve --node``; n1 leads, every confirm waits for a majority), with
+    # the same rstream client; server CPU is summed over the three nodes. RabbitMQ has no cluster here.
+    "cluster-publish": dict(
+        label="cluster: publish rstream raw send_batch 5k×16", client="rstream-raw", kind="publish",
+        rabbitmq=False, cluster=True),
+    "cluster-consume": dict(
+        label="cluster: consume from first, rstream", client="consume-rstream", kind="consume", rabbitmq=False,
+        cluster=True),
+    "cluster-latency": dict(
+        label="cluster: confirm latency, rstream send_wait", client="latency-rstream", kind="latency",
+        rabbitmq=False, cluster=True),
 }
+CLUSTER_WORKLOADS = tuple(w for w, sp in W.items() if sp.get("cluster"))
 DEFAULT_DURABLE = ("publish-rstream-raw", "latency-rstream")
 
 # The other peers' workloads (their own clients); bench._client runs them through bench._redis / bench._nats.
@@ -66,6 +79,13 @@ PEER_W = {
                          kind="consume"),
     "nats-latency": dict(peer="nats", label="NATS JetStream publish + ack (request)", client="nats-latency",
                          kind="latency"),
+    # NATS with three replicas: three nats-server in a cluster (``server``: bench._cluster.NatsCluster)
+    "nats-r3-publish": dict(peer="nats", server="nats-r3", label="NATS JetStream R3 publish_async + acks",
+                            client="nats-r3-publish", kind="publish"),
+    "nats-r3-consume": dict(peer="nats", server="nats-r3", label="NATS JetStream R3 pull consume (fetch)",
+                            client="nats-r3-consume", kind="consume"),
+    "nats-r3-latency": dict(peer="nats", server="nats-r3", label="NATS JetStream R3 publish + ack (request)",
+                            client="nats-r3-latency", kind="latency"),
 }
 
 # Riverbed workload -> {peer: peer workload}. Batched publish rows map to pipelined / async publishing,
@@ -79,6 +99,8 @@ for _w in ("consume-rstream", "consume-rbfly-raw", "consume-rbfly-amqp"):
     PEER_MAP[_w] = {"redis": "redis-consume", "nats": "nats-consume"}
 for _w in ("latency-rstream", "latency-rbfly"):
     PEER_MAP[_w] = {"redis": "redis-latency", "nats": "nats-latency"}
+for _w, _k in zip(CLUSTER_WORKLOADS, ("publish", "consume", "latency")):
+    PEER_MAP[_w] = {"nats": f"nats-r3-{_k}"}
 PEER_MAP["kafka-produce"] = {"redis": "redis-publish", "nats": "nats-publish"}
 PEER_MAP["kafka-consume"] = {"redis": "redis-consume", "nats": "nats-consume"}
 
@@ -120,6 +142,16 @@ for _w in ("publish-rstream-raw", "publish-rbfly-amqp-batch", "publish-2streams"
 GOALS[("kafka-produce", "msgs_per_s")] = ("abs", ">=", 500_000.0)
 GOALS[("kafka-produce", "server_us_per_msg")] = ("abs", "<=", 0.5)
 GOALS[("kafka-consume", "msgs_per_s")] = ("abs", ">=", 1_000_000.0)
+# issue 23, on this 2-core machine: the cluster row ÷ the same workload on one node ("single"), or ÷ NATS
+# R3 ("nats"); (workload, metric) -> [(against, op, target)]
+CLUSTER_GOALS = {
+    ("cluster-publish", "msgs_per_s"): [("single", ">=", 0.5), ("nats", ">", 1.0)],
+    ("cluster-publish", "server_us_per_msg"): [("single", "<=", 3.0)],
+    ("cluster-consume", "msgs_per_s"): [("nats", ">", 1.0)],
+    ("cluster-consume", "server_us_per_msg"): [("single", "<=", 3.0)],
+    ("cluster-latency", "lat_p50_us"): [("single", "<=", 2.0)],
+    ("cluster-latency", "lat_p99_us"): [],
+}
 DURABLE_GOALS = {
     ("latency-rstream", "lat_p50_us"): ("abs", "<=", 500.0),
 }

@@ -25,6 +25,12 @@ What it does:
 5. writes ``bench/results/<date>-<host>.json`` (every raw run) and ``.png`` (bar chart of the ratios,
    error bars from the min–max).
 
+The cluster rows (``cluster-*``, issue 23; ``bench._cluster``) run each workload on the single node and
+on a three-node Riverbed cluster (etcd + three ``riverbed serve --node``, n1 leading, server CPU summed
+over the nodes), beside NATS JetStream R3 on three ``nats-server`` when ``nats`` is a peer; the goals
+against the single node and NATS R3 (``_workloads.CLUSTER_GOALS``) are printed after the table. No
+RabbitMQ cluster is started (one Debian node here).
+
 Per run it measures msgs/s and MB/s (bodies), the server's CPU seconds per million messages
 (utime+stime of the server's process tree from /proc over the timed window), the client's CPU, the
 server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's other busy CPU
@@ -52,8 +58,8 @@ import time
 from bench import _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
-from bench._workloads import (DEFAULT_DURABLE, KAFKA_COST_GOAL, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG,
-                              W, spec)
+from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
+                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, W, spec)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -175,8 +181,11 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
                     "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
                     "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
                     "--streams", str(args.memory_streams), "--connections", str(args.memory_connections)]
+            # a cluster's other nodes count as the server (their CPU summed in: bench._cluster)
+            argv += broker.client_args() if hasattr(broker, "client_args") else []
             for o in others:
-                argv += ["--idle-pid", str(o.pid)]
+                for pid in getattr(o, "pids", None) or [o.pid]:
+                    argv += ["--idle-pid", str(pid)]
             c = ClientProc(argv)
             clients.append(c)
             ACTIVE.add(c)
@@ -389,6 +398,11 @@ def main(argv=None):
     durable = (_procs.Riverbed(args.durable_fsync, name=f"riverbed-{args.durable_fsync}",
                                label=f"Riverbed fsync={args.durable_fsync}", log=log)
                if args.durable_list else None)
+    # the cluster rows' brokers (bench._cluster), only when a cluster workload runs
+    want_cluster = any(w in CLUSTER_WORKLOADS for w in args.workload_list)
+    from bench._cluster import NatsCluster, RiverbedCluster
+    rb_cluster = RiverbedCluster(log=log) if want_cluster else None
+    replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
     started = []
     runs = []
     json_path, png_path = out_paths(args)
@@ -414,8 +428,22 @@ def main(argv=None):
             if srv is not None:
                 srv.start()
                 started.append(srv)
+        if rb_cluster is not None:
+            rb_cluster.start()
+            started.append(rb_cluster)
+        for name, srv in list(replicated.items()):
+            try:
+                srv.start()
+            except Exception as e:
+                msg = " ".join(str(e).strip().splitlines()[-3:])[:500]
+                meta["skipped_peers"][name] = msg
+                log(f"skipping {srv.label}: could not start it: {msg}")
+                del replicated[name]
+                continue
+            started.append(srv)
         rabbit = peers.get("rabbitmq")
-        brokers = list(peers.values()) + [headline] + ([durable] if durable else [])
+        brokers = (list(peers.values()) + [headline] + ([durable] if durable else [])
+                   + ([rb_cluster] if rb_cluster else []) + list(replicated.values()))
         meta["brokers"] = {b.name: {"label": b.label, "port": b.port, "pid": b.pid, "version": b.version}
                            for b in brokers}
         plan = []
@@ -427,8 +455,14 @@ def main(argv=None):
                     if b is durable and wname not in args.durable_list:
                         continue
                     plan.append((rnd, wname, b))
+                if W[wname].get("cluster"):
+                    plan.append((rnd, wname, rb_cluster))
                 for name, srv in peers.items():
                     pw = PEER_MAP.get(wname, {}).get(name)
+                    if pw and PEER_W[pw].get("server"):    # a replicated peer: its own cluster of servers
+                        srv = replicated.get(PEER_W[pw]["server"])
+                        if srv is None:
+                            continue
                     if pw and pw not in done:   # a peer workload mapped from several rows runs once a round
                         done.add(pw)
                         plan.append((rnd, pw, srv))
@@ -495,6 +529,14 @@ def main(argv=None):
     up = [p for p in PEER_NAMES if p in peers]
     rows = []
     for wname in args.workload_list:
+        if W[wname].get("cluster"):
+            # one row on the single node, one on the cluster beside NATS R3
+            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+                         "cols": {}})
+            cols = {p: (pw, PEER_W[pw]["server"]) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers}
+            rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
+                         "label": W[wname]["label"] + " [3 nodes, R3]"})
+            continue
         cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
         cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
         rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
@@ -504,7 +546,8 @@ def main(argv=None):
     summary = summarise(runs, row_pairs(rows))
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
-    doc = {"meta": meta, "runs": runs, "same_log": same_log,
+    cluster_goals = cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name) if want_cluster else []
+    doc = {"meta": meta, "runs": runs, "same_log": same_log, "cluster_goals": cluster_goals,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
            "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
@@ -534,6 +577,13 @@ def main(argv=None):
         print(f"{W[s['workload']]['label']}: server CPU {s['kafka_us']:.2f} µs/record vs {s['rmq_us']:.2f} over "
               f"RabbitMQ Stream ({s['rmq_workload']}) on the same Riverbed: {s['ratio']:.2f}× "
               f"(goal <= {KAFKA_COST_GOAL}×: {'met' if s['ratio'] <= KAFKA_COST_GOAL else 'NOT met'})")
+    if cluster_goals:
+        print("Cluster rows (issue 23's goals; 3 nodes ÷ one node, 3 nodes ÷ NATS R3; server CPU summed over "
+              "the nodes; medians):")
+        for g in cluster_goals:
+            print("  " + g["text"])
+        print("  RabbitMQ: no three-node cluster is started here (one Debian RabbitMQ 3.10 node, no Docker), "
+              "so the cluster rows have no RabbitMQ column.")
     for p in up:
         if p != "rabbitmq":
             print(f"{PEER_LABELS[p]} column (its own client, bench/_{p}.py): "
@@ -564,6 +614,37 @@ def same_log_costs(summary):
                 out.append({"workload": kafka, "kafka_us": k["med"], "rmq_workload": rmq, "rmq_us": r["med"],
                             "ratio": k["med"] / r["med"]})
                 break
+    return out
+
+
+def cluster_goal_lines(summary, cluster, nats_r3):
+    """Issue 23's goals of the cluster rows (``CLUSTER_GOALS``) judged on medians: one dict per
+    (workload, metric): the three figures, each goal's ratio and verdict (ok None when a side did not
+    run) and a printable ``text``."""
+    out = []
+    for (wname, key), goals in CLUSTER_GOALS.items():
+        label, fmt, _ = METRICS[key]
+        rb3 = summary.get((wname, cluster), {}).get(key)
+        one = summary.get((wname, "riverbed"), {}).get(key)
+        pw = PEER_MAP.get(wname, {}).get("nats")
+        nats = summary.get((pw, nats_r3), {}).get(key) if pw else None
+        if not rb3 and not one:
+            continue
+        text = (f"{wname} {label}: 3 nodes {fmt.format(rb3['med']) if rb3 else '—'}, "
+                f"one node {fmt.format(one['med']) if one else '—'}, NATS R3 {fmt.format(nats['med']) if nats else '—'}")
+        if rb3 and one and one["med"]:
+            text += f"; 3 nodes ÷ one node {rb3['med'] / one['med']:.2f}×"
+        judged = []
+        for against, op, target in goals:
+            other = one if against == "single" else nats
+            r = rb3["med"] / other["med"] if rb3 and other and other["med"] else None
+            ok = None if r is None else (r >= target if op == ">=" else r > target if op == ">" else r <= target)
+            judged.append({"against": against, "op": op, "target": target, "ratio": r, "ok": ok})
+            what = "one node" if against == "single" else "NATS R3"
+            text += (f"; goal {op}{target:g}× {what}: "
+                     + ("? (not run)" if ok is None else f"{'met' if ok else 'MISSED'} ({r:.2f}×)"))
+        out.append({"workload": wname, "metric": key, "cluster": rb3 and rb3["med"], "one_node": one and one["med"],
+                    "nats_r3": nats and nats["med"], "goals": judged, "text": text})
     return out
 
 

@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER_ROWS = "cluster-publish,cluster-consume,cluster-latency"
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]    # ~50 s: etcd, 4 riverbeds, 3 nats-server
 
 
 def _children_of_nobody_left(marker):
@@ -24,7 +24,7 @@ def _children_of_nobody_left(marker):
     return [p for p in out if int(p) != os.getpid()]
 
 
-def _run(tmp_path, peers, n=6000):
+def _run(tmp_path, peers, n=20000):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", peers, "--workloads", CLUSTER_ROWS,
                         "--n", str(n), "--batch", "500", "--warmup", "20", "--timed", "300", "--rounds", "1",
@@ -45,9 +45,10 @@ def test_bench_compare_cluster_rows_against_one_node(tmp_path):
     for w in ("cluster-publish", "cluster-consume", "cluster-latency"):
         one, three = by[(w, "riverbed")], by[(w, "riverbed-cluster")]
         for run in (one, three):
-            assert run["server_cpu_s"] > 0 and run["wall_s"] > 0
+            # /proc counts CPU in 10 ms ticks: a short consume on one node may show none
+            assert run["server_cpu_s"] >= 0 and run["wall_s"] > 0
         if w != "cluster-latency":
-            assert one["n"] == three["n"] == 6000 and one["msgs_per_s"] > 0 and three["msgs_per_s"] > 0
+            assert one["n"] == three["n"] == 20000 and one["msgs_per_s"] > 0 and three["msgs_per_s"] > 0
     lat = by[("cluster-latency", "riverbed-cluster")]
     assert 0 < lat["lat_p50_us"] <= lat["lat_p99_us"] <= lat["lat_max_us"] < 5e6
     # three nodes: the followers' CPU is counted, so replicated publishing costs more server CPU per message

@@ -110,8 +110,8 @@ def self_cpu():
 
 def snapshot(server_pid, idle_pids=(), also_server=()):
     """CPU counters now; ``also_server``: more server processes (a cluster's other nodes), summed in."""
-    return {"t": time.monotonic(), "server": tree_cpu(server_pid) + sum(tree_cpu(p) for p in also_server),
-            "client": self_cpu(),
+    nodes = [tree_cpu(server_pid)] + [tree_cpu(p) for p in also_server]
+    return {"t": time.monotonic(), "server": sum(nodes), "server_nodes": nodes, "client": self_cpu(),
             "harness": proc_cpu(os.getppid()), "idle_brokers": sum(tree_cpu(p) for p in idle_pids),
             "stat": machine_stat()}
 

@@ -254,6 +254,8 @@ def derive(results, kind, size, peak_kb):
         "harness_cores": harness / wall, "idle_broker_cores": idle / wall,
         "other_cores": other / wall, "irq_cores": irq / wall, "steal_cores": steal / wall,
         "server_peak_rss_mb": peak_kb / 1024,
+        # per server process (a cluster: the node the client speaks to first, then the others)
+        "server_node_cpu_s": [b - a for a, b in zip(first.get("server_nodes", []), last.get("server_nodes", []))],
     }
     if kind == "latency":
         r = results[0]

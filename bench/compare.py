@@ -639,8 +639,9 @@ def cluster_goal_lines(summary, cluster, nats_r3):
         nats = summary.get((pw, nats_r3), {}).get(key) if pw else None
         if not rb3 and not one:
             continue
-        text = (f"{wname} {label}: 3 nodes {fmt.format(rb3['med']) if rb3 else '—'}, "
-                f"one node {fmt.format(one['med']) if one else '—'}, NATS R3 {fmt.format(nats['med']) if nats else '—'}")
+        def show(d):
+            return fmt.format(d["med"]) if d else "—"
+        text = f"{wname} {label}: 3 nodes {show(rb3)}, one node {show(one)}, NATS R3 {show(nats)}"
         if rb3 and one and one["med"]:
             text += f"; 3 nodes ÷ one node {rb3['med'] / one['med']:.2f}×"
         judged = []

@@ -18,7 +18,7 @@ CLUSTER_ROWS = "cluster-publish,cluster-consume,cluster-latency"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]    # ~50 s: etcd, 4 riverbeds, 3 nats-server
 
 
-def _children_of_nobody_left(marker):
+def _processes_with(marker):
     """Processes whose command line holds ``marker`` (the bench's temporary directory prefix)."""
     out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     return [p for p in out if int(p) != os.getpid()]
@@ -67,5 +67,5 @@ def test_bench_compare_cluster_rows_against_one_node(tmp_path):
             assert by[(pw, "nats-r3")]["ok"], by[(pw, "nats-r3")]
         assert goals[("cluster-publish", "msgs_per_s")]["goals"][1]["ratio"] is not None
     # every etcd, riverbed and nats-server of the run is gone
-    assert not _children_of_nobody_left("riverbed-bench-cluster-")
-    assert not _children_of_nobody_left("riverbed-bench-nats-r3-")
+    assert not _processes_with("riverbed-bench-cluster-")
+    assert not _processes_with("riverbed-bench-nats-r3-")

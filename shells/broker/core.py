@@ -428,30 +428,31 @@ class Broker:
         """Record super stream ``name`` without partitions (RabbitMQ's management API declares its
         exchange, then binds partitions one by one); ``cb(created, exc)``: created is False when it
         existed already."""
-        self._call(lambda: self.engine.declare_super_stream(name), cb)
+        self._call(lambda: self.engine.declare_super_stream(name), self._super_changed(name, cb, created=True))
 
     def bind_partition(self, name, partition, binding_key, order, cb):
         """Add existing stream ``partition`` to super stream ``name`` under ``binding_key``, placed by
         ``order`` (int or None: after the ordered ones); ``cb(added, exc)``: added is False when that
         binding existed. StreamNotFound when either is missing."""
-        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order), cb)
+        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order),
+                   self._super_changed(name, cb))
 
     def unbind_partition(self, name, partition, binding_key, cb):
         """Remove the binding(s) of ``partition`` (with ``binding_key``, or all when None) from super
         stream ``name``; the stream stays. ``cb(removed count, exc)``."""
-        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), cb)
+        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), self._super_changed(name, cb))
 
     def forget_super_stream(self, name, cb):
         """Remove super stream ``name``'s definition, keeping its partition streams (RabbitMQ deleting
         the exchange); ``cb(exc)``."""
-        self._call(lambda: self.engine.forget_super_stream(name), lambda res, exc: cb(exc))
+        self._call(lambda: self.engine.forget_super_stream(name), self._super_changed(name, lambda res, exc: cb(exc)))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
         if self.cluster is not None:
             cb = self.cluster.hold_create(list(partitions), cb)
         self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
-                   lambda res, exc: cb(exc))
+                   self._super_changed(name, lambda res, exc: cb(exc), created=True))
 
     def delete_super_stream(self, name, cb):
         """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the
@@ -459,7 +460,18 @@ class Broker:
         parts = [p for p in (self.partitions(name) or ()) if self.engine.has_stream(p)]
         self._deleting_enter(parts)
         self._call(lambda: self.engine.delete_super_stream(name),
-                   lambda res, exc: self._deleted_then(parts, cb, exc))
+                   self._super_changed(name, lambda res, exc: self._deleted_then(parts, cb, exc)))
+
+    def _super_changed(self, name, cb, created=False):
+        # in a cluster, a definition changed here is written to etcd for every node (shells/cluster/superstreams.py)
+        if self.cluster is None:
+            return cb
+
+        def done(res, exc):
+            if exc is None:
+                self.cluster.superstreams.changed(name, created)
+            cb(res, exc)
+        return done
 
     def _import_legacy_super_streams(self, path):
         # Super streams used to live in a JSON file beside LMDB; adopt them once, then rename the file.

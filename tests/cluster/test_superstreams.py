@@ -141,7 +141,8 @@ def test_kafka_topic_made_through_one_node_is_served_and_deleted_through_others(
         c.close()
         assert seen == set(range(300)) and parts == {0, 1, 2}
 
-        AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka['n3']}"}).delete_topics(["kt3"])["kt3"].result(15)
+        admin3 = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka['n3']}"})   # kept: its futures need it
+        admin3.delete_topics(["kt3"])["kt3"].result(15)
         for n in names:
             wait_for(lambda n=n: metadata_partitions(kafka[n], "kt3") is None, what=f"kt3 gone from {n}")
     finally:

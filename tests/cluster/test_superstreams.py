@@ -1,5 +1,5 @@
-"""Super stream definitions on every node of a cluster (issue 25, shells/cluster/superstreams.py): made
-or deleted through one node with any protocol, they answer the same everywhere (RabbitMQ Route and
+"""Super stream definitions on every node of a cluster (issue 25, shells/cluster/superstreams.py): made,
+grown or deleted through one node with any protocol, they answer the same everywhere (RabbitMQ Route and
 Partitions, Kafka Metadata), and a Kafka client bootstrapped from another node uses them."""
 
 import os
@@ -84,16 +84,22 @@ def test_rmq_super_stream_made_on_one_node_routes_the_same_on_every_node(cluster
     for n in names:
         wait_for(lambda n=n: answers(ports[n], "inv", ["a", "b", "c", "zz"]) == expected, what=f"inv on {n}")
 
-    # deleted through n3: gone on every node, its partitions too
+    # deleted through n3 while n2 is down: gone on every node, its partitions too; n2, back, forgets its
+    # copy (the tombstone) instead of bringing it back to the others
     for p in ("inv-a", "inv-b", "inv-c"):
         wait_placed(cluster3, p)
+    cluster3.nodes["n2"].kill()
     c = client(ports["n3"])
     assert c.request(CMD_DELETE_SUPER, rawwire.s("inv"))[0] == rawwire.OK
     c.close()
+    ports["n2"] = cluster3.restart("n2").port
+    cluster3.wait(lambda st: all(n["up"] for n in st["nodes"]), what="n2 back")
     for n in names:
         wait_for(lambda n=n: answers(ports[n], "inv", [])[0] == RC_STREAM_DOES_NOT_EXIST, what=f"inv gone on {n}")
     cluster3.wait(lambda st: not any(s["name"].startswith("inv-") for s in st["streams"]),
                   what="the partitions deleted")
+    time.sleep(1.0)          # several polls later, no node has published its old copy again
+    assert all(answers(ports[n], "inv", [])[0] == RC_STREAM_DOES_NOT_EXIST for n in names)
 
 
 def metadata_partitions(port, topic):
@@ -108,7 +114,7 @@ def metadata_partitions(port, topic):
 
 def test_kafka_topic_made_through_one_node_is_served_and_deleted_through_others(tmp_path, etcd):
     from confluent_kafka import Consumer, Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
     cluster = Cluster(tmp_path, etcd, extra=("--kafka-port", "0"))
     try:
@@ -141,7 +147,13 @@ def test_kafka_topic_made_through_one_node_is_served_and_deleted_through_others(
         c.close()
         assert seen == set(range(300)) and parts == {0, 1, 2}
 
+        # grown through n3 (CreatePartitions): the fourth partition is listed by every node
         admin3 = AdminClient({"bootstrap.servers": f"127.0.0.1:{kafka['n3']}"})   # kept: its futures need it
+        admin3.create_partitions([NewPartitions("kt3", 4)])["kt3"].result(15)
+        for n in names:
+            wait_for(lambda n=n: metadata_partitions(kafka[n], "kt3") == 4, what=f"4 partitions in {n}'s Metadata")
+        wait_placed(cluster, partition_name("kt3", 3))
+
         admin3.delete_topics(["kt3"])["kt3"].result(15)
         for n in names:
             wait_for(lambda n=n: metadata_partitions(kafka[n], "kt3") is None, what=f"kt3 gone from {n}")

@@ -22,6 +22,7 @@ Everything runs on the node's event loop.
 import asyncio
 import logging
 
+from riverbed.engine.errors import RiverbedError
 from riverbed.shells.cluster.etcd import EtcdError
 
 log = logging.getLogger("riverbed.cluster")
@@ -98,13 +99,21 @@ class SuperStreams:
                 if local is not None:
                     log.info("cluster: %s forgets super stream %s (deleted on the cluster)", self.node.name, name)
                     await self._apply(name, None)
-            elif local != v.get("definition"):
+            elif not _well_formed(v.get("definition")):
+                log.warning("cluster: etcd holds a malformed definition of super stream %s; ignored", name)
+            elif local != v["definition"]:
                 await self._apply(name, v["definition"])
         for name in self.engine.list_super_streams():
             if name not in held and name not in self.dirty:
                 self.changed(name, created=True)
 
     async def _apply(self, name, definition):
+        try:
+            await asyncio.wrap_future(self.engine.transact(self._applier(name, definition)))
+        except RiverbedError as e:      # an engine closing under the poll: the next poll tries again
+            log.warning("cluster: cannot apply super stream %s here: %s", name, e)
+
+    def _applier(self, name, definition):
         def put(ctx):
             if name in self.dirty:      # a client changed it here meanwhile: that change wins
                 return
@@ -113,4 +122,15 @@ class SuperStreams:
                     ctx.drop_super_stream(name)
             else:
                 ctx.put_super_stream(name, definition)
-        await asyncio.wrap_future(self.engine.transact(put))
+        return put
+
+
+def _well_formed(d):
+    """Whether ``d`` is a definition the engine can hold (etcd is shared: anything may have written it)."""
+    if not isinstance(d, dict):
+        return False
+    parts, keys, orders = d.get("partitions"), d.get("binding_keys"), d.get("orders")
+    return (isinstance(parts, list) and isinstance(keys, list) and len(parts) == len(keys)
+            and all(isinstance(x, str) for x in parts + keys)
+            and (orders is None or isinstance(orders, list) and len(orders) == len(parts))
+            and isinstance(d.get("arguments") or {}, dict))

@@ -189,7 +189,7 @@ class Projections:
         if gate is None:
             self.load()
         else:
-            gate.on_projections(lambda on: self.load() if on else self.stop_all())
+            gate.on_projections(lambda on: self.load() if on else self.stop_all(), PROJECTIONS_COLLECTION)
 
     def load(self):
         """Start every stored projection from its stored position (after a restart)."""

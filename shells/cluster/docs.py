@@ -221,6 +221,8 @@ class DocLog:
         self._loop_thread = threading.get_ident()
         self._projection_hooks = []
         self._projections_on = False
+        self._watched = set()              # collections whose writes the projection hooks hear of
+        self._written = set()              # collections the last apply transaction wrote
         self._turn = None                  # the _Write of this node being planned, logged and applied
         self._queue = collections.deque()  # _Writes waiting for their turn, in the order they came
         self.stats = {"planned": 0, "conflicts": 0, "applied": 0}
@@ -467,6 +469,8 @@ class DocLog:
                     outcomes.append((_token_of(raw), e1))
         self.applied = nxt
         self.stats["applied"] += len(records)
+        if self._projections_on and not self._watched.isdisjoint(self._written):
+            self._tell_projections(True)     # a definition made through another node: start it here
         for token, out in outcomes:
             fn = self.waiting.get(token)
             if fn is not None:
@@ -481,6 +485,7 @@ class DocLog:
         docs = self.docs
         st = docs._state(ctx)
         out = []
+        self._written = changed = set()     # read on the loop once this transaction's future is done
         for off, raw in records:
             try:
                 rec = bson.decode(raw)
@@ -511,6 +516,7 @@ class DocLog:
                         ctx.store_offset(op[1], op[2], op[3])
             for name in written:
                 docs.stage_put(ctx, VERSIONS_COLLECTION, name, {"v": off + 1})
+            changed |= written
             out.append((token, OUT_OK))
         self._mark(ctx, nxt)
         return out
@@ -532,10 +538,13 @@ class DocLog:
         limit = self.engine.read_limit(CHANGELOG)
         return limit is None or self.applied >= limit
 
-    def on_projections(self, fn):
+    def on_projections(self, fn, definitions=None):
         """``fn(True)`` when projections should start on this node, ``fn(False)`` when they should stop
-        (leadership of the changelog moved). Called once now with the current answer."""
+        (leadership of the changelog moved); called once now with the current answer, and with True
+        again while they run here whenever collection ``definitions`` (where they are defined) changes."""
         self._projection_hooks.append(fn)
+        if definitions is not None:
+            self._watched.add(definitions)
         fn(self._projections_on)
 
     def _check_projections(self):
@@ -544,6 +553,9 @@ class DocLog:
             return
         self._projections_on = on
         log.info("cluster: stream projections %s on %s", "start" if on else "stop", self.cluster.name)
+        self._tell_projections(on)
+
+    def _tell_projections(self, on):
         for fn in self._projection_hooks:
             try:
                 fn(on)

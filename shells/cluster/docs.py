@@ -67,7 +67,7 @@ import bson
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.dockeys import id_from_key, id_key
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
-from riverbed.shells.cluster.node import ReplicationTimeout
+from riverbed.shells.cluster.node import NotLeader, ReplicationTimeout
 
 log = logging.getLogger("riverbed.cluster.docs")
 
@@ -80,6 +80,12 @@ RECORD_VERSION = 1
 MAX_RETRIES = 50          # plans of one write, each against a newer state, before it is refused
 APPLY_BATCH = 64          # changelog chunks read per apply transaction
 POLL = 0.2                # seconds between two looks at the changelog when no commit woke the loop
+RETRY_DELAY = 0.2         # seconds before a changelog record whose leader went away is sent again
+try:   # a forwarded append its leader did not confirm (shells/cluster/forward.py): stored or not
+    from riverbed.shells.broker.core import NotLeaderError as _ForwardNotLeader
+except ImportError:
+    _ForwardNotLeader = NotLeader
+RETRY_ERRORS = (NotLeader, ReplicationTimeout, _ForwardNotLeader)
 
 OP_CREATE, OP_DROP, OP_PUT, OP_DELETE, OP_OFFSET = "create", "drop", "put", "del", "offset"
 OUT_OK, OUT_CONFLICT = "ok", "conflict"
@@ -353,20 +359,31 @@ class DocLog:
             else:
                 self._finish(w, None, out)
         self.waiting[token] = outcome
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cluster.replication_timeout
+
+        def append():
+            self._ensure_changelog(lambda err: appended(None, err) if err is not None else
+                                   self.broker.append_records(CHANGELOG, [record], appended))
 
         def appended(res, err):
             if state["done"]:
                 return             # applied here already (the commit reached this node first)
             if err is not None:
+                if isinstance(err, RETRY_ERRORS) and loop.time() + RETRY_DELAY < deadline:
+                    # the leader went away (or the node is no leader): the record may be stored or not;
+                    # sent again, a copy logged twice changes nothing the second time (its versions
+                    # no longer match), and this write is answered by whichever copy applies first
+                    loop.call_later(RETRY_DELAY, append)
+                    return
                 outcome(err)
                 return
             # committed on the cluster: answered once this node has applied it
-            state["timer"] = asyncio.get_running_loop().call_later(
+            state["timer"] = loop.call_later(
                 self.cluster.replication_timeout, outcome,
                 ReplicationTimeout("the write is stored on the cluster but this node has not applied it in time"))
             self._wake.set()
-        self._ensure_changelog(lambda err: outcome(err) if err is not None else
-                               self.broker.append_records(CHANGELOG, [record], appended))
+        append()
 
     def _finish(self, w, res, exc):
         if self._turn is w:

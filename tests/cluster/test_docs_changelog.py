@@ -130,6 +130,15 @@ def test_a_write_planned_against_an_older_state_is_planned_again(tmp_path):
             assert doclog.stats["conflicts"] == 1 and doclog.stats["planned"] == 3
             assert broker.docs.get("carts", 2) == {"n": 2} and broker.docs.get("carts", 1) == {"n": 10}
             assert eng.stream_info(CHANGELOG).next_offset == head + 3
+            # a record sent twice (its leader went away after storing it, and the writer sent it again)
+            # changes nothing the second time: the versions it read are gone
+            assert await call(aggs.set, "carts", 1, {"n": 11}) == 1
+            last = [bytes(raw) for b in broker.read_records(CHANGELOG, head + 3, 10)[0] for _, raw in b]
+            assert len(last) == 1
+            assert await call(aggs.set, "carts", 1, {"n": 12}) == 1
+            await asyncio.wrap_future(eng.append(CHANGELOG, last))
+            await settle(doclog, head + 6)
+            assert broker.docs.get("carts", 1) == {"n": 12}
         finally:
             await doclog.stop()
             eng.close()

@@ -18,7 +18,11 @@ before the inline commit (bc26e76) fsync=never p50 43-58 µs, 55-60 µs CPU/msg;
 20-24 µs CPU/msg. fsync=batch p50 272-319 µs either way (the fsync itself; an LMDB commit with a sync
 costs ~160 µs here and a bare fdatasync ~340 µs).
 
-    .venv/bin/python -m bench.bench_publish [--messages 20000] [--fsync never,batch]
+After the table it measures the fsync floor in the same run (``bench/fsync_floor.py``: a bare LMDB
+commit with a sync, on the same filesystem) and prints fsync=batch's p50 against it: issue 26's goal is
+<= 2x that floor.
+
+    .venv/bin/python -m bench.bench_publish [--messages 20000] [--fsync never,batch] [--floor-commits 2000]
 """
 
 import argparse
@@ -34,6 +38,7 @@ import time
 from rstream import schema
 from rstream.encoding import encode_frame, encode_publish
 
+from bench import fsync_floor
 from riverbed.engine import Engine
 from riverbed.shells import rmq_stream as rs
 from riverbed.shells.broker import Broker
@@ -139,6 +144,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--messages", type=int, default=20000)
     ap.add_argument("--fsync", default="never,batch")
+    ap.add_argument("--floor-commits", type=int, default=2000, help="fsync floor: synced commits (0: skip)")
     a = ap.parse_args(argv)
     try:
         import uvloop
@@ -148,10 +154,19 @@ def main(argv=None):
     print(f"one-message publish path, in process (RmqStreamSession -> Broker -> Engine), "
           f"{a.messages:,} x 100 B, each confirmed before the next")
     print(f"{'fsync':<7} {'p50 µs':>8} {'p99 µs':>8} {'CPU µs/msg':>11} {'msgs/s':>9}")
+    rows = {}
     for fsync in a.fsync.split(","):
-        r = runner(run_one(fsync, a.messages))
+        r = rows[fsync] = runner(run_one(fsync, a.messages))
         print(f"{fsync:<7} {r['p50_us']:>8.1f} {r['p99_us']:>8.1f} {r['cpu_us']:>11.1f} {r['rate']:>9,.0f}")
         sys.stdout.flush()
+    if a.floor_commits > 0:
+        floor = fsync_floor.measure(a.floor_commits)
+        print(f"{'floor':<7} {floor['p50_us']:>8.1f} {floor['p99_us']:>8.1f}   (bare LMDB commit with sync, "
+              f"{a.floor_commits:,} commits: bench/fsync_floor.py)")
+        if "batch" in rows:
+            ratio = rows["batch"]["p50_us"] / floor["p50_us"]
+            print(f"fsync=batch confirm p50 / fsync floor p50: {ratio:.2f}x  (goal <= 2x: "
+                  f"{'met' if ratio <= 2 else 'MISSED'})")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ What lives here, protocol-neutral:
   only for RabbitMQ Stream), watches for the next commit, and :class:`~riverbed.shells.broker.tail.Tail`
   (tailing subscriptions of records or chunks, with per-chunk credit or a byte window);
 * consumer offsets and named durable positions;
+* in a cluster (``self.cluster``), forwarding: an append, StoreOffset or publisher-sequence query for a
+  stream another node leads goes to that leader (shells/cluster/forward.py), whatever the protocol,
+  unless the caller says ``forward=False`` (Kafka);
 * the one document store of the engine (``docs``) and transactions over it and the log (``transact``);
 * monitoring reads of the engine's committed state (``stream_states``, ``engine_stats``, ...);
 * the session registry (every protocol's connections, for the management API and shutdown).
@@ -46,6 +49,7 @@ from riverbed.engine import core
 from riverbed.engine import stats as _engine_stats
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, StreamNotFound
+from riverbed.engine.format import LEN_CHUNK_HEADER
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker import records as _records
@@ -56,6 +60,13 @@ log = logging.getLogger("riverbed.broker")
 LEGACY_SUPER_STREAMS_FILE = "rmq-super-streams.json"   # where super streams lived before the engine table
 
 CONFIGURE, WRITE, READ = "configure", "write", "read"
+
+
+class NotLeaderError(RiverbedError):
+    """In a cluster: another node leads the stream and this write was not taken here. Raised when the
+    caller asked for no forwarding (the Kafka shell: its clients route themselves and hear
+    NOT_LEADER_OR_FOLLOWER), and by a forwarded write its leader did not confirm (then it may or may not
+    be stored: retry, with the same publishing ids where the protocol has them)."""
 
 
 class Broker:
@@ -251,8 +262,20 @@ class Broker:
         return self.engine.stream_info(name)
 
     def create_stream(self, name, arguments, cb):
-        """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...)."""
-        self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
+        """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...). In a
+        cluster a stream is created only when etcd places none of that name (it may live on other nodes
+        only): then StreamExists; else it is made here and placed in etcd (shells/cluster)."""
+        cluster = self.cluster
+        if cluster is None or self.engine.has_stream(name):
+            self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
+            return
+
+        def looked_up(placed, exc):
+            if placed:
+                cb(StreamExists(f"stream {name!r} already exists on the cluster"))
+            else:
+                self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
+        cluster.forwarding.lookup(name, looked_up)
 
     def ensure_stream(self, name, cb):
         """``cb(exc)`` once stream ``name`` exists: at once when it does, else after creating it with
@@ -263,7 +286,7 @@ class Broker:
         if waiting is not None:
             waiting.append(cb)
             return
-        if self.engine.has_stream(name):
+        if self.has_stream_anywhere(name):
             cb(None)
             return
         self._creating[name] = [cb]
@@ -276,7 +299,16 @@ class Broker:
                     fn(exc)
                 except Exception:
                     log.exception("stream creation callback failed for %r", name)
+        # in a cluster the stream may exist on other nodes only (made there a moment ago, or this node is
+        # no member of it): then StreamExists, and a publish to it is forwarded to its leader
         self.create_stream(name, {}, created)
+
+    def has_stream_anywhere(self, name):
+        """Whether ``name`` exists here or, in a cluster, is placed on other nodes (as this node last read
+        etcd): a publish to it is taken (forwarded to its leader when that is another node)."""
+        if self.engine.has_stream(name):
+            return True
+        return self.cluster is not None and self.cluster.forwarding.placed(name)
 
     def creating(self, name):
         """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""
@@ -528,43 +560,53 @@ class Broker:
         else:
             entry[1].append(answer)
 
-    def append(self, stream, data, ids, publisher, filters, cb, num_entries=None, num_records=None):
+    # Every append below takes ``forward``: in a cluster, a stream another node leads gets the append
+    # forwarded to that leader (shells/cluster/forward.py) and ``cb`` has the leader's offsets once its
+    # majority holds the records. ``forward=False`` refuses it instead with NotLeaderError (the Kafka
+    # shell, whose clients find the leader themselves). Without a cluster ``forward`` changes nothing.
+
+    def append(self, stream, data, ids, publisher, filters, cb, num_entries=None, num_records=None, *,
+               forward=True):
         """Append an Osiris data section; ``cb(AppendResult, exc)`` after the commit. ``num_entries`` and
         ``num_records``, when given, must be exact."""
         self._appended(lambda on_done: self.engine.append_entries(
             stream, data, publishing_ids=ids, publisher=publisher, filter_values=filters,
-            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data))
+            num_entries=num_entries, num_records=num_records, on_done=on_done), stream, publisher, cb, len(data),
+            forward and (lambda: (ids, filters, num_entries, num_records, data)))
 
-    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True):
+    def append_chunk(self, stream, chunk, ids, publisher, cb, num_entries, num_records, crc_done=True, *,
+                     forward=True):
         """Append a sealed chunk (wire.publish_chunk); ``cb(AppendResult, exc)`` after the commit. The
         counts must be exact; the chunk belongs to the engine from here on. ``crc_done=False``: its
         header CRC is left for the engine to compute (Engine.append_chunk)."""
         self._appended(lambda on_done: self.engine.append_chunk(
             stream, chunk, num_entries=num_entries, num_records=num_records, publishing_ids=ids,
-            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk))
+            publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk),
+            forward and (lambda: (ids, None, num_entries, num_records, memoryview(chunk)[LEN_CHUNK_HEADER:])))
 
-    def append_records(self, stream, records, cb):
+    def append_records(self, stream, records, cb, *, forward=True):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""
         self._appended(lambda on_done: self.engine.append(stream, records, on_done=on_done), stream, None, cb,
-                       sum(map(len, records)))
+                       sum(map(len, records)),
+                       forward and (lambda: (None, None, len(records), len(records), core.encode_entries(records))))
 
-    def append_or_create(self, stream, records, cb):
+    def append_or_create(self, stream, records, cb, *, forward=True):
         """Append ``records`` as :meth:`append_records` does, creating ``stream`` with default arguments
         first when it does not exist (:meth:`ensure_stream`): the one way a shell publishes to a stream
         that may not exist yet. ``cb(AppendResult, exc)`` after the commit; exc is the creation's error
         when the stream could not be made (InvalidArgument for a bad name, ...), else the append's.
         Appends to one stream are submitted in call order, also across a creation in flight. Permission
         checks (write, and configure for the creation) are the caller's."""
-        if stream not in self._creating and self.has_stream(stream):
-            self.append_records(stream, records, cb)
+        if stream not in self._creating and self.has_stream_anywhere(stream):
+            self.append_records(stream, records, cb, forward=forward)
             return
 
         def ready(exc):
             if exc is not None:
                 cb(None, exc)
             else:
-                self.append_records(stream, records, cb)
+                self.append_records(stream, records, cb, forward=forward)
         self.ensure_stream(stream, ready)
 
     def write_refusal(self):
@@ -573,7 +615,7 @@ class Broker:
         disk = self.disk
         return disk.error() if disk is not None and disk.alarm else None
 
-    def _appended(self, submit, stream, publisher, cb, size):
+    def _appended(self, submit, stream, publisher, cb, size, forwarded=None):
         disk = self.disk
         if disk is not None and disk.alarm:
             # below the disk-free limit (or at --max-disk): refused before the engine, nothing stored
@@ -585,9 +627,21 @@ class Broker:
             # a replicated stream: only its leader appends, and a confirm waits for a majority of members
             refusal = cluster.check_write(stream)
             if refusal is not None:
-                cb(None, refusal)
+                if not forwarded:
+                    cb(None, refusal)
+                    return
+                # another node leads it: the leader stores it and confirms (``forwarded()`` is what to send)
+                ids, filters, num_entries, num_records, data = forwarded()
+                forwarding = cluster.forwarding
+                # the forwarder answers on the loop thread already: its callback needs no hand-off
+                self._appended_counted(lambda on_done: forwarding.append(
+                    stream, publisher, ids, filters, num_entries, num_records, data, on_done),
+                    stream, publisher, cb, size, local=False)
                 return
             cb = cluster.hold(stream, cb)
+        self._appended_counted(submit, stream, publisher, cb, size)
+
+    def _appended_counted(self, submit, stream, publisher, cb, size, local=True):
         # every append counts against the broker-wide in-flight budget until it completes, whoever asked
         # for it and whether or not that connection is still there (sessions check inflight.over())
         budget = self.inflight
@@ -607,20 +661,56 @@ class Broker:
                 inner(res, exc)
             self._barrier_enter(self._seq_writes, key)
         try:
-            submit(self._done(cb))
+            submit(self._done(cb) if local else cb)
         except RiverbedError as e:
             cb(None, e)
 
-    def query_publisher_sequence(self, stream, publisher, cb):
-        """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit."""
+    def query_publisher_sequence(self, stream, publisher, cb, *, forward=True):
+        """``cb(sequence, exc)``, after this broker's in-flight appends of that publisher commit. In a
+        cluster, on a node that does not lead ``stream``, the leader answers (forwarded, after those
+        appends): a member's copy of the sequences may be behind the leader's."""
+        cluster = self.cluster
+        if forward and cluster is not None and cluster.check_write(stream) is not None:
+            entry = self._seq_writes.get((stream, publisher))
+            ask = lambda: cluster.forwarding.query_sequence(stream, publisher, cb)   # noqa: E731
+            if entry is None:
+                ask()
+            else:
+                entry[1].append(ask)
+            return
         self._after_writes(self._seq_writes, (stream, publisher),
                            lambda: self.engine.query_publisher_sequence(stream, publisher), cb)
 
     # ------------------------------------------------------------------- offsets, durable positions
 
-    def store_offset(self, stream, reference, offset, cb=None):
-        """Store a consumer offset (a named durable position); ``cb(exc)`` after the commit."""
+    def store_offset(self, stream, reference, offset, cb=None, *, forward=True):
+        """Store a consumer offset (a named durable position); ``cb(exc)`` after the commit. In a cluster,
+        on a node that does not lead ``stream``, it is stored by the leader (forwarded: it then reaches
+        every member with the log) and here too once the leader has it, so a query here reads it back;
+        ``forward=False`` keeps it on this node only."""
         key = (stream, reference)
+        cluster = self.cluster
+        if forward and cluster is not None and cluster.check_write(stream) is not None:
+            self._barrier_enter(self._offset_writes, key)
+
+            def answered(exc):
+                self._barrier_leave(self._offset_writes, key)
+                if exc is not None:
+                    log.info("storing offset %r on %r through its leader failed: %s", reference, stream, exc)
+                if cb is not None:
+                    cb(exc)
+
+            def forwarded(exc):
+                if exc is not None:
+                    answered(exc)
+                    return
+                try:
+                    # here too, so that a query on this node reads it back at once
+                    self.then(self.engine.store_offset(stream, reference, offset), lambda res, e: answered(None))
+                except RiverbedError:
+                    answered(None)      # no local copy yet: this member gets it with the log
+            cluster.forwarding.store_offset(stream, reference, offset, forwarded)
+            return
         try:
             fut = self.engine.store_offset(stream, reference, offset)
         except RiverbedError as e:

@@ -29,8 +29,10 @@ import time
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
-from riverbed.shells.cluster import wire
+from riverbed.shells.broker.core import NotLeaderError
+from riverbed.shells.cluster import forward_wire, wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.forward import Forwarder
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -40,7 +42,7 @@ STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gi
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
 
 
-class NotLeader(RiverbedError):
+class NotLeader(NotLeaderError):
     """This node does not lead the stream (or lost its lease): publish to the leader Metadata names."""
 
 
@@ -156,6 +158,7 @@ class ClusterNode:
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
+        self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -192,6 +195,7 @@ class ClusterNode:
         self._stopping = True
         for t in self._tasks:
             t.cancel()
+        self.forwarding.close()
         for _, _, task in list(self.following.values()):
             task.cancel()
         for st in list(self.leading.values()):
@@ -261,6 +265,7 @@ class ClusterNode:
                     log.warning("cluster: etcd unreachable: %s", e)
             except Exception:
                 log.exception("cluster: control loop failed")
+            self.forwarding.route_changed()
 
     # ------------------------------------------------------------------------------ etcd state
 
@@ -629,6 +634,9 @@ class ClusterNode:
         ev = asyncio.Event()
         try:
             kind, payload = await wire.read_frame(reader)
+            if kind == forward_wire.FWD_HELLO:
+                await self.forwarding.serve(reader, writer, payload)
+                return
             if kind != wire.HELLO:
                 return
             hello = wire.parse_json(payload)

@@ -153,6 +153,13 @@ class BrokerCollector:
         for stream, node, records in self.broker.cluster.replica_lag():
             lag.add_metric([stream, node], records)
         yield lag
+        # on the node a client published to: records it forwarded to each stream's leader (cluster/forward.py)
+        forwarded = CounterMetricFamily("riverbed_forwarded_publishes", "Records published to this node for a "
+                                        "stream another node leads, forwarded to that leader and confirmed by it.",
+                                        labels=["stream"])
+        for stream, n in sorted(self.broker.cluster.forwarding.forwarded.items()):
+            forwarded.add_metric([stream], n)
+        yield forwarded
 
     @staticmethod
     def _hostile_input():

@@ -25,6 +25,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
+from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.kafka import codec as C
@@ -351,6 +352,9 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                                       else self.shell.batch_offset(stream, publisher, ids[0]))
             elif isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+            elif isinstance(exc, NotLeaderError):
+                # a cluster node that does not lead the partition: the client routes itself to the leader
+                res["error_code"] = C.ERR_NOT_LEADER_OR_FOLLOWER
             else:
                 res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
                 res["error_message"] = str(exc)
@@ -366,12 +370,13 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                 if exc is None and ids is not None and result.first_offset >= 0:
                     self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
                 answered(result, exc)
+            # forward=False: in a cluster, Kafka answers NOT_LEADER_OR_FOLLOWER and its clients route themselves
             if ids is None:
-                self.broker.append_records(stream, recs, cb)
+                self.broker.append_records(stream, recs, cb, forward=False)
             else:
                 # an idempotent producer: the engine's publisher sequences drop a retried batch
                 self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
-                                   num_entries=len(recs), num_records=len(recs))
+                                   num_entries=len(recs), num_records=len(recs), forward=False)
         # the kernel's data_received pauses reading past the broker-wide in-flight budget
 
     def _produce_partition(self, topic, p, res, refusal, waits):

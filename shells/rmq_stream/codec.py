@@ -13,6 +13,7 @@ from riverbed.engine.errors import (
 )
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CONSUMER_UPDATE, CMD_CREDIT, CMD_DELIVER, CMD_EXCHANGE_COMMAND_VERSIONS, CMD_HEARTBEAT,
     CMD_METADATA, CMD_METADATA_UPDATE, CMD_OPEN, CMD_PARTITIONS, CMD_PEER_PROPERTIES, CMD_PUBLISH,
@@ -471,6 +472,9 @@ def response_code_for(exc):
     if isinstance(exc, StorageFull):
         # a full disk or the disk alarm: the stream cannot take writes now (rstream: StreamNotAvailable);
         # nothing was stored, the same publish may be retried once space returns
+        return RC_STREAM_NOT_AVAILABLE
+    if isinstance(exc, NotLeaderError):
+        # a cluster: the leader went away with the (forwarded) publish unconfirmed; retry with the same ids
         return RC_STREAM_NOT_AVAILABLE
     return RC_INTERNAL_ERROR
 

@@ -58,7 +58,7 @@ class PublishCommands:
             code = RC_PRECONDITION_FAILED
         elif reference and len(reference.encode("utf-8")) > MAX_REFERENCE:
             code = RC_PRECONDITION_FAILED
-        elif not stream or not self.broker.has_stream(stream):
+        elif not stream or not self.broker.has_stream_anywhere(stream):     # a cluster forwards to the leader
             code = RC_STREAM_DOES_NOT_EXIST
         elif not self._can(WRITE, stream):
             code = RC_ACCESS_REFUSED
@@ -89,7 +89,7 @@ class PublishCommands:
         reference = r.string() or ""
         stream = r.string()
         r.done()
-        if not stream or not self.broker.has_stream(stream):
+        if not stream or not self.broker.has_stream_anywhere(stream):
             self._respond(cmd, corr, RC_STREAM_DOES_NOT_EXIST, _U64.pack(0))
             return
         if permission is not None and not self._can(permission, stream):

@@ -91,9 +91,9 @@ def test_replication_byte_identical_and_majority_confirms(cluster3):
         text = r.read().decode()
     for m in ("n2", "n3"):
         assert f'riverbed_replica_lag_records{{node="{m}",stream="orders"}} 0.0' in text, [x for x in text.splitlines() if 'replica' in x]
-    # a follower refuses a publish: only the leader appends
-    _, errors = publish_batches(cluster3.nodes["n2"].port, "orders", 5000, 10, batch=10)
-    assert len(errors) == 10
+    # only the leader appends: a publish to a follower is forwarded to it (test_forward.py)
+    confirmed, errors = publish_batches(cluster3.nodes["n2"].port, "orders", 5000, 10, batch=10)
+    assert not errors and len(confirmed) == 10
     for srv in cluster3.nodes.values():
         srv.stop()
     dumps = {name: chunk_lines(dump(cluster3.data_dir(name), "orders"), 3000) for name in cluster3.nodes}
@@ -305,8 +305,11 @@ def test_sigstop_leader_rejoins_as_member_and_keeps_what_it_confirmed(cluster3):
         m["lag"] == 0 and m["committed_offset"] == 400 for m in stream_of(st, "halt")["members"]),
         timeout=30, what="n1 following the new leader")
     assert stream_of(st, "halt")["epoch"] >= 2
-    _, errors = publish_batches(n1.port, "halt", 1000, 10, batch=10)
-    assert len(errors) == 10                      # no longer the leader: refused
+    ok, errors = publish_batches(n1.port, "halt", 1000, 10, batch=10)
+    assert len(ok) == 10 and not errors           # no longer the leader: forwarded to the new one
+    confirmed |= ok
+    cluster3.wait(lambda st: all(m["committed_offset"] == 410 for m in stream_of(st, "halt")["members"]),
+                  what="every member at 410")
     seen = read_stream(n1.port, "halt")
     assert [int(m.split(b"-")[1]) for m in seen] == sorted(confirmed)
     print(f"SIGSTOP: {new} elected after {elected:.2f} s, confirmed {took:.2f} s after the pause")

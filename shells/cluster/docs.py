@@ -403,7 +403,8 @@ class DocLog:
         if self.engine.has_stream(CHANGELOG) or CHANGELOG in self.cluster.placements:
             cb(None)
             return
-        # the first document write of the cluster makes the changelog; its node leads it
+        # the first document write of the cluster makes the changelog; its node leads it (the broker
+        # asks etcd first: StreamExists when another node made it a moment ago)
         self.broker.create_stream(CHANGELOG, dict(CHANGELOG_ARGS),
                                   lambda exc: cb(None if exc is None or isinstance(exc, StreamExists) else exc))
 

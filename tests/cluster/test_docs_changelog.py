@@ -30,6 +30,13 @@ class OneMember:
         self.name = name
         self.placements = {}
         self.leading = {CHANGELOG: None}
+        self.forwarding = self          # no other node: nothing is placed elsewhere, nothing forwarded
+
+    def lookup(self, stream, cb):
+        cb(False, None)
+
+    def placed(self, stream):
+        return False
 
     def check_write(self, stream):
         return None

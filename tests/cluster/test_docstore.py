@@ -221,6 +221,17 @@ def test_two_nodes_racing_one_unique_key_exactly_one_wins_everywhere(docs3):
     for node in ("n1", "n2", "n3"):
         assert eventually(lambda: select(c, node, "users") == [rows[won[0]]])
 
+    # a write through a node that does not lead the changelog: its record is forwarded to the leader,
+    # and the write is answered once this node has applied it (read your writes, at once)
+    r = ream(c, "n3")
+    try:
+        assert r.request(sized("AGGREGATE SET carts 5", '{"via":"n3"}'))[0] == "AGGREGATE SET DONE carts 5"
+        line, payload = r.request(b"AGGREGATE GET carts 5\n")
+        assert line.startswith("AGGREGATE GOT carts 5") and json.loads(payload) == {"via": "n3"}
+    finally:
+        r.close()
+    assert eventually(lambda: agg_get(c, "n1", "carts", 5) == {"via": "n3"})
+
     # mewbase: two CREATEPROJECTIONs of one name with different definitions, through two nodes
     async def channel(port):
         async with await BsonClient.connect("127.0.0.1", port) as cl:

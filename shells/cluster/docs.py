@@ -22,8 +22,9 @@ How (the design this module implements):
   holds the writes as after-images (document bytes put, ids deleted, collections created or dropped,
   projection positions) and the version (changelog offset + 1 of the last record that wrote it) of
   every collection the function read or wrote. The record is appended to the changelog through the
-  broker's append API (so a node that does not lead the changelog forwards it to the leader once the
-  broker forwards appends; until then it is refused with NotLeader). The write is acknowledged once
+  broker's append API, so a node that does not lead the changelog forwards it to the leader
+  (shells/cluster/forward.py); a record whose leader went away unanswered is sent again (a second copy
+  changes nothing: its versions no longer match). The write is acknowledged once
   the record is committed and this node has applied it, so the writer reads its own write at once.
 * **Conflicts are decided once, by the log's order.** Applying a record first compares its versions
   with the node's: the same on every node, since every node applied the same records before it. A

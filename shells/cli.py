@@ -146,7 +146,7 @@ async def run_server(cfg, stop=None, started=None):
         if cluster is not None:
             ports = {key: server.port for (key, _, _), server in zip(enabled, listeners)}
             await cluster.register({"stream_port": cfg.advertised_port or ports.get("stream_port"),
-                                    "http_port": ports.get("http_port")})
+                                    "http_port": ports.get("http_port"), "kafka_port": ports.get("kafka_port")})
         broker.ready = True
         log.info("ready")
         if started is not None:

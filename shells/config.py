@@ -191,6 +191,10 @@ OPTIONS = [
     Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
     Option("kafka_port", parse_port, 9092, "Kafka port (default 9092; 0 = any free; off)", "PORT"),
+    Option("kafka_group_session_timeout_ms", _positive_int, 45000, "Kafka KIP-848 consumer groups: a member "
+           "silent this long is removed (Kafka's group.consumer.session.timeout.ms; default 45000)", "MS"),
+    Option("kafka_group_heartbeat_interval_ms", _positive_int, 5000, "Kafka KIP-848 consumer groups: the "
+           "heartbeat interval members are told (group.consumer.heartbeat.interval.ms; default 5000)", "MS"),
     Option("http_port", parse_port, 15692, "HTTP port: management API (default 15692; 0 = any free; off)", "PORT"),
     Option("stream_tls_port", parse_port, 5551, "RabbitMQ Stream TLS port, beside the plain one; only with "
            "--tls-cert (default 5551; 0 = any free; off)", "PORT"),

@@ -27,6 +27,7 @@ API_OFFSET_COMMIT, API_OFFSET_FETCH, API_FIND_COORDINATOR, API_JOIN_GROUP = 8, 9
 API_HEARTBEAT, API_LEAVE_GROUP, API_SYNC_GROUP, API_DESCRIBE_GROUPS, API_LIST_GROUPS = 12, 13, 14, 15, 16
 API_SASL_HANDSHAKE, API_API_VERSIONS, API_CREATE_TOPICS, API_DELETE_TOPICS = 17, 18, 19, 20
 API_INIT_PRODUCER_ID, API_DESCRIBE_CONFIGS, API_SASL_AUTHENTICATE, API_CREATE_PARTITIONS = 22, 32, 36, 37
+API_CONSUMER_GROUP_HEARTBEAT, API_CONSUMER_GROUP_DESCRIBE = 68, 69      # KIP-848
 
 ERR_NONE = 0
 ERR_UNKNOWN_SERVER_ERROR = -1
@@ -50,16 +51,23 @@ ERR_INVALID_CONFIG = 40
 ERR_INVALID_REQUEST = 42
 ERR_POLICY_VIOLATION = 44
 ERR_KAFKA_STORAGE_ERROR = 56
+ERR_GROUP_ID_NOT_FOUND = 69
 ERR_UNSUPPORTED_COMPRESSION_TYPE = 76
 ERR_INVALID_RECORD = 87
+ERR_UNKNOWN_TOPIC_ID = 100
+ERR_FENCED_MEMBER_EPOCH = 110
+ERR_UNSUPPORTED_ASSIGNOR = 112
+ERR_STALE_MEMBER_EPOCH = 113
+ERR_INVALID_REGULAR_EXPRESSION = 128
 
-# api key -> (lowest, highest) version served. ApiVersions advertises exactly these; the caps keep below
-# the versions that bring topic ids (Fetch 13, Metadata 10) so all three clients stay on names.
+# api key -> (lowest, highest) version served. ApiVersions advertises exactly these. Metadata 10-12 carry
+# topic ids (KIP-848 assignments name topics by id; librdkafka asks Metadata by id only at 12+); Fetch
+# stays below 13, where topics would be named by id, so every client fetches by name.
 SERVED = {
     API_PRODUCE: (3, 9),          # 3: record batches v2 only
     API_FETCH: (4, 12),           # 4: record batches v2, isolation level
     API_LIST_OFFSETS: (1, 6),     # 7 would add MAX_TIMESTAMP (-3)
-    API_METADATA: (0, 9),
+    API_METADATA: (0, 12),
     API_API_VERSIONS: (0, 3),
     API_CREATE_TOPICS: (0, 5),
     API_FIND_COORDINATOR: (0, 3),  # 4 brings the batched form
@@ -67,7 +75,7 @@ SERVED = {
     API_SYNC_GROUP: (0, 5),
     API_HEARTBEAT: (0, 4),
     API_LEAVE_GROUP: (0, 5),
-    API_OFFSET_COMMIT: (0, 8),     # 9 is the KIP-848 consumer protocol's
+    API_OFFSET_COMMIT: (0, 9),     # 9: the KIP-848 consumer protocol's (a member epoch as generation)
     API_OFFSET_FETCH: (0, 7),      # 8 brings the batched form
     API_LIST_GROUPS: (0, 5),
     API_DESCRIBE_GROUPS: (0, 5),
@@ -77,6 +85,8 @@ SERVED = {
     API_INIT_PRODUCER_ID: (0, 4),  # 5 is for transactions (KIP-890)
     API_SASL_HANDSHAKE: (1, 1),    # 1: tokens in SaslAuthenticate (v0's raw token frames are not served)
     API_SASL_AUTHENTICATE: (0, 2),
+    API_CONSUMER_GROUP_HEARTBEAT: (0, 1),   # KIP-848; librdkafka 2.16 asks 1
+    API_CONSUMER_GROUP_DESCRIBE: (0, 0),
 }
 
 MAX_FRAME = 100 << 20           # bytes of one request (Kafka's socket.request.max.bytes is 100 MiB)
@@ -272,6 +282,10 @@ def _decode_field(r, f, v, flexible):
             return [_read_value(r, f, f.item, v, flexible) for _ in range(n)]
         return [decode_struct(f.fields, r, v, flexible) for _ in range(n)]
     if t == "{}":
+        if f.nullable(v):
+            # a nullable struct: an int8 marker first, -1 null and 1 present (Kafka's generated code)
+            if r.i8() < 0:
+                return None
         return decode_struct(f.fields, r, v, flexible)
     return _read_value(r, f, t, v, flexible)
 
@@ -373,6 +387,11 @@ def _encode_field(out, f, val, v, flexible):
             for x in val:
                 encode_struct(f.fields, x, v, flexible, out)
     elif t == "{}":
+        if f.nullable(v):
+            if val is None:
+                out += b"\xff"
+                return
+            out += b"\x01"
         encode_struct(f.fields, val, v, flexible, out)
     else:
         _write_value(out, t, val, flexible)

@@ -624,6 +624,72 @@ SASL_AUTHENTICATE_RES = (
     F('session_lifetime_ms', 'int64', '1+', default=0),
 )
 
+# ConsumerGroupHeartbeat (KIP-848): key 68, valid 0-1, flexible 0+
+_TOPIC_PARTITIONS = (
+    F('topic_id', 'uuid', '0+'),
+    F('partitions', '[]int32', '0+'),
+)
+CONSUMER_GROUP_HEARTBEAT_REQ = (
+    F('group_id', 'string', '0+'),
+    F('member_id', 'string', '0+'),
+    F('member_epoch', 'int32', '0+'),
+    F('instance_id', 'string', '0+', nullable='0+'),
+    F('rack_id', 'string', '0+', nullable='0+'),
+    F('rebalance_timeout_ms', 'int32', '0+', default=-1),
+    F('subscribed_topic_names', '[]string', '0+', nullable='0+'),
+    F('subscribed_topic_regex', 'string', '1+', nullable='1+'),
+    F('server_assignor', 'string', '0+', nullable='0+'),
+    F('topic_partitions', '[]', '0+', nullable='0+', fields=_TOPIC_PARTITIONS),
+)
+CONSUMER_GROUP_HEARTBEAT_RES = (
+    F('throttle_time_ms', 'int32', '0+'),
+    F('error_code', 'int16', '0+'),
+    F('error_message', 'string', '0+', nullable='0+'),
+    F('member_id', 'string', '0+', nullable='0+'),
+    F('member_epoch', 'int32', '0+'),
+    F('heartbeat_interval_ms', 'int32', '0+'),
+    F('assignment', '{}', '0+', nullable='0+', fields=(
+        F('topic_partitions', '[]', '0+', fields=_TOPIC_PARTITIONS),
+    )),
+)
+# ConsumerGroupDescribe (KIP-848): key 69, valid 0, flexible 0+
+CONSUMER_GROUP_DESCRIBE_REQ = (
+    F('group_ids', '[]string', '0+'),
+    F('include_authorized_operations', 'bool', '0+'),
+)
+_DESCRIBED_ASSIGNMENT = (
+    F('topic_partitions', '[]', '0+', fields=(
+        F('topic_id', 'uuid', '0+'),
+        F('topic_name', 'string', '0+'),
+        F('partitions', '[]int32', '0+'),
+    )),
+)
+CONSUMER_GROUP_DESCRIBE_RES = (
+    F('throttle_time_ms', 'int32', '0+'),
+    F('groups', '[]', '0+', fields=(
+        F('error_code', 'int16', '0+'),
+        F('error_message', 'string', '0+', nullable='0+'),
+        F('group_id', 'string', '0+'),
+        F('group_state', 'string', '0+'),
+        F('group_epoch', 'int32', '0+'),
+        F('assignment_epoch', 'int32', '0+'),
+        F('assignor_name', 'string', '0+'),
+        F('members', '[]', '0+', fields=(
+            F('member_id', 'string', '0+'),
+            F('instance_id', 'string', '0+', nullable='0+'),
+            F('rack_id', 'string', '0+', nullable='0+'),
+            F('member_epoch', 'int32', '0+'),
+            F('client_id', 'string', '0+'),
+            F('client_host', 'string', '0+'),
+            F('subscribed_topic_names', '[]string', '0+'),
+            F('subscribed_topic_regex', 'string', '0+', nullable='0+'),
+            F('assignment', '{}', '0+', fields=_DESCRIBED_ASSIGNMENT),
+            F('target_assignment', '{}', '0+', fields=_DESCRIBED_ASSIGNMENT),
+        )),
+        F('authorized_operations', 'int32', '0+', default=-2147483648),
+    )),
+)
+
 # api key -> (name, request fields, response fields, first flexible version or None)
 MESSAGES = {
     0: ("Produce", PRODUCE_REQ, PRODUCE_RES, 9),
@@ -647,4 +713,6 @@ MESSAGES = {
     32: ("DescribeConfigs", DESCRIBE_CONFIGS_REQ, DESCRIBE_CONFIGS_RES, 4),
     36: ("SaslAuthenticate", SASL_AUTHENTICATE_REQ, SASL_AUTHENTICATE_RES, 2),
     37: ("CreatePartitions", CREATE_PARTITIONS_REQ, CREATE_PARTITIONS_RES, 2),
+    68: ("ConsumerGroupHeartbeat", CONSUMER_GROUP_HEARTBEAT_REQ, CONSUMER_GROUP_HEARTBEAT_RES, 0),
+    69: ("ConsumerGroupDescribe", CONSUMER_GROUP_DESCRIBE_REQ, CONSUMER_GROUP_DESCRIBE_RES, 0),
 }

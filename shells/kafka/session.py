@@ -111,6 +111,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
 
     def _on_tick(self, now):
         self.shell.groups.tick(now)
+        self.shell.consumer_groups.tick(now)
 
     def _drop_all(self):
         for f in list(self._fetches):
@@ -218,32 +219,69 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
         return {"node_id": NODE_ID, "host": sh.advertised_host or self.local[0] or "127.0.0.1",
                 "port": sh.advertised_port or self.local[1] or sh.listen_port, "rack": None}
 
-    def _topic_entry(self, name, version):
-        parts = self.shell.partitions(name)
+    def _cluster_view(self):
+        """shells/cluster/kafka_view when this broker is a cluster member, else None (imported only then)."""
+        if self.broker.cluster is None:
+            return None
+        from riverbed.shells.cluster import kafka_view
+        return kafka_view
+
+    def _topic_entry(self, name, version, topic_id=None):
+        parts = self.shell.partitions(name) if name is not None else None
         if parts is None:
+            if name is None:
+                return {"error_code": C.ERR_UNKNOWN_TOPIC_ID, "name": None, "topic_id": topic_id, "partitions": []}
             return {"error_code": C.ERR_UNKNOWN_TOPIC_OR_PARTITION, "name": name, "partitions": []}
         if not self._allowed(READ, name) and not self._allowed(WRITE, name):
             return {"error_code": C.ERR_TOPIC_AUTHORIZATION_FAILED, "name": name, "partitions": []}
-        return {"error_code": 0, "name": name, "topic_id": C.topic_uuid(name), "is_internal": False,
-                "partitions": [{"error_code": 0, "partition_index": i, "leader_id": NODE_ID, "leader_epoch": 0,
-                                "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID], "offline_replicas": []}
-                               for i in range(len(parts))]}
+        kv = self._cluster_view()
+        if kv is None:
+            entries = [{"error_code": 0, "partition_index": i, "leader_id": NODE_ID, "leader_epoch": 0,
+                        "replica_nodes": [NODE_ID], "isr_nodes": [NODE_ID], "offline_replicas": []}
+                       for i in range(len(parts))]
+        else:
+            entries = []
+            for i, stream in enumerate(parts):
+                err, leader, epoch, replicas, isr = kv.partition(self.broker.cluster, stream)
+                entries.append({"error_code": err, "partition_index": i, "leader_id": leader, "leader_epoch": epoch,
+                                "replica_nodes": replicas, "isr_nodes": isr,
+                                "offline_replicas": [r for r in replicas if r not in isr]})
+        return {"error_code": 0, "name": name, "topic_id": self.shell.topic_id(name), "is_internal": False,
+                "partitions": entries}
 
     def _on_metadata(self, hdr, req):
         slot = self._slot()
         topics = req["topics"]
+        by_id = {}
         if topics is None or (hdr.version == 0 and not topics):
             names = self.shell.topics()
             missing = []
         else:
-            names = [t["name"] for t in topics if t["name"] is not None]
-            missing = [n for n in names if self.shell.partitions(n) is None]
+            # Metadata 12 may name topics by id alone (KIP-848 assignments carry ids)
+            ids = {bytes(t["topic_id"]) for t in topics if t["name"] is None}
+            if ids:
+                by_id = {self.shell.topic_id(n): n for n in self.shell.topics()}
+            names = [t["name"] if t["name"] is not None else (bytes(t["topic_id"]), by_id.get(bytes(t["topic_id"])))
+                     for t in topics]
+            missing = [n for n in names if isinstance(n, str) and self.shell.partitions(n) is None]
         auto = req["allow_auto_topic_creation"] if hdr.version >= 4 else True
 
+        def entry(n):
+            if isinstance(n, tuple):
+                return self._topic_entry(n[1], hdr.version, n[0])
+            return self._topic_entry(n, hdr.version)
+
         def answer():
+            kv = self._cluster_view()
+            me = self._broker_entry()
+            if kv is None:
+                brokers, controller = [me], NODE_ID
+            else:
+                brokers = kv.brokers(self.broker.cluster, me)
+                controller = kv.node_id(self.broker.cluster.name)
             self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id, {
-                "throttle_time_ms": 0, "brokers": [self._broker_entry()], "cluster_id": CLUSTER_ID,
-                "controller_id": NODE_ID, "topics": [self._topic_entry(n, hdr.version) for n in names]})
+                "throttle_time_ms": 0, "brokers": brokers, "cluster_id": CLUSTER_ID,
+                "controller_id": controller, "topics": [entry(n) for n in names]})
         creatable = [n for n in missing if auto and self._allowed(CONFIGURE, n) and self._allowed(WRITE, n)]
         if not creatable:
             answer()
@@ -257,6 +295,16 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
         for n in creatable:
             self.broker.ensure_stream(n, created)
 
+    def _not_leader(self, topic, index):
+        """(NOT_LEADER_OR_FOLLOWER, why) when this cluster member does not lead that partition, else None.
+        Kafka answers so (clients then refresh Metadata and go to the leader); a Produce is never
+        forwarded to the leader from here."""
+        kv = self._cluster_view()
+        stream = self.shell.stream_of(topic, index) if kv is not None else None
+        if stream is None or kv.leads(self.broker.cluster, stream):
+            return None
+        return C.ERR_NOT_LEADER_OR_FOLLOWER, f"node {self.broker.cluster.name} does not lead {stream!r}"
+
     # -------------------------------------------------------------------------------------- CreateTopics
 
     def _on_create_topics(self, hdr, req):
@@ -265,7 +313,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
         todo = []
         for t in req["topics"]:
             name, n = t["name"], t["num_partitions"]
-            res = {"name": name, "topic_id": C.topic_uuid(name), "error_code": 0, "error_message": None,
+            res = {"name": name, "topic_id": self.shell.topic_id(name), "error_code": 0, "error_message": None,
                    "num_partitions": n if n > 0 else 1, "replication_factor": 1, "configs": []}
             results.append(res)
             if n == -1:
@@ -331,7 +379,8 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                     res = {"index": p["index"], "error_code": 0, "base_offset": -1, "log_append_time_ms": -1,
                            "log_start_offset": -1, "record_errors": [], "error_message": None}
                     parts.append(res)
-                    err = self._produce_partition(t["name"], p, res, refusal, waits)
+                    err = self._not_leader(t["name"], p["index"]) or self._produce_partition(
+                        t["name"], p, res, refusal, waits)
                     if err:
                         res["error_code"], res["error_message"] = err
         if slot is None:
@@ -667,6 +716,8 @@ COMMANDS = commands(KafkaSession, {key: (name, min_state, _served(key)) for key,
     (C.API_CREATE_PARTITIONS, "CreatePartitions", _O),
     (C.API_DESCRIBE_CONFIGS, "DescribeConfigs", _O),
     (C.API_INIT_PRODUCER_ID, "InitProducerId", _O),
+    (C.API_CONSUMER_GROUP_HEARTBEAT, "ConsumerGroupHeartbeat", _O),
+    (C.API_CONSUMER_GROUP_DESCRIBE, "ConsumerGroupDescribe", _O),
 )})
 """API key -> Command (handler ``_on_<name>(session, header, request dict)``, lowest state, the served
 versions: codec.SERVED). What is here is what ApiVersions advertises."""

@@ -4,11 +4,15 @@ super stream of that name, partitions ``<topic>-<i>``), and a timer for Fetch lo
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError
+from riverbed.shells.kafka.codec import topic_uuid
+from riverbed.shells.kafka.consumer_groups import (DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_SESSION_TIMEOUT_MS,
+                                                   ConsumerCoordinator)
 from riverbed.shells.kafka.groups import Coordinator
 
 NODE_ID = 0
 CLUSTER_ID = "riverbed"
 RECENT_PRODUCERS = 10000          # (partition, producer) pairs whose recent batches are remembered
+MAX_CACHED_IDS = 100000           # topic ids kept computed
 RECENT_BATCHES = 8                # per producer and partition: Kafka keeps 5 (max.in.flight)
 
 
@@ -38,15 +42,23 @@ def retention_arguments(configs):
 
 class KafkaShell:
     """Per-broker state of the Kafka listener(s). ``call_later(delay s, fn) -> cancel()`` is the loop's
-    timer (the server sets it; sans-I/O tests give their own). Loop-thread only."""
+    timer (the server sets it; sans-I/O tests give their own). ``group_session_timeout_ms`` and
+    ``group_heartbeat_interval_ms`` are the KIP-848 groups' (the broker sets them there, not the client).
+    Loop-thread only."""
 
-    def __init__(self, broker, *, advertised_host=None, advertised_port=None, call_later=None):
+    def __init__(self, broker, *, advertised_host=None, advertised_port=None, call_later=None,
+                 group_session_timeout_ms=DEFAULT_SESSION_TIMEOUT_MS,
+                 group_heartbeat_interval_ms=DEFAULT_HEARTBEAT_INTERVAL_MS):
         self.broker = broker
         self.advertised_host = advertised_host
         self.advertised_port = advertised_port
         self.listen_port = 0
         self.call_later = call_later
         self.groups = Coordinator(broker.clock)
+        self.consumer_groups = ConsumerCoordinator(
+            broker.clock, self.topics, lambda t: len(self.partitions(t) or ()), topic_id=self.topic_id,
+            session_timeout_ms=group_session_timeout_ms, heartbeat_interval_ms=group_heartbeat_interval_ms)
+        self._ids = {}          # topic -> its id (a cache)
         self._batches = {}      # (stream, publisher) -> {base sequence: base offset} of its last batches
 
     def remember_batch(self, stream, publisher, base_sequence, base_offset):
@@ -64,6 +76,16 @@ class KafkaShell:
         return self._batches.get((stream, publisher), {}).get(base_sequence, -1)
 
     # ------------------------------------------------------------------------------ the topic view
+
+    def topic_id(self, topic):
+        """The topic id of ``topic`` (16 bytes; Metadata 10+, KIP-848 assignments): derived from the name
+        alone, so it is the same on every node of a cluster and across restarts with nothing to store."""
+        tid = self._ids.get(topic)
+        if tid is None:
+            if len(self._ids) >= MAX_CACHED_IDS:
+                self._ids.clear()
+            tid = self._ids[topic] = topic_uuid(topic)
+        return tid
 
     def partitions(self, topic):
         """The streams of ``topic``'s partitions in order, or None when there is no such topic."""

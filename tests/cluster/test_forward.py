@@ -97,23 +97,22 @@ def test_every_protocol_publishes_through_non_leaders(cluster3all):
         sent[proto] = set(range(20))
     ws_publish(n2, "fwd", 100, 20)          # WebSocket frames too (not only its REST publish)
     sent["ws"] |= set(range(100, 120))
-    # Kafka does not forward: a node that does not lead the partition answers NOT_LEADER_OR_FOLLOWER
+    # Kafka does not forward: its Metadata names each partition's leader (a raw Produce to another node
+    # gets NOT_LEADER_OR_FOLLOWER: tests/cluster/test_kafka_cluster.py), so a client bootstrapped from a
+    # node that does not lead the stream produces to the leader itself, and no node counts it as forwarded
     from kafka import KafkaProducer
-    from kafka.errors import KafkaError
     kp = KafkaProducer(bootstrap_servers=f"127.0.0.1:{n3.ports['kafka']}", acks="all", retries=0,
                        enable_idempotence=False)
-    with pytest.raises(KafkaError) as refused:
-        kp.send("fwd", b"kafka-0").get(timeout=15)
+    kp.send("fwd", b"kafka-0").get(timeout=15)
     kp.close()
-    assert refused.value.errno == 6, refused.value
     total = 300 + 4 * 20 + 20
-    settled(c, "fwd", total)
+    settled(c, "fwd", total + 1)
     logs = {name: read_stream(srv.port, "fwd") for name, srv in c.nodes.items()}
     assert logs["n1"] == logs["n2"] == logs["n3"], "the members' logs differ"
     got = markers(logs["n1"])
     assert len(got) == total and len(set(got)) == total, ("a record is missing or stored twice",
                                                           collections.Counter(p for p, _ in got))
-    assert not any(b"kafka-0" in r for r in logs["n1"])
+    assert sum(b"kafka-0" in r for r in logs["n1"]) == 1
     for proto in PROTOCOLS:
         assert {i for p, i in got if p == proto} == sent[proto], proto
     # the forwarding nodes count what they forwarded (records the leader stored); the leader forwards nothing

@@ -35,6 +35,13 @@ PRELUDE = (_req(C.API_CREATE_TOPICS, 5, {"topics": [{"name": "kkk", "num_partiti
 JOIN = {"group_id": "gg", "session_timeout_ms": 6000, "rebalance_timeout_ms": 6000, "member_id": "",
         "group_instance_id": None, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b"m"}]}
 PROBE = _req(C.API_API_VERSIONS, 0, {}, 0x7FFF)
+KKK_ID = C.topic_uuid("kkk")
+
+
+def _cg_heartbeat(member, epoch, topics=None, owned=None, regex=None, assignor=None):
+    return {"group_id": "cg", "member_id": member, "member_epoch": epoch, "instance_id": None, "rack_id": None,
+            "rebalance_timeout_ms": 5000, "subscribed_topic_names": topics, "subscribed_topic_regex": regex,
+            "server_assignor": assignor, "topic_partitions": owned}
 
 
 class KafkaTarget(SessionTarget):
@@ -131,5 +138,29 @@ class KafkaTarget(SessionTarget):
                                                    "committed_metadata": ""}]}]})
             + _req(C.API_OFFSET_FETCH, 7, {"group_id": "gg", "topics": None}, 2)
             + _req(C.API_OFFSET_FETCH, 1, {"group_id": "gg", "topics": [{"name": "kkk", "partition_indexes": [0, 1]}]},
+                   3),
+            # KIP-848: join (the client names itself, as librdkafka does), heartbeats owning and revoking,
+            # a fenced epoch, a regex subscription, describe, list, commit with the member epoch, leave
+            p + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat("m1", 0, ["kkk"], [], assignor="uniform"))
+            + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 0, _cg_heartbeat("", 0, ["kkk"]), 2)
+            + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat(
+                "m1", 2, owned=[{"topic_id": KKK_ID, "partitions": [0, 1]}]), 3)
+            + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat("m1", 9, owned=[]), 4)
+            + _req(C.API_CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": ["cg", "gg"], "include_authorized_operations": True},
+                   5)
+            + _req(C.API_LIST_GROUPS, 5, {"states_filter": [], "types_filter": ["consumer"]}, 6)
+            + _req(C.API_OFFSET_COMMIT, 9, {"group_id": "cg", "generation_id_or_member_epoch": 3, "member_id": "m1",
+                                            "group_instance_id": None, "topics": [{"name": "kkk", "partitions": [
+                                                {"partition_index": 1, "committed_offset": 1,
+                                                 "committed_metadata": None}]}]}, 7)
+            + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat("m1", -1), 8),
+            p + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat("r1", 0, regex="k+", assignor="range"))
+            + _req(C.API_CONSUMER_GROUP_HEARTBEAT, 1, _cg_heartbeat("r2", 0, regex="(", assignor="x"), 2)
+            + _req(C.API_JOIN_GROUP, 4, dict(JOIN, group_id="cg"), 3),
+            # Metadata 12: every topic, then topics by id (one unknown), Metadata 10 by name
+            p + _req(C.API_METADATA, 12, {"topics": None, "allow_auto_topic_creation": False})
+            + _req(C.API_METADATA, 12, {"topics": [{"topic_id": KKK_ID, "name": None},
+                                                   {"topic_id": b"\x05" * 16, "name": None}]}, 2)
+            + _req(C.API_METADATA, 10, {"topics": [{"name": "kkk"}], "include_cluster_authorized_operations": True},
                    3),
         ]

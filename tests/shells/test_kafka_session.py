@@ -104,7 +104,7 @@ def test_unknown_api_key_and_unsupported_version_close_only_that_connection(h):
     frame[4:6] = (999).to_bytes(2, "big")
     a.s.data_received(bytes(frame))
     assert a.io.closed
-    b.send(C.API_METADATA, 10, {"topics": None})        # Metadata 10 brings topic ids: not served
+    b.send(C.API_METADATA, 13, {"topics": None})        # Metadata 13 (a top-level error code): not served
     assert b.io.closed
     assert d.call(C.API_METADATA, 1, {"topics": None})["brokers"][0]["port"] == 9092
     assert not d.io.closed

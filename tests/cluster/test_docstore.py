@@ -255,6 +255,17 @@ def test_two_nodes_racing_one_unique_key_exactly_one_wins_everywhere(docs3):
     codes = run(race())
     assert sorted(codes, key=str) == [6, None], codes
 
+    # a projection defined through a node that does not lead the changelog runs on the one that does
+    async def define_and_publish():
+        async with await BsonClient.connect("127.0.0.1", c.nodes["n2"].ports["bson"]) as cl:
+            await cl.create_projection("p2", channel="clicks", binder="view_c", doc_id="id", mode="replace")
+        async with await BsonClient.connect("127.0.0.1", c.nodes["n1"].ports["bson"]) as cl:
+            await cl.publish("clicks", {"id": 1, "at": "home"})
+    run(define_and_publish())
+    for node in ("n1", "n2", "n3"):
+        port = c.nodes[node].ports["bson"]
+        assert eventually(lambda: run(bson_find(port, "view_c", 1)) == {"id": 1, "at": "home"})
+
 
 def committx(port, channels, n, sess_id=7):
     """A coroutine function: connect, STARTTX, ``n`` PUBs to each of ``channels``; returns the client."""

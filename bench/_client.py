@@ -56,6 +56,8 @@ PEER_CLIENTS = {w: "bench._redis" for w in ("redis-publish", "redis-consume", "r
 PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-publish", "nats-consume", "nats-latency")})
 # the server-bound load generator (raw frames, any RabbitMQ Stream broker): bench._loadgen
 PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume")})
+# Riverbed's Kafka shell with confluent-kafka (librdkafka): bench._kafka
+PEER_CLIENTS.update({w: "bench._kafka" for w in ("kafka-produce", "kafka-consume")})
 
 
 # --------------------------------------------------------------------------------------------------

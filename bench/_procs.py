@@ -26,9 +26,10 @@ from bench._client import descendants
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RABBITMQ_SH = os.path.join(ROOT, "ci", "rabbitmq.sh")
 # every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
-OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--ream-port", "off",
                        "--http-port", "off", "--kafka-port", "off")
-LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+LISTEN_RE = re.compile(r"listening stream (\S+):(\d+)")
+KAFKA_RE = re.compile(r"listening kafka (\S+):(\d+)")
 
 
 def become_subreaper():
@@ -129,6 +130,7 @@ class Riverbed:
         self.log = log
         self.proc = None
         self.port = None
+        self.kafka_port = None
         self.pid = None
         self.lines = []
         self.tmp = None
@@ -138,7 +140,7 @@ class Riverbed:
         self.tmp = tempfile.mkdtemp(prefix=f"riverbed-bench-{self.fsync}-")
         data = os.path.join(self.tmp, "data")
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", data, "--host", "127.0.0.1",
-               "--stream-port", "0", *OTHER_LISTENERS_OFF, "--fsync", self.fsync]
+               "--stream-port", "0", *OTHER_LISTENERS_OFF, "--kafka-port", "0", "--fsync", self.fsync]
         self.log(f"starting riverbed serve --fsync {self.fsync} on a fresh data directory {data}")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True, cwd=self.tmp)
@@ -153,6 +155,9 @@ class Riverbed:
                 m = LISTEN_RE.search(line)
                 if m:
                     self.port = int(m.group(2))
+                m = KAFKA_RE.search(line)
+                if m:
+                    self.kafka_port = int(m.group(2))    # the Kafka rows (bench._kafka)
                 if line.endswith(" ready"):
                     ready.set()
             ready.set()

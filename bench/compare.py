@@ -13,7 +13,8 @@ What it does:
    matches RabbitMQ's durability (``never``: RabbitMQ/Osiris does not fsync per chunk, a confirm means
    "in the page cache"), and a second one with ``--durable-fsync`` (default ``batch``) for the
    separately labelled durable rows;
-3. runs every workload against Riverbed and RabbitMQ (the same real clients), and each workload's Redis
+3. runs every workload against Riverbed and RabbitMQ (the same real clients; the Kafka rows, ``bench._kafka``
+   with confluent-kafka against Riverbed's Kafka port, only against Riverbed), and each workload's Redis
    and NATS counterpart (their own clients: ``bench._redis``, ``bench._nats``; the mapping is
    ``bench._workloads.PEER_MAP``), interleaved, ``--rounds`` rounds, each run in its own client process
    (``bench._client``) on a fresh stream that is deleted afterwards; a run during which other processes
@@ -30,7 +31,9 @@ server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's o
 (/proc/stat busy minus server, client and harness). The ``memory-streams`` workload (Riverbed and
 RabbitMQ) creates ``--memory-streams`` streams, gives each a publisher and a consumer over
 ``--memory-connections`` connection pairs, publishes ``--memory-msgs`` to each, waits for every delivery
-and reports the server's RSS then (and its peak), against the 150 MB goal.
+and reports the server's RSS then (and its peak), against the 150 MB goal. After the table, each Kafka
+row's server CPU per record is set beside the RabbitMQ Stream shell's on the same Riverbed
+(``_workloads.SAME_LOG``), against issue 24's 1.5× goal.
 """
 
 import argparse
@@ -49,7 +52,8 @@ import time
 from bench import _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
-from bench._workloads import DEFAULT_DURABLE, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, W, spec
+from bench._workloads import (DEFAULT_DURABLE, KAFKA_COST_GOAL, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG,
+                              W, spec)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -166,7 +170,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
     try:
         for i in range(nprocs):
             argv = [sys.executable, "-m", "bench._client", sp["client"], "--host", "127.0.0.1",
-                    "--port", str(broker.port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
+                    "--port", str(broker.kafka_port if sp.get("protocol") == "kafka" else broker.port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
                     "--n", str(n), "--size", str(args.size), "--batch", str(args.batch),
                     "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
                     "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
@@ -418,7 +422,8 @@ def main(argv=None):
         for rnd in range(1, args.rounds + 1):
             done = set()
             for wname in args.workload_list:
-                for b in ([rabbit] if rabbit else []) + [headline] + ([durable] if durable else []):
+                on_rabbit = rabbit and W[wname].get("rabbitmq", True)
+                for b in ([rabbit] if on_rabbit else []) + [headline] + ([durable] if durable else []):
                     if b is durable and wname not in args.durable_list:
                         continue
                     plan.append((rnd, wname, b))
@@ -490,7 +495,7 @@ def main(argv=None):
     up = [p for p in PEER_NAMES if p in peers]
     rows = []
     for wname in args.workload_list:
-        cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers else {}
+        cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
         cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
         rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
     for wname in args.durable_list:
@@ -498,7 +503,8 @@ def main(argv=None):
                          label=f"{W[wname]['label']} [Riverbed fsync={args.durable_fsync}]"))
     summary = summarise(runs, row_pairs(rows))
     lines = table_rows(summary, rows, up)
-    doc = {"meta": meta, "runs": runs,
+    same_log = same_log_costs(summary)
+    doc = {"meta": meta, "runs": runs, "same_log": same_log,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
            "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
@@ -524,6 +530,10 @@ def main(argv=None):
           + f", {args.rounds} round(s); median (min–max)")
     print_table(lines)
     print()
+    for s in same_log:
+        print(f"{W[s['workload']]['label']}: server CPU {s['kafka_us']:.2f} µs/record vs {s['rmq_us']:.2f} over "
+              f"RabbitMQ Stream ({s['rmq_workload']}) on the same Riverbed: {s['ratio']:.2f}× "
+              f"(goal <= {KAFKA_COST_GOAL}×: {'met' if s['ratio'] <= KAFKA_COST_GOAL else 'NOT met'})")
     for p in up:
         if p != "rabbitmq":
             print(f"{PEER_LABELS[p]} column (its own client, bench/_{p}.py): "
@@ -540,6 +550,21 @@ def main(argv=None):
         print(f"raw runs: {os.path.relpath(json_path)}" +
               ("" if args.no_chart or not summary else f"   chart: {os.path.relpath(png_path)}"))
     return 1 if meta.get("interrupted") else 0
+
+
+def same_log_costs(summary):
+    """The Kafka rows' server CPU per record beside the RabbitMQ Stream shell's on the same Riverbed
+    (``SAME_LOG``; medians): a list of dicts, one per Kafka row that ran with a counterpart."""
+    out = []
+    for kafka, candidates in SAME_LOG.items():
+        k = summary.get((kafka, "riverbed"), {}).get("server_us_per_msg")
+        for rmq in candidates:
+            r = summary.get((rmq, "riverbed"), {}).get("server_us_per_msg")
+            if k and r and r["med"]:
+                out.append({"workload": kafka, "kafka_us": k["med"], "rmq_workload": rmq, "rmq_us": r["med"],
+                            "ratio": k["med"] / r["med"]})
+                break
+    return out
 
 
 def _short_version(meta, peer):

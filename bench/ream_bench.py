@@ -1,4 +1,4 @@
-"""REAM text benchmark against a local ``riverbed serve --text-port 0`` (issue 15).
+"""REAM text benchmark against a local ``riverbed serve --ream-port 0`` (issue 15).
 
 Measures, in one run:
 
@@ -157,9 +157,9 @@ def main():
     ap.add_argument("--fsync", default="batch")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="ream-bench-") as d:
-        srv = ServerProcess(os.path.join(d, "data"), "--text-port", "0", "--fsync", a.fsync).start()
+        srv = ServerProcess(os.path.join(d, "data"), "--ream-port", "0", "--fsync", a.fsync).start()
         try:
-            port = srv.ports["text"]
+            port = srv.ports["ream"]
             rate, cpu_pub, stream = bench_publish(srv, port, a.events, a.window)
             print(f"publish   {a.events} x 100 B JSON, pipelined: {rate:10,.0f} events/s   server CPU "
                   f"{cpu_pub:6.1f} us/event   (goal >= 80,000/s: {'ok' if rate >= 80_000 else 'MISSED'})")

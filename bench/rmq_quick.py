@@ -26,9 +26,9 @@ import time
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType, Producer
 
 # every listener but RabbitMQ Stream off: two servers of one run must not fight over default ports
-OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--ream-port", "off",
                        "--http-port", "off", "--kafka-port", "off")
-LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+LISTEN_RE = re.compile(r"listening stream (\S+):(\d+)")
 
 
 def start_server(data_dir, fsync):

@@ -64,7 +64,7 @@ class Server:
 
     def start(self, timeout=30):
         cmd = [sys.executable, "-m", "riverbed.shells.cli", "serve", "--data-dir", self.data_dir, "--host", "127.0.0.1"]
-        for flag in ("--stream-port", "--bson-port", "--zmq-port", "--ws-port", "--text-port", "--http-port", "--kafka-port"):
+        for flag in ("--stream-port", "--bson-port", "--zmq-port", "--ws-port", "--ream-port", "--http-port", "--kafka-port"):
             cmd += [flag, "0"]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      cwd=ROOT)
@@ -422,25 +422,25 @@ async def run(args):
         ex["zmq"] = examples("zmq", n_ex, args.seed)
         corpus = {name: [d for _, d in corpus_inputs(name)] for name in ("rmq", "bson", "ream", "ws", "zmq")}
 
-        good = [good_rmq(ports["rabbitmq-stream"], stop, res), good_bson(ports["bson"], stop, res),
-                good_zmq(ports["zmq"], stop, res), good_ws(ports["ws"], stop, res), good_ream(ports["text"], stop, res),
+        good = [good_rmq(ports["stream"], stop, res), good_bson(ports["bson"], stop, res),
+                good_zmq(ports["zmq"], stop, res), good_ws(ports["ws"], stop, res), good_ream(ports["ream"], stop, res),
                 good_http(ports["http"], stop, res)]
         rmq_probe = t_rmq.PROBE_HANDSHAKE
         hostile = [
-            hostile_stream("stream", ports["rabbitmq-stream"], stop, res, ex["rmq"], t_rmq.PRELUDE, rmq_probe,
+            hostile_stream("stream", ports["stream"], stop, res, ex["rmq"], t_rmq.PRELUDE, rmq_probe,
                            rmq_answered(0x8011), random.Random(rng.random())),
             hostile_stream("bson", ports["bson"], stop, res, ex["bson"], t_bson.PRELUDE, t_bson.PROBE_OPEN,
                            bson_answered, random.Random(rng.random())),
-            hostile_stream("text", ports["text"], stop, res, [e for e in ex["ream"]], t_ream.PRELUDE, b"\n" + t_ream.PROBE,
+            hostile_stream("ream", ports["ream"], stop, res, [e for e in ex["ream"]], t_ream.PRELUDE, b"\n" + t_ream.PROBE,
                            text_answered, random.Random(rng.random())),
             hostile_ws(ports["ws"], stop, res, ex["ws"], random.Random(rng.random())),
             hostile_zmq(ports["zmq"], stop, res, ex["zmq"], random.Random(rng.random())),
             hostile_http("http", ports["http"], stop, res, random.Random(rng.random())),
             hostile_http("ws-http", ports["ws"], stop, res, random.Random(rng.random())),
         ]
-        for listener, name in (("stream", "rmq"), ("bson", "bson"), ("text", "ream"), ("ws", "ws"), ("zmq", "zmq"),
+        for listener, name in (("stream", "rmq"), ("bson", "bson"), ("ream", "ream"), ("ws", "ws"), ("zmq", "zmq"),
                                ("http", None)):
-            port = ports[{"stream": "rabbitmq-stream"}.get(listener, listener)]
+            port = ports[listener]
             hostile.append(hostile_raw(listener, port, stop, res, corpus.get(name, []), random.Random(rng.random())))
             hostile.append(slowloris(listener, port, stop, res, random.Random(rng.random())))
             hostile.append(flood(listener, port, stop, res, random.Random(rng.random())))

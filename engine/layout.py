@@ -106,7 +106,11 @@ class PublishingIds:
 
 _AGE_UNITS = {"Y": 365 * 86400, "M": 30 * 86400, "D": 86400, "h": 3600, "m": 60, "s": 1}
 _AGE_RE = re.compile(r"^(\d+)([YMDhms])$")
-_IGNORED_ARGS = {"stream-max-segment-size-bytes", "initial-cluster-size", "queue-leader-locator", "queue-type"}
+_IGNORED_ARGS = {"stream-max-segment-size-bytes", "initial-cluster-size", "queue-type"}
+FSYNC_RANK = {"never": 0, "batch": 1, "always": 2}   # the durability policies, weakest first (engine/log.py)
+# RabbitMQ's leader locators; its older names mean "balanced" there too (the cluster places by them)
+LEADER_LOCATORS = {"client-local": "client-local", "balanced": "balanced", "least-leaders": "balanced",
+                   "random": "balanced"}
 
 
 def parse_max_age(text):
@@ -132,6 +136,12 @@ def normalize_arguments(arguments):
         elif name == "stream-filter-size-bytes":
             if not value.isdigit() or not BLOOM_MIN_SIZE <= int(value) <= BLOOM_MAX_SIZE:
                 raise InvalidArgument(f"{key} must be {BLOOM_MIN_SIZE}..{BLOOM_MAX_SIZE}, not {value!r}")
+        elif name == "fsync":
+            if value not in FSYNC_RANK:
+                raise InvalidArgument(f"{key} must be always, batch or never, not {value!r}")
+        elif name == "queue-leader-locator":
+            if value not in LEADER_LOCATORS:
+                raise InvalidArgument(f"{key} must be client-local or balanced, not {value!r}")
         elif name not in _IGNORED_ARGS:
             raise InvalidArgument(f"unknown stream argument {key!r}")
         out[name] = value

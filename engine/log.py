@@ -24,6 +24,13 @@ Durability (``fsync``):
     never   no fsync (LMDB NOSYNC): a process crash loses nothing acknowledged (the OS page cache holds
             it); a power loss may lose everything since the OS last flushed and may corrupt the
             environment. This matches RabbitMQ streams, whose confirms mean "in the page cache".
+
+Per stream: the ``fsync`` stream argument (always, batch, never) raises one stream's durability above
+the engine's policy: a group commit that touches such a stream is synced as a whole (data and meta
+pages, ``env.sync``) before anything in it is acknowledged. It never lowers it: one LMDB environment
+syncs as a whole, so a stream asking for less than the engine gets the engine's policy. On a cluster
+member this is also what a member's acknowledgement means (it acks a chunk only once stored under the
+stream's policy), so a stream can be replicated and fsynced.
 """
 
 import json
@@ -42,7 +49,7 @@ from riverbed.engine.format import (
     H_CHUNK_ID, H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE,
 )
 from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's public names live here
-    _CHUNK_KEY, _SID, _TIME_KEY, _U64, _U64_MAX, DEFAULT_CHUNK_MAX_BYTES, DEFAULT_CHUNK_MAX_RECORDS,
+    _CHUNK_KEY, _SID, _TIME_KEY, _U64, _U64_MAX, DEFAULT_CHUNK_MAX_BYTES, FSYNC_RANK, DEFAULT_CHUNK_MAX_RECORDS,
     FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
     _tracking_key, normalize_arguments, parse_max_age,
 )
@@ -168,6 +175,7 @@ class Engine(SuperStreamBindings):
             raise InvalidArgument(f"fsync must be one of {', '.join(FSYNC_POLICIES)}, not {fsync!r}")
         self.path = os.fspath(path)
         self.fsync = fsync
+        self.fsync_rank = FSYNC_RANK[fsync]
         self.readonly = readonly
         # ms since the epoch; chunk timestamps and age retention use it (tests pass a fake clock)
         self.clock = clock or (lambda: int(time.time() * 1000))
@@ -741,9 +749,29 @@ class Engine(SuperStreamBindings):
             self._writer.submit(item)
             return fut
         if not (self._inline and (op != _OP_APPEND or len(args[0].data) <= INLINE_MAX_BYTES)
-                and self._writer.commit_inline(item)):
+                and not self._syncs(op, args) and self._writer.commit_inline(item)):
             self._writer.submit(item)
         return None
+
+    def _syncs(self, op, args):
+        """Whether ``op`` may touch a stream whose ``fsync`` argument asks for a sync (then it is not
+        committed inline: the caller may be an event loop)."""
+        rank = self.fsync_rank
+        if op == _OP_CREATE:
+            return FSYNC_RANK.get(args[1].get("fsync"), 0) > rank
+        if op == _OP_SUPER_CREATE:
+            return FSYNC_RANK.get(args[3].get("fsync"), 0) > rank
+        if op == _OP_TXN:
+            return any(FSYNC_RANK.get(s.args.get("fsync"), 0) > rank for s in list(self._streams.values()))
+        name = args[0].stream if op == _OP_APPEND else (args[0] if args else None)
+        s = self._streams.get(name) if isinstance(name, str) else None
+        return s is not None and FSYNC_RANK.get(s.args.get("fsync"), 0) > rank
+
+    def stream_fsync(self, name):
+        """The fsync policy stream ``name`` gets: the stronger of the engine's and its ``fsync``
+        argument. Raises StreamNotFound."""
+        asked = self._current(name).args.get("fsync", self.fsync)
+        return asked if FSYNC_RANK[asked] > self.fsync_rank else self.fsync
 
     def create_stream(self, name, arguments=None):
         """Create stream ``name`` with RabbitMQ-style ``arguments`` (see normalize_arguments).

@@ -66,13 +66,14 @@ class EngineStats:
     name starts from 0.
     """
 
-    __slots__ = ("group_commits", "operations", "bytes_written", "commit", "fsync", "opened_at")
+    __slots__ = ("group_commits", "operations", "bytes_written", "commit", "fsync", "opened_at", "stream_syncs")
 
     def __init__(self, streams=None):
         self.opened_at = {s.sid: s.next_offset for s in (streams or {}).values()}
         self.group_commits = 0
         self.operations = 0           # queued operations applied (appends, offsets, creates, ...)
         self.bytes_written = 0        # chunk bytes stored
+        self.stream_syncs = 0         # extra syncs for streams whose fsync argument beats the engine's
         self.commit = LatencyHistogram()
         self.fsync = LatencyHistogram()
 

@@ -26,8 +26,8 @@ from riverbed.engine.errors import (
 )
 from riverbed.engine.format import H_CHUNK_ID, H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
 from riverbed.engine.layout import (
-    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult,
-    PublishingIds, _check_name, _Stream, _tracking_key,
+    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, TS_BIAS,
+    AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
 )
 
 log = logging.getLogger("riverbed.engine")
@@ -316,6 +316,12 @@ class _Writer(threading.Thread):
                         staged.flush_all()
                         staged.write_states()
                         applied = time.perf_counter()   # metrics: the rest is LMDB's commit (and fsync)
+                    if eng.fsync_rank < 2 and _wants_sync(staged, eng.fsync_rank):
+                        # a stream's own fsync argument asks for more than the environment's policy:
+                        # sync before any of this commit is acknowledged (one LMDB environment syncs
+                        # as a whole, so this commit's other streams get it too)
+                        eng.env.sync(True)
+                        eng.stats.stream_syncs += 1
                 finally:
                     eng._gate.leave()
             except _TxnFailed as f:
@@ -644,6 +650,14 @@ class _Deferred:
 
     def resolve(self):
         return AppendResult(self.first, self.last, self.duplicates)
+
+
+def _wants_sync(staged, rank):
+    """Whether a stream this commit touched has an ``fsync`` argument stronger than ``rank``."""
+    for st in staged.streams.values():
+        if FSYNC_RANK.get(st.args.get("fsync"), 0) > rank:
+            return True
+    return False
 
 
 class _Staged:

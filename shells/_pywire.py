@@ -11,6 +11,8 @@ in :mod:`riverbed.shells.wire`. The chunk layout the Publish path writes is the 
 import struct
 import zlib
 
+import crc32c as _crc32c
+
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.engine.format import CHUNK_MAGIC_VERSION, CHUNK_USER, HEADER_STRUCT
 from riverbed.shells._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
@@ -141,3 +143,203 @@ def publish_chunk(payload, crc=True):
     increasing = all(ids[k] < ids[k + 1] for k in range(len(ids) - 1))
     return (publisher_id, count, bytearray(header + data), struct.pack(f">{count}Q", *ids),
             ids[0] if ids else 0, ids[-1] if ids else 0, increasing, records, subs)
+
+
+# ---- Kafka record batches v2 <-> the one record format (kafka.pxi is the compiled twin) --------------
+#
+# The Kafka shell's two byte loops. Produce: the records of one record batch v2 (its records section,
+# decompressed) become stored records, appended as simple entries (u32 BE length | record) to the data
+# section of the chunk being built; the stored form is ``to_stored``'s (records.py: an AMQP 1.0 bare
+# message, key as the annotation x-key, headers as application properties, value as the data section,
+# timestamp as creation-time). Fetch: the stored records of one chunk become one record batch v2, each
+# read as ``from_stored`` reads it. Both take those two functions as arguments (the record mapping is
+# the Kafka shell's; this module only walks bytes), and so does the compiled twin, which calls them for
+# whatever its fast path does not take.
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_KAFKA_BATCH = struct.Struct(">qiibIhiqqqhii")   # base offset .. record count: the 61-byte batch header
+LEN_KAFKA_BATCH_HEADER = 61
+LEN_KAFKA_BATCH_OVERHEAD = 12         # base offset and length: what the batch length does not count
+LEN_KAFKA_CRC_START = 21              # CRC-32C covers the batch from its attributes on
+_KAFKA_MAGIC = 2
+_KAFKA_NULL = b"\x01"                 # zigzag -1: a null key or value
+
+
+def _kafka_zz(buf, pos, end):
+    """A zigzag varint at ``pos`` of ``buf`` (not past ``end``): (value, next position)."""
+    if pos >= end:
+        raise FrameError("truncated varint")
+    b = buf[pos]
+    if b < 0x80:                     # the common case: one byte
+        return (b >> 1) ^ -(b & 1), pos + 1
+    result = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        if pos >= end or shift > 63:
+            raise FrameError("bad varint")
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        pos += 1
+        if b < 0x80:
+            return (result >> 1) ^ -(result & 1), pos
+        shift += 7
+
+
+def kafka_records(buf, count, base_ts):
+    """The first ``count`` records of a record batch v2's records section ``buf`` (bytes), whose
+    timestamps are deltas from ``base_ts``: ``([(timestamp ms, key, value, headers)], bytes used)``; key
+    and value bytes or None, headers a list of (str, bytes or None). Raises FrameError for records that
+    do not parse (a varint, length, key, value or header past its record, a header name that is not
+    UTF-8, a record whose fields do not fill its length)."""
+    out = []
+    pos = 0
+    n = len(buf)
+    zz = _kafka_zz
+    for _ in range(count):
+        length, pos = zz(buf, pos, n)
+        end = pos + length
+        if length < 1 or end > n:
+            raise FrameError("record length out of range")
+        pos += 1                                  # attributes: unused
+        ts, pos = zz(buf, pos, end)
+        _, pos = zz(buf, pos, end)                # offset delta: records are contiguous here
+        klen, pos = zz(buf, pos, end)
+        if klen >= 0:
+            if pos + klen > end:
+                raise FrameError("key past the record")
+            key = buf[pos:pos + klen]
+            pos += klen
+        else:
+            key = None
+        vlen, pos = zz(buf, pos, end)
+        if vlen >= 0:
+            if pos + vlen > end:
+                raise FrameError("value past the record")
+            value = buf[pos:pos + vlen]
+            pos += vlen
+        else:
+            value = None
+        nh, pos = zz(buf, pos, end)
+        headers = []
+        for _ in range(nh):
+            hk, pos = zz(buf, pos, end)
+            if hk < 0 or pos + hk > end:
+                raise FrameError("bad header key")
+            try:
+                name = buf[pos:pos + hk].decode("utf-8")
+            except UnicodeDecodeError:
+                raise FrameError("header key is not UTF-8") from None
+            pos += hk
+            hv, pos = zz(buf, pos, end)
+            if hv >= 0:
+                if pos + hv > end:
+                    raise FrameError("header value past the record")
+                headers.append((name, buf[pos:pos + hv]))
+                pos += hv
+            else:
+                headers.append((name, None))
+        if pos != end:
+            raise FrameError("record length mismatch")
+        out.append((base_ts + ts, key, value, headers))
+    return out, pos
+
+
+def kafka_stored(body, count, base_ts, out, to_stored):
+    """Produce: the first ``count`` records of a batch's records section ``body`` (bytes-like,
+    decompressed; timestamps are deltas from ``base_ts``), each stored as ``to_stored(key, value,
+    headers, timestamp)`` makes it, appended to bytearray ``out`` as simple entries (u32 BE length,
+    then the record). Returns the bytes of ``body`` used. Raises FrameError as :func:`kafka_records`,
+    and for a timestamp outside int64 (what creation-time holds); ``out`` then holds an unknown part of
+    the records (the caller drops it)."""
+    records, used = kafka_records(bytes(body), count, base_ts)
+    pack = _U32.pack
+    for ts, key, value, headers in records:
+        if not _INT64_MIN <= ts <= _INT64_MAX:
+            raise FrameError("record timestamp outside int64")
+        rec = to_stored(key, value, headers, ts)
+        out += pack(len(rec))
+        out += rec
+    return used
+
+
+def _kafka_uvarint(n):
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _kafka_varint(n):
+    return _kafka_uvarint((n << 1) ^ (n >> 63))
+
+
+_KAFKA_SMALL = [_kafka_varint(n) for n in range(8192)]      # zigzag varints of 0..8191, made once
+
+
+def _kafka_vi(n):
+    return _KAFKA_SMALL[n] if 0 <= n < 8192 else _kafka_varint(n)
+
+
+def kafka_record(offset_delta, ts_delta, key, value, headers):
+    """One record of a batch v2, its length prefix included: attributes 0, the deltas, ``key`` and
+    ``value`` (bytes or None), ``headers`` ((str, bytes or None) each). The timestamp delta wraps to
+    int64 as Kafka's (Java's) long arithmetic does, so a reader adding it to the base gets the time back."""
+    vi = _kafka_vi
+    if not _INT64_MIN <= ts_delta <= _INT64_MAX:
+        ts_delta = ((ts_delta - _INT64_MIN) & 0xFFFFFFFFFFFFFFFF) + _INT64_MIN
+    parts = [b"\x00", vi(ts_delta), vi(offset_delta)]
+    if key is None:
+        parts.append(_KAFKA_NULL)
+    else:
+        parts.append(vi(len(key)))
+        parts.append(key)
+    if value is None:
+        parts.append(_KAFKA_NULL)
+    else:
+        parts.append(vi(len(value)))
+        parts.append(value)
+    parts.append(vi(len(headers)))
+    for name, val in headers:
+        nb = name.encode("utf-8")
+        parts.append(vi(len(nb)))
+        parts.append(nb)
+        if val is None:
+            parts.append(_KAFKA_NULL)
+        else:
+            parts.append(vi(len(val)))
+            parts.append(val)
+    body = b"".join(parts)
+    return vi(len(body)) + body
+
+
+def kafka_batch_header(base_offset, body_len, count, base_ts, max_ts, attributes=0, producer_id=-1,
+                       producer_epoch=-1, base_sequence=-1):
+    """The 61-byte header of a record batch v2 of ``count`` records whose records section is
+    ``body_len`` bytes, CRC 0 (:func:`kafka_seal` sets it). A bytearray."""
+    return bytearray(_KAFKA_BATCH.pack(base_offset, LEN_KAFKA_BATCH_HEADER - LEN_KAFKA_BATCH_OVERHEAD + body_len,
+                                       -1, _KAFKA_MAGIC, 0, attributes, count - 1, base_ts, max_ts, producer_id,
+                                       producer_epoch, base_sequence, count))
+
+
+def kafka_seal(batch):
+    """Set the CRC-32C of a whole record batch v2 (a bytearray) in place and return it."""
+    _U32.pack_into(batch, 17, _crc32c.crc32c(memoryview(batch)[LEN_KAFKA_CRC_START:]))
+    return batch
+
+
+def kafka_batch(raws, skip, base_offset, chunk_ts, from_stored):
+    """Fetch: the stored records ``raws[skip:]`` (bytes each: one chunk's, as the broker reads them) as
+    one record batch v2 from ``base_offset``, each record read as ``from_stored(raw, chunk_ts)`` gives
+    it (timestamp ms, key, value, headers): a ``bytearray``, CRC-32C set, no compression, attributes 0,
+    no producer; or None when there is no record from ``skip`` on."""
+    recs = [from_stored(r, chunk_ts) for r in (raws[skip:] if skip else raws)]
+    if not recs:
+        return None
+    base_ts = recs[0][0]
+    body = b"".join([kafka_record(i, ts - base_ts, k, v, h) for i, (ts, k, v, h) in enumerate(recs)])
+    out = kafka_batch_header(base_offset, len(body), len(recs), base_ts, max(r[0] for r in recs))
+    out += body
+    return kafka_seal(out)

@@ -2,20 +2,22 @@
 results, same errors.
 
 The wire formats the shells read before anything reaches the broker: the RabbitMQ Stream frame splitter
-and its Publish v1 -> sealed chunk pass (``rmq.pxi``), the BSON document splitter (``frames.pxi``) and
-the mewbase PUB recogniser (``bsonpub.pxi``). ``_pywire.py`` is the readable reference and its docstrings
-are the spec. The chunk header, its CRC and the byte loads are the engine's: this module includes the
-engine's ``bytes.pxi``, ``crc.pxi`` and ``header.pxi`` (an ``include``, not a ``cimport``: a cimport
-between our own modules cannot resolve under the ``riverbed.*`` package-dir mapping), so the chunk layout
-has one definition. All functions are pure (no shared state) and thread-safe; the CRC of a big Publish
+and its Publish v1 -> sealed chunk pass (``rmq.pxi``), the BSON document splitter (``frames.pxi``), the
+mewbase PUB recogniser (``bsonpub.pxi``) and the Kafka shell's record loops: a record batch v2's records ->
+stored records, a chunk's records -> a record batch v2 (``kafka.pxi``). ``_pywire.py`` is the readable
+reference and its docstrings are the spec. The chunk header, its CRC and the byte loads are the engine's:
+this module includes the engine's ``bytes.pxi``, ``crc.pxi`` and ``header.pxi`` (an ``include``, not a
+``cimport``: a cimport between our own modules cannot resolve under the ``riverbed.*`` package-dir
+mapping), so the chunk layout has one definition. All functions are pure (no shared state) and thread-safe; the CRC of a big Publish
 runs with the GIL released.
 """
 
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memchr, memcmp, memcpy
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytearray cimport (PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE,
+                                PyByteArray_Resize)
 from cpython.object cimport PyObject
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 
@@ -51,3 +53,4 @@ include "../engine/header.pxi"
 include "frames.pxi"
 include "rmq.pxi"
 include "bsonpub.pxi"
+include "kafka.pxi"

@@ -21,19 +21,12 @@ import signal
 import sys
 
 from riverbed.shells import config as _config
+from riverbed.shells import protocols as _protocols
 
 log = logging.getLogger("riverbed")
 
-# (config key, protocol name in the log, module)
-SHELLS = [
-    ("stream_port", "rabbitmq-stream", "riverbed.shells.rmq_stream"),
-    ("bson_port", "bson", "riverbed.shells.bson_tcp"),
-    ("zmq_port", "zmq", "riverbed.shells.zmq_mc0"),
-    ("ws_port", "ws", "riverbed.shells.ws_json"),
-    ("text_port", "text", "riverbed.shells.ream_text"),
-    ("kafka_port", "kafka", "riverbed.shells.kafka"),
-    ("http_port", "http", "riverbed.shells.http"),
-]
+# (port setting, protocol name: in the log, the metrics, the API; module): one name per protocol
+SHELLS = [(_protocols.port_setting(name), name, module) for name, module in _protocols.LISTENERS]
 DEFAULT_USERS_FILE = "riverbed-users.toml"
 
 
@@ -84,6 +77,13 @@ def check_listeners(cfg, auth):
     return enabled
 
 
+def warn_deprecated(cfg):
+    """Log one warning per setting ``cfg`` took under an old name (``--text-port``: use ``--ream-port``)."""
+    for given, use in getattr(cfg, "deprecated", ()):
+        log.warning("%s is deprecated: use %s (one name per protocol; README, \"Running the broker\")",
+                    given, use)
+
+
 async def _start_listener(name, module, broker, cfg, port):
     return await _import_shell(name, module).serve(broker, host=cfg.host, port=port, config=cfg)
 
@@ -100,6 +100,7 @@ async def run_server(cfg, stop=None, started=None):
 
     from riverbed.engine.record import set_max_depth
 
+    warn_deprecated(cfg)
     tls_context = _tls.context_for(cfg)   # bad TLS files fail here, before anything is opened or bound
     set_max_depth(cfg.max_depth)          # one nesting limit for every publish and every render
     loop = asyncio.get_running_loop()
@@ -140,7 +141,7 @@ async def run_server(cfg, stop=None, started=None):
             from riverbed.shells.rmq_stream.server import serve_tls
             server = await serve_tls(broker, host=cfg.host, port=cfg.stream_tls_port, config=cfg)
             listeners.append(server)
-            log.info("listening %s %s", "rabbitmq-stream-tls", _fmt_addr(cfg.host, server.port))
+            log.info("listening %s %s", server.name, _fmt_addr(cfg.host, server.port))
         # GET /healthz checks each listener started above; GET /readyz is 200 from here until stopping
         broker.listeners.extend((getattr(s, "name", type(s).__name__), s) for s in listeners)
         if cluster is not None:
@@ -184,6 +185,7 @@ def _run(coro):
 
 def cmd_serve(args):
     flags = {o.name: getattr(args, o.name) for o in _config.OPTIONS}
+    flags[_config.DEPRECATED_FLAGS] = getattr(args, _config.DEPRECATED_FLAGS, None)
     flags["config"] = args.config
     try:
         cfg = _config.load(flags)
@@ -335,6 +337,19 @@ def build_parser():
     st.add_argument("--cluster", default=os.environ.get("RIVERBED_CLUSTER", "riverbed"), metavar="NAME",
                     help="cluster name (also RIVERBED_CLUSTER; default riverbed)")
     st.add_argument("--json", action="store_true", help="print the status as JSON")
+    for action, text in (("add-replica", "make NODE a member of STREAM: it copies the leader's log, then "
+                                         "follows it (a member once it holds the committed offset)"),
+                         ("delete-replica", "take NODE off STREAM and delete its copy there (a leader hands "
+                                            "leadership to another member first; the last member stays)")):
+        r = cs.add_parser(action, help=text, description=text + ". Exit 0 done, 1 refused, 2 etcd unreachable.")
+        r.add_argument("stream")
+        r.add_argument("node")
+        r.add_argument("--etcd", default=os.environ.get("RIVERBED_ETCD"), metavar="URL[,URL]",
+                       help="etcd client URL(s) (also RIVERBED_ETCD)")
+        r.add_argument("--cluster", default=os.environ.get("RIVERBED_CLUSTER", "riverbed"), metavar="NAME",
+                       help="cluster name (also RIVERBED_CLUSTER; default riverbed)")
+        r.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="how long to wait for the change to complete (default 60)")
     sub.add_parser("spark-load", help="bulk-load streams into parquet, delta or a table (spark extra)",
                    add_help=False)
     return p
@@ -362,6 +377,9 @@ def main(argv=None):
         if not args.etcd:
             print("riverbed cluster: give --etcd URL (or RIVERBED_ETCD)", file=sys.stderr)
             return 2
+        if args.action in ("add-replica", "delete-replica"):
+            from riverbed.shells.cluster.membership import main_change
+            return main_change(args)
         from riverbed.shells.cluster.status import main_status
         return main_status(args)
     return 2

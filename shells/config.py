@@ -13,8 +13,13 @@ Every setting has one name used everywhere: flag ``--stream-port``, environment 
     fsync = "batch"
 
 Ports take a number (0 = any free port; the log line says which) or ``off`` to disable that listener.
+A listener's settings carry its protocol's one name (:mod:`riverbed.shells.protocols`): ``--ream-port``,
+``--ream-user``, ... Settings under an old name (:data:`~riverbed.shells.protocols.DEPRECATED_SETTINGS`,
+e.g. ``--text-port``) are still taken, as flag, environment variable or TOML key, and
+:attr:`Config.deprecated` lists them so that ``riverbed serve`` warns.
 """
 
+import argparse
 import os
 try:
     import tomllib
@@ -22,7 +27,10 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 from dataclasses import dataclass, field
 
+from riverbed.shells.protocols import DEPRECATED_SETTINGS
+
 PORT_OFF = None
+DEPRECATED_FLAGS = "deprecated_flags"   # key of ``load``'s flags: the old flags given (see add_arguments)
 
 
 class ConfigError(ValueError):
@@ -183,12 +191,12 @@ OPTIONS = [
            "WebSocket JSON: largest client frame, bytes; bigger ones close the connection (1009)", "BYTES"),
     Option("ws_send_buffer", _positive_int, 16 << 20,
            "WebSocket JSON: unsent bytes a connection may hold before it is dropped", "BYTES"),
-    Option("text_port", parse_port, 7461, "REAM text port (default 7461; 0 = any free; off)", "PORT"),
-    Option("text_user", _opt_str, None, "user the REAM text listener acts as with --users (REAM has no "
-           "credentials; without it the text listener stays off when a users file is given)", "NAME"),
-    Option("text_keepalive", _positive_float_or_off, None,
+    Option("ream_port", parse_port, 7461, "REAM text port (default 7461; 0 = any free; off)", "PORT"),
+    Option("ream_user", _opt_str, None, "user the REAM listener acts as with --users (REAM has no "
+           "credentials; without it the REAM listener stays off when a users file is given)", "NAME"),
+    Option("ream_keepalive", _positive_float_or_off, None,
            "REAM: seconds of client silence before the server sends PING (default off)", "SECONDS"),
-    Option("text_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
+    Option("ream_max_payload", parse_size, 4 << 20, "REAM: largest payload a request may declare, bytes "
            "(default 4 MiB)", "BYTES"),
     Option("kafka_port", parse_port, 9092, "Kafka port (default 9092; 0 = any free; off)", "PORT"),
     Option("kafka_group_session_timeout_ms", _positive_int, 45000, "Kafka KIP-848 consumer groups: a member "
@@ -244,7 +252,7 @@ OPTIONS = [
     Option("zmq_max_parts", _positive_int, 64, "ZeroMQ: parts of one multipart message (default 64)", "COUNT"),
     Option("http_max_body", parse_size, 16 << 20, "HTTP and WebSocket REST: largest request body (default 16MiB)",
            "BYTES"),
-    Option("text_max_line", parse_size, 64 << 10, "REAM text: longest request line (default 64KiB)", "BYTES"),
+    Option("ream_max_line", parse_size, 64 << 10, "REAM: longest request line (default 64KiB)", "BYTES"),
     # the cluster (shells/cluster): all off without --etcd
     Option("etcd", _opt_str, None, "etcd client URL(s), comma-separated: join a cluster (default: run alone)",
            "URL[,URL]"),
@@ -264,18 +272,22 @@ ENV_PREFIX = "RIVERBED_"
 
 @dataclass
 class Config:
-    """Resolved settings; ``sources`` tells where each value came from (flag, env, file, default)."""
+    """Resolved settings; ``sources`` tells where each value came from (flag, env, file, default);
+    ``deprecated`` the settings given under an old name, as ``(what was given, the name to use)``
+    (``("--text-port", "--ream-port")``), for the server to warn about. An old name also reads its
+    setting (``cfg.text_port`` is ``cfg.ream_port``)."""
     values: dict
     sources: dict = field(default_factory=dict)
+    deprecated: list = field(default_factory=list)
 
     def __getattr__(self, name):
         try:
-            return self.values[name]
+            return self.values[DEPRECATED_SETTINGS.get(name, name)]
         except KeyError:
             raise AttributeError(name) from None
 
     def __getitem__(self, name):
-        return self.values[name]
+        return self.values[DEPRECATED_SETTINGS.get(name, name)]
 
 
 def env_name(name):
@@ -294,9 +306,30 @@ def read_file(path):
     out = {}
     for key, value in doc.items():
         name = key.replace("-", "_")
-        if name not in BY_NAME:
+        if name not in BY_NAME and name not in DEPRECATED_SETTINGS:
             raise ConfigError(f"config file {path}: unknown setting {key!r}")
         out[name] = value
+    return out
+
+
+def _flag_name(name):
+    return "--" + name.replace("_", "-")
+
+
+def _renamed(layer, source, deprecated):
+    """``layer`` with its old setting names replaced by the new ones (a new name given beside its old one
+    wins); each old name found is added to ``deprecated`` in the words of ``source``."""
+    out = {k: v for k, v in layer.items() if k not in DEPRECATED_SETTINGS}
+    for old, new in DEPRECATED_SETTINGS.items():
+        if old not in layer:
+            continue
+        if source == "environment":
+            deprecated.append((env_name(old), env_name(new)))
+        elif source == "flag":
+            deprecated.append((_flag_name(old), _flag_name(new)))
+        else:
+            deprecated.append((f"{old} in {source}", new))
+        out.setdefault(new, layer[old])
     return out
 
 
@@ -310,9 +343,12 @@ def load(flags=None, env=None, config_file=None):
     env = os.environ if env is None else env
     config_file = config_file or flags.pop("config", None) or env.get(ENV_PREFIX + "CONFIG")
     flags.pop("config", None)
+    deprecated = [(old, new) for old, new in flags.pop(DEPRECATED_FLAGS, ())]
     layers = [("file " + str(config_file), read_file(config_file))] if config_file else []
-    layers.append(("environment", {o.name: env[env_name(o.name)] for o in OPTIONS if env_name(o.name) in env}))
-    layers.append(("flag", {k: v for k, v in flags.items() if k in BY_NAME}))
+    names = list(BY_NAME) + list(DEPRECATED_SETTINGS)
+    layers.append(("environment", {n: env[env_name(n)] for n in names if env_name(n) in env}))
+    layers.append(("flag", {k: v for k, v in flags.items() if k in BY_NAME or k in DEPRECATED_SETTINGS}))
+    layers = [(source, _renamed(layer, source, deprecated)) for source, layer in layers]
     values = {o.name: o.default for o in OPTIONS}
     sources = {o.name: "default" for o in OPTIONS}
     for source, layer in layers:
@@ -335,16 +371,31 @@ def load(flags=None, env=None, config_file=None):
         raise ConfigError(f"log_level must be debug, info, warning or error, not {values['log_level']!r}")
     if values["etcd"] and not values["node"]:
         raise ConfigError("--etcd needs --node NAME (this node's name in the cluster)")
-    return Config(values, sources)
+    return Config(values, sources, deprecated)
+
+
+class _DeprecatedFlag(argparse.Action):
+    """An old flag: stores into the new setting (so that, given beside the new flag, the last one wins)
+    and notes itself under :data:`DEPRECATED_FLAGS` for :func:`load`."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        used = list(getattr(namespace, DEPRECATED_FLAGS, None) or ())
+        used.append((option_string, _flag_name(self.dest)))
+        setattr(namespace, DEPRECATED_FLAGS, used)
 
 
 def add_arguments(parser):
     """Add one ``--flag`` per option to an argparse parser (defaults None: unset flags do not
-    override lower layers)."""
+    override lower layers), and each old flag of :data:`DEPRECATED_SETTINGS` as an alias of its new
+    one (the parsed namespace's ``deprecated_flags`` lists those given; pass it on to :func:`load`)."""
     parser.add_argument("--config", metavar="FILE", help="TOML config file (also $RIVERBED_CONFIG)")
     for o in OPTIONS:
-        flag = "--" + o.name.replace("_", "-")
+        flag = _flag_name(o.name)
         if o.flag:
             parser.add_argument(flag, dest=o.name, action="store_const", const=True, default=None, help=o.help)
         else:
             parser.add_argument(flag, dest=o.name, metavar=o.metavar, default=None, help=o.help)
+    for old, new in DEPRECATED_SETTINGS.items():
+        parser.add_argument(_flag_name(old), dest=new, action=_DeprecatedFlag, metavar=BY_NAME[new].metavar,
+                            default=None, help=f"deprecated: use {_flag_name(new)}")

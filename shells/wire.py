@@ -1,7 +1,8 @@
 """Picks the compiled wire parsers (``_wire``) or their pure-Python twin (``_pywire``).
 
 The protocols' frame parsers live in the shells, not the engine: the RabbitMQ Stream frame splitter and
-Publish v1 -> sealed chunk pass, the BSON document splitter and the mewbase PUB recogniser. The switch is
+Publish v1 -> sealed chunk pass, the BSON document splitter, the mewbase PUB recogniser and the Kafka
+shell's record loops (Produce's records -> stored records, Fetch's stored records -> a record batch). The switch is
 the engine's: ``RIVERBED_NO_EXTENSIONS=1`` forces the twin; otherwise the compiled module must import. A
 silent fallback would make every benchmark and the "both twins pass" guarantee meaningless, so the test
 suite asserts ``COMPILED`` here as it does for :mod:`riverbed.engine.core` (see tests/conftest.py).
@@ -29,3 +30,5 @@ split_frames = impl.split_frames            # RabbitMQ Stream: u32 BE size | pay
 split_bson_frames = impl.split_bson_frames  # BSON/TCP: whole documents, i32 LE size first
 publish_chunk = impl.publish_chunk          # RabbitMQ Stream Publish v1 -> a sealed chunk in one pass
 bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised without decoding it
+kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -> stored records (chunk entries)
+kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2

@@ -3,6 +3,7 @@
     riverbed spark-load orders --path riverbed-data --to parquet --output /lake/orders
     riverbed spark-load orders,refunds --uri rabbitmq-stream://broker:5552 --to table --table raw.orders \\
         --master spark://head:7077 --partitions 64
+    riverbed spark-load orders --nodes n1:5552,n2:5552,n3:5552 --to parquet --output /lake/orders
     riverbed spark-load invoices --path d --to delta --output /lake/invoices --packages io.delta:delta-spark_2.13:4.0.0
 
 It runs the ``riverbed`` data source (:mod:`riverbed.spark.source`) in a local SparkSession
@@ -26,9 +27,12 @@ TARGETS = ("parquet", "delta", "table")
 def build_parser():
     p = argparse.ArgumentParser(prog="riverbed spark-load", description=__doc__.splitlines()[0])
     p.add_argument("stream", help="a stream, a comma list, or a super stream")
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--path", metavar="DATA_DIR", help="read the data directory directly (read-only)")
     src.add_argument("--uri", help="read from a broker: rabbitmq-stream://[user:pass@]host:5552[/vhost]")
+    p.add_argument("--nodes", metavar="HOST:PORT,...",
+                   help="read from a cluster: the nodes' stream addresses (replicas preferred, a partition "
+                        "goes on on another node when one fails); --uri may add credentials and vhost")
     p.add_argument("--to", choices=TARGETS, required=True, help="where to load the records")
     p.add_argument("--output", metavar="PATH", help="directory to write (parquet, delta)")
     p.add_argument("--table", metavar="NAME", help="table to write (table)")
@@ -56,8 +60,10 @@ def reader_options(args, parallelism):
     opts = {"stream": args.stream, "decode": args.decode, "numPartitions": str(args.partitions or parallelism)}
     if args.path:
         opts["path"] = os.path.abspath(args.path)
-    else:
+    if args.uri:
         opts["uri"] = args.uri
+    if args.nodes:
+        opts["nodes"] = args.nodes
     for key, value in (("schema", args.schema), ("startingOffset", args.starting_offset),
                        ("endingOffset", args.ending_offset), ("startingTimestamp", args.starting_timestamp),
                        ("endingTimestamp", args.ending_timestamp)):
@@ -138,6 +144,10 @@ def _progress(sc, total, done_event, enabled):
 def main(argv=None):
     """Run the load. Returns the exit status."""
     args = build_parser().parse_args(argv)
+    if not (args.path or args.uri or args.nodes) or (args.path and args.nodes):
+        print("riverbed spark-load: give one of --path DATA_DIR, --uri URI or --nodes HOST:PORT,...",
+              file=sys.stderr)
+        return 2
     if args.to in ("parquet", "delta") and not args.output:
         print(f"riverbed spark-load: --to {args.to} needs --output PATH", file=sys.stderr)
         return 2

@@ -159,6 +159,31 @@ class StreamClient:
                                 ok=(rmq.RC_OK, rmq.RC_STREAM_DOES_NOT_EXIST))
         return r.strings() if code == rmq.RC_OK else None
 
+    def metadata(self, streams):
+        """``{stream: ((leader host, port) or None, [(replica host, port)])}`` of the ``streams`` that
+        exist, as the broker's Metadata names them (on a cluster: the advertised stream addresses of
+        the stream's leader and members; on a single node: itself, no replicas)."""
+        corr = self._next_corr()
+        self._send(rmq.CMD_METADATA, struct.pack(">I", corr) + rmq.enc_strings(list(streams)))
+        while True:
+            payload = self.read_frame()
+            if struct.unpack_from(">H", payload)[0] != rmq.CMD_METADATA | rmq.RESPONSE:
+                continue
+            r = rmq.Reader(payload)
+            if r.u32() != corr:
+                continue
+            brokers = {}
+            for _ in range(r.count(8)):
+                ref, host, port = r.u16(), r.string(), r.u32()
+                brokers[ref] = (host, port)
+            out = {}
+            for _ in range(r.count(6)):
+                name, code, leader = r.string(), r.u16(), r.u16()
+                replicas = [brokers.get(r.u16()) for _ in range(r.count(2))]
+                if code == rmq.RC_OK:
+                    out[name] = (brokers.get(leader), [x for x in replicas if x is not None])
+            return out
+
     def resolve(self, stream, kind, value=None):
         """The offset ``kind`` ("first", "last", "next", "offset", "timestamp" with ``value``) resolves to
         on ``stream``, as the broker would start a subscription there. Raises RemoteError (code 2 when

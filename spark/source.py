@@ -6,6 +6,10 @@ Options (all strings, as Spark passes them):
                        writes to it: only committed chunks are seen)
     uri                ``rabbitmq-stream://[user:pass@]host:port[/vhost]`` instead of ``path``: every
                        executor reads its range from the broker, no shared disk needed
+    nodes              ``host:port,host:port,...``: read from a cluster's nodes (replicas preferred, in
+                       parallel across nodes, a partition retried on another member when a node goes
+                       away mid-read); ``uri`` may come too, for credentials and vhost
+                       (:mod:`riverbed.spark.cluster`)
     stream             a stream, a comma list, or a super stream (all of its partitions, in order)
     startingOffset     ``earliest`` (default), ``latest``, a number, or JSON ``{"stream": n, ...}``;
                        inclusive
@@ -118,12 +122,19 @@ class Options:
         o = {k.lower(): v for k, v in dict(options).items()}
         self.path = o.get("path")
         self.uri = o.get("uri")
-        if bool(self.path) == bool(self.uri):
+        self.nodes = o.get("nodes")
+        if bool(self.path) == bool(self.uri or self.nodes):
             raise OptionError("give exactly one of option('path', DATA_DIR) and option('uri', "
-                              "'rabbitmq-stream://host:5552')")
+                              "'rabbitmq-stream://host:5552') (or option('nodes', 'host:port,...'))")
         if self.uri:
             from riverbed.spark.remote import parse_uri
             parse_uri(self.uri)
+        if self.nodes:
+            from riverbed.spark.cluster import parse_nodes
+            try:
+                parse_nodes(self.nodes)
+            except ValueError as e:
+                raise OptionError(str(e)) from None
         names = [s.strip() for s in str(o.get("stream") or "").split(",") if s.strip()]
         if not names:
             raise OptionError("option('stream', ...) is required: a stream, a comma list or a super stream")
@@ -193,9 +204,9 @@ class LocalBackend:
 class RemoteBackend:
     """Planning reads against a broker over the RabbitMQ Stream protocol."""
 
-    def __init__(self, opts):
+    def __init__(self, opts, client=None):
         from riverbed.spark.remote import StreamClient
-        self.client = StreamClient(opts.uri)
+        self.client = client or StreamClient(opts.uri)
 
     def expand(self, name):
         return self.client.partitions(name)
@@ -224,6 +235,9 @@ class RemoteBackend:
 
 
 def backend_for(opts):
+    if opts.nodes:
+        from riverbed.spark.cluster import ClusterBackend
+        return ClusterBackend(opts)
     return RemoteBackend(opts) if opts.uri else LocalBackend(opts)
 
 
@@ -252,14 +266,16 @@ def _offset_for(value, first, nxt):
 # --------------------------------------------------------------------------------------- partitions
 
 class RangePartition(InputPartition):
-    """Records of ``stream`` with offsets in ``[start, end)``; ``partition`` is the partition column."""
+    """Records of ``stream`` with offsets in ``[start, end)``; ``partition`` is the partition column;
+    ``nodes`` the stream URIs to read it from, in order (cluster reads), else None."""
 
-    def __init__(self, stream, partition, start, end):
+    def __init__(self, stream, partition, start, end, nodes=None):
         super().__init__((stream, partition, start, end))
         self.stream = stream
         self.partition = partition
         self.start = start
         self.end = end
+        self.nodes = nodes
 
 
 def split_ranges(ranges, backend, pieces):
@@ -282,7 +298,8 @@ def split_ranges(ranges, backend, pieces):
                 cuts.append(min(points, key=lambda c: abs(c - target)))
         edges = sorted({start, end, *cuts})
         out.extend(RangePartition(stream, part, a, b) for a, b in zip(edges, edges[1:]))
-    return out
+    assign = getattr(backend, "assign", None)       # a cluster: each partition's nodes, replicas first
+    return assign(out) if assign is not None else out
 
 
 # ---------------------------------------------------------------------------------------- pushdown
@@ -391,6 +408,10 @@ def read_partition(opts, schema, partition):
     arrow_schema = _arrow_schema(schema)
     decoded = [f.name for f in schema.fields[len(batches.FIXED_COLUMNS):]] if opts.decode in ("json", "bson") else ()
     builder = batches.BatchBuilder(arrow_schema, partition.stream, partition.partition, opts.decode, decoded)
+    if opts.nodes:
+        from riverbed.spark.cluster import node_uris, read_nodes
+        return read_nodes(getattr(partition, "nodes", None) or node_uris(opts.nodes, opts.uri), partition.stream,
+                          partition.start, partition.end, builder, opts.batch_bytes, opts.verify)
     if opts.uri:
         return batches.read_remote(opts.uri, partition.stream, partition.start, partition.end, builder,
                                    opts.batch_bytes, opts.verify)

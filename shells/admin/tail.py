@@ -177,6 +177,10 @@ async def tail_remote(target, name, spec, follow, fmt, timeout):
             raise AdminError(f"no answer from the server within {timeout:g} s", EXIT_CONNECT) from None
         except Exception as e:
             raise server_error(e, name) or e
+        # the idle clock starts once subscribed: connecting, asking the HTTP API for the end and (on a
+        # cluster) opening a second connection to a replica can take longer than IDLE_STOP on a busy
+        # machine, and a tail that counted that time stopped before its first delivery, printing nothing
+        last_delivery[0] = loop.time()
         while not ended.done():
             if follow:
                 await asyncio.wait([ended])

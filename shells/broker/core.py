@@ -264,8 +264,11 @@ class Broker:
     def create_stream(self, name, arguments, cb):
         """``cb(exc)`` once created (exc None) or refused (StreamExists, InvalidArgument, ...). In a
         cluster a stream is created only when etcd places none of that name (it may live on other nodes
-        only): then StreamExists; else it is made here and placed in etcd (shells/cluster)."""
+        only): then StreamExists; else it is made here and placed in etcd (shells/cluster), and answered
+        once the node its leader locator chose leads it."""
         cluster = self.cluster
+        if cluster is not None:
+            cb = cluster.hold_create([name], cb)
         if cluster is None or self.engine.has_stream(name):
             self._call(lambda: self.engine.create_stream(name, arguments), lambda res, exc: cb(exc))
             return
@@ -290,6 +293,8 @@ class Broker:
             cb(None)
             return
         self._creating[name] = [cb]
+        if self.cluster is not None:      # made by a publish: led where it is published (client-local)
+            self.cluster.pending_leaders.setdefault(name, self.cluster.name)
 
         def created(exc):
             if isinstance(exc, StreamExists):
@@ -437,6 +442,8 @@ class Broker:
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
+        if self.cluster is not None:
+            cb = self.cluster.hold_create(list(partitions), cb)
         self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
                    lambda res, exc: cb(exc))
 

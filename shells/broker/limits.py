@@ -74,9 +74,9 @@ class Limits:
     """ZeroMQ: parts of one multipart message."""
     http_max_body: int = 16 * _MIB
     """HTTP and the WebSocket listener's REST API: largest request body (aiohttp ``client_max_size``)."""
-    text_max_line: int = 64 * 1024
-    """REAM text: longest request line (the declared payload size is ``text_max_payload``)."""
-    text_max_payload: int = 4 * _MIB
+    ream_max_line: int = 64 * 1024
+    """REAM text: longest request line (the declared payload size is ``ream_max_payload``)."""
+    ream_max_payload: int = 4 * _MIB
     """REAM text: largest payload a request may declare (checked before the payload is buffered)."""
     ws_max_frame: int = 1 * _MIB
     """WebSocket JSON: largest client message (aiohttp ``max_msg_size``; over it: close 1009)."""
@@ -135,8 +135,8 @@ def reject(listener, reason, detail="", peer=None, clock=time.monotonic):
     warning is logged unless one of the same (listener, reason) was logged in the last
     :data:`LOG_INTERVAL` seconds (the next line then says how many were not logged).
 
-    ``listener`` is the listener's metric name (``rabbitmq-stream``, ``bson``, ``zmq``, ``ws``,
-    ``text``, ``http``); ``reason`` a ``REASON_*`` label; ``detail`` and ``peer`` go into the log line
+    ``listener`` is the protocol's one name (:mod:`riverbed.shells.protocols`: ``stream``, ``bson``,
+    ``zmq``, ``ws``, ``ream``, ``kafka``, ``http``); ``reason`` a ``REASON_*`` label; ``detail`` and ``peer`` go into the log line
     only. The caller answers the client itself. Loop thread (or any one thread); never raises."""
     key = (listener, reason)
     _rejected[key] = _rejected.get(key, 0) + 1

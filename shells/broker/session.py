@@ -110,12 +110,19 @@ def handler_name(name):
     return "_on_" + re.sub(r"[^0-9a-zA-Z]+", "_", snake).lower()
 
 
+# the kernel's own ``_on_*`` hooks; no command may be named so that its handler would be one of them
+KERNEL_HOOKS = frozenset({"_on_tick", "_on_shutdown", "_on_writable"})
+
+
 def commands(cls, table):
     """Build a ``COMMANDS`` mapping for session class ``cls`` from ``{key: (name, min_state[, versions])}``.
     Raises AttributeError at import when ``cls`` lacks a handler (a table that names a missing command
-    fails loudly, not on the first request)."""
+    fails loudly, not on the first request), ValueError for a command whose handler name is a kernel
+    hook's."""
     out = {}
     for key, (name, min_state, *versions) in table.items():
+        if handler_name(name) in KERNEL_HOOKS:
+            raise ValueError(f"command {name!r}: {handler_name(name)} is a kernel hook")
         handler = getattr(cls, handler_name(name))
         out[key] = Command(handler, State(min_state), name, tuple(versions[0]) if versions else (1,))
     return out
@@ -124,8 +131,8 @@ def commands(cls, table):
 class SessionKernel:
     """The lifecycle every protocol session shares; a protocol subclasses it and adds its commands.
 
-    A subclass sets ``LISTENER`` (its metric label), ``PROTOCOL`` (the management API's protocol name),
-    its ``COMMANDS`` table (module level), and implements :meth:`_received` (framing and dispatch). It
+    A subclass sets ``LISTENER`` (its metric label) and ``PROTOCOL`` (the management API's protocol
+    name), both its protocol's one name from :mod:`riverbed.shells.protocols`, its ``COMMANDS`` table (module level), and implements :meth:`_received` (framing and dispatch). It
     may override the hooks (each documented where it is defined): :meth:`_handshake_timeout`,
     :meth:`_idle_timeout`, :meth:`_heartbeat_interval`/:meth:`_heartbeat_frame`, :meth:`_on_tick`,
     :meth:`_outgoing`, :meth:`_backlogged`/:meth:`_drained`, :meth:`_reading_resumed`,
@@ -321,7 +328,8 @@ class SessionKernel:
         """Hook: reading resumed (a session that stopped mid-buffer picks its input up again)."""
 
     def _tails(self):
-        """Hook: the broker Tails delivering to this connection (paused with the transport)."""
+        """Hook: the broker Tails delivering to this connection (paused with the transport); by default
+        those of ``self.subscriptions``' :class:`~riverbed.shells.broker.subscription.Subscription` values."""
         return [sub.tail for sub in self.subscriptions.values() if sub.tail is not None]
 
     def _on_writable(self):

@@ -7,7 +7,8 @@ from riverbed.engine import core
 from riverbed.engine.predicate import compile_predicate, raw_program
 from riverbed.engine.record import to_bson_bytes
 from riverbed.shells.bson_tcp.codec import WINDOW_HIGH, WINDOW_LOW, encode_query_result, encode_recev
-from riverbed.shells.broker import MODE_WINDOW, Tail
+from riverbed.shells.broker import MODE_WINDOW
+from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 
 
 class Matcher:
@@ -30,32 +31,28 @@ class Matcher:
         return r == 1
 
 
-class Subscription:
-    """One SUBSCRIBE of a connection: a record Tail of the channel in window mode, writing RECEV frames.
+class Subscription(BrokerSubscription):
+    """One SUBSCRIBE of a connection (the broker's one :class:`~riverbed.shells.broker.subscription.
+    Subscription`): a record Tail of the channel in window mode, writing RECEV frames.
     A RECEV's ``timestamp`` is the record's by the broker's one rule (records.py: its creation-time, else
     its chunk's); ``startTimestamp`` (``min_ts``) skips the records whose timestamp is before it."""
 
-    __slots__ = ("session", "sub_id", "channel", "matcher", "min_ts", "durable_ref", "tail", "sent")
+    __slots__ = ("sub_id", "matcher", "min_ts", "durable_ref", "sent")
 
     def __init__(self, session, sub_id, channel, offset, matcher=None, min_ts=None, durable_ref=None):
-        self.session = session
+        super().__init__(session, channel, offset)
         self.sub_id = sub_id
-        self.channel = channel
         self.matcher = matcher
         self.min_ts = min_ts
         self.durable_ref = durable_ref
         self.sent = 0
-        self.tail = Tail(session.broker, channel, offset, self._on_records, defer=session.io.defer,
-                         on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW,
-                         records=True)
+        self.open_tail(self._on_records, on_gone=self._gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH,
+                       window_low=WINDOW_LOW, records=True)
 
-    def start(self):
-        if self.session._write_paused:
-            self.tail.pause()
-        self.tail.start()
-
-    def close(self):
-        self.tail.close()
+    @property
+    def channel(self):
+        """The channel (mewbase's word for the stream)."""
+        return self.stream
 
     def _gone(self, exc):
         self.session._subscription_gone(self, exc)

@@ -5,6 +5,7 @@ from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.bson_tcp.session import BsonSession
 from riverbed.shells.bson_tcp.shell import DEFAULT_IDLE_TIMEOUT, BsonShell
+from riverbed.shells.protocols import BSON
 
 DEFAULT_PORT = 7451
 
@@ -13,7 +14,7 @@ class BsonServer(TcpListener):
     """A mewbase listener over the shared broker. Create it with :func:`serve`. ``port`` is the bound
     port; ``shell`` the listener's :class:`BsonShell`. Loop-thread only."""
 
-    name = "bson"
+    name = BSON
     session_class = BsonSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, idle_timeout=DEFAULT_IDLE_TIMEOUT, ssl=None):

@@ -42,9 +42,10 @@ from riverbed.shells.bson_tcp.queries import Matcher, Subscription
 from riverbed.shells.broker import READ, WRITE
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, State, commands
+from riverbed.shells.protocols import BSON
 
 log = logging.getLogger("riverbed.bson")
-LISTENER = "bson"       # the listener label of riverbed_rejected_total
+LISTENER = BSON   # the one name (protocols.py): the listener label of riverbed_rejected_total
 # what a handler raises for a value the frame check let through: answered as the request's error (errCode
 # 6), never left to the listener's guard (which drops the connection as an internal error)
 _VALUE_ERRORS = (TypeError, ValueError, OverflowError, LookupError, AttributeError, RecursionError)
@@ -79,7 +80,7 @@ class BsonSession(AdminCommands, SessionKernel):
     RESPONSE ok:false, and for framing errors a close)."""
 
     LISTENER = LISTENER
-    PROTOCOL = "bson"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
 
     def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=False):
         super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
@@ -523,7 +524,7 @@ class BsonSession(AdminCommands, SessionKernel):
                 return refuse(code, str(exc))
             sub = Subscription(self, sub_id, channel, offset, matcher, min_ts, durable_ref)
             self.subscriptions[sub_id] = sub
-            self._reply(c.sub_response(rid, True, sub_id), after=sub.start)
+            self._reply(c.sub_response(rid, True, sub_id), after=sub.begin)
 
         def from_start_fields():
             if start_pos is not None:

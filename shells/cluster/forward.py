@@ -268,9 +268,9 @@ class Forwarder:
             self._park(req)          # behind the kept requests of its stream: order is kept
             return
         node = self.node
-        if req.stream in node.leading:
+        if req.stream in node.leading and req.stream not in node.handing_off:
             self._apply_here(req)
-            return
+            return       # (while handing the stream over, the request waits for the next leader below)
         p = node.placements.get(req.stream)
         leader = p[0].get("leader") if p is not None else None
         if not leader or leader == node.name or leader not in node.nodes:

@@ -3,7 +3,10 @@
 etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
 
 * ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
-* ``streams/<stream>``: ``{"epoch", "leader", "members", "arguments"}``, changed only by compare-and-swap;
+* ``known/<node>``: every node that ever joined (no lease), so the CLI tells "down" from "unknown";
+* ``streams/<stream>``: ``{"epoch", "leader", "members", "arguments"}``, changed only by compare-and-swap
+  (and, while a change is under way, ``learners``, ``leaving``, ``given``: see membership.py and
+  placement.py);
 * ``progress/<stream>/<node>``: how far that member holds the log (``next``, last chunk epoch, committed
   offset, whether it follows a live leader), under the node's lease: for elections and ``cluster status``.
 
@@ -30,7 +33,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import forward_wire, wire
+from riverbed.shells.cluster import forward_wire, membership, placement, wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.forward import Forwarder
 
@@ -70,6 +73,9 @@ class _Leading:
         self.connected = {}        # member -> open connections from it
         self.pokes = set()         # asyncio.Events of the connections serving members
         self.conns = set()         # their writers, closed on resignation
+        # nodes copying the log that do not count toward the majority yet (membership.py)
+        self.learners = membership.learners_of(node.placements.get(name, ({}, 0))[0])
+        self.frozen = False        # handing leadership over: the committed offset stays where it is
 
     def local_next(self):
         try:
@@ -82,7 +88,7 @@ class _Leading:
                          reverse=True)
         majority = len(self.members) // 2 + 1
         committed = offsets[min(majority, len(offsets)) - 1]
-        if committed > self.committed and self.node.lease_valid():
+        if committed > self.committed and self.node.lease_valid() and not self.frozen:
             self.committed = committed
             self.node.engine.set_read_limit(self.name, committed)
             self.release()
@@ -158,6 +164,9 @@ class ClusterNode:
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
+        self.pending_leaders = {}         # stream made here -> the node chosen to lead it (placement.py)
+        self.placing = set()              # streams whose placement another node is to lead, in flight
+        self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
 
     # ------------------------------------------------------------------------------ life cycle
@@ -190,6 +199,7 @@ class ClusterNode:
         """Publish this node's listener addresses (``stream_port``, ``http_port``, ...)."""
         self.address.update(addresses)
         await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+        await self.etcd.put(self.prefix + "known/" + self.name, {"name": self.name})   # no lease: "down", not "unknown"
 
     async def stop(self):
         self._stopping = True
@@ -252,6 +262,8 @@ class ClusterNode:
                 if not self.lease_valid():
                     continue
                 st.recompute()
+                if st.learners:
+                    await membership.promote(self, st)
                 if self._cut_off(st, now):
                     await self._resign(st)
             try:
@@ -285,13 +297,17 @@ class ClusterNode:
                 placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
             except (ValueError, KeyError):
                 continue
-        self.placements = placements
+        before, self.placements = self.placements, placements
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
                       for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
         # local streams no placement names: deleted on the cluster while this node was away (a
-        # tombstone says so), else made before the cluster or while etcd was away: this node leads them
+        # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
+        # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
+        # tombstone (a client deleted it through another member); one it leads but has not placed yet is
+        # a new stream, whatever tombstone an older one of that name left
         for name in self.engine.list_streams():
-            if name in placements or name in self.leading:
+            if (name in placements or name in self.placing
+                    or name in self.leading and not (name in before and name in tombstones)):
                 continue
             if name in tombstones:
                 self._member_deleting.add(name)
@@ -300,26 +316,34 @@ class ClusterNode:
             else:
                 await self._place(name)
         for name, (p, rev) in list(self.placements.items()):
-            if self.name not in p["members"] or name in self._cluster_deleting:
+            if name in self._cluster_deleting:
+                continue
+            if not membership.take_part(self, name, p):
+                if self.engine.has_stream(name) or name in self.following or name in self.leading:
+                    membership.drop_copy(self, name)      # taken off it (delete-replica)
                 continue
             await self._take_role(name, p, rev)
         await self._report_progress()
 
-    def _choose_members(self, name=None):
-        """This node and more live ones (fewest streams first): a new stream's members, as many as its
-        ``initial-cluster-size`` argument asks (default 3), at most the live nodes."""
+    def _choose_members(self, name=None, leader=None):
+        """``leader`` (default this node), this node, and more live ones (fewest streams first): a new
+        stream's members, as many as its ``initial-cluster-size`` argument asks (default 3), at most the
+        live nodes."""
         size = DEFAULT_CLUSTER_SIZE
         try:
             size = max(1, int(self.engine._current(name).args.get("initial-cluster-size", size)))
         except (StreamNotFound, ValueError, TypeError, AttributeError, KeyError):
             pass
-        load = {n: 0 for n in self.nodes if n != self.name}
+        leader = leader or self.name
+        load = {n: 0 for n in self.nodes if n != leader}
+        load[self.name] = -1          # the node the stream was made on holds a copy already
+        load.pop(leader, None)
         for p, _ in self.placements.values():
             for m in p["members"]:
-                if m in load:
+                if m in load and m != self.name:
                     load[m] += 1
         others = sorted(load, key=lambda n: (load[n], n))
-        return [self.name] + others[:size - 1]
+        return [leader] + others[:size - 1]
 
     async def _place(self, name, arguments=None, members=None):
         """Register local stream ``name`` in etcd, led by this node with up to two more members."""
@@ -342,7 +366,9 @@ class ClusterNode:
         self.max_epoch[name] = epoch
         if leader == self.name:
             st = self.leading.get(name)
-            if st is None:
+            if st is None and membership.given_to_me(self, p):
+                await membership.take_given(self, name, p)
+            elif st is None:
                 # an earlier run of this node led it (a restart): leave the seat empty at a new epoch,
                 # so that the member holding the most of the log is elected, not whoever restarts
                 new = dict(p, epoch=epoch + 1, leader="")
@@ -354,7 +380,9 @@ class ClusterNode:
             elif st.epoch != epoch:
                 self._lead(name, epoch, p["members"])
             else:
-                st.members = list(p["members"])
+                st.members, st.learners = list(p["members"]), membership.learners_of(p)
+                if p.get("leaving") == self.name:
+                    membership.start_hand_off(self, name)
             return
         if name in self.leading:
             self._step_down(name)
@@ -375,6 +403,8 @@ class ClusterNode:
         f = self.following.pop(name, None)
         if f is not None:
             f[2].cancel()
+        if self.name not in p["members"]:
+            return          # a learner: it neither votes nor stands
         if self.abstain.get(name, 0) > time.monotonic():
             return          # it resigned this stream: the others elect
         if self.detached.get(name) != epoch:
@@ -406,7 +436,7 @@ class ClusterNode:
 
     async def _report_progress(self):
         for name, (p, _) in self.placements.items():
-            if self.name not in p["members"]:
+            if not membership.take_part(self, name, p):
                 continue
             epoch, nxt = self._position(name)
             st = self.leading.get(name)
@@ -509,6 +539,11 @@ class ClusterNode:
             return
         if name in self.placements or name in self.leading:
             return
+        leader = placement.leader_for(self, name)       # the queue-leader-locator argument
+        if leader != self.name:
+            self.engine.set_read_limit(name, 0)
+            asyncio.get_running_loop().create_task(placement.place_remote(self, name, leader))
+            return
         members = self._choose_members(name)
         self._lead(name, 1, members)
         asyncio.get_running_loop().create_task(self._place_and_refresh(name, members))
@@ -564,17 +599,29 @@ class ClusterNode:
                 self.leading[name].members = list(p[0]["members"])
         except EtcdError as e:
             log.warning("cluster: cannot place %s yet: %s", name, e)
+        finally:
+            self.pending_leaders.pop(name, None)
 
     # ------------------------------------------------------------------------------ broker hooks
 
     def check_write(self, stream):
         """The error a publish to ``stream`` gets on this node (NotLeader), or None to go on."""
-        if stream in self.leading:
+        if stream in self.leading and stream not in self.handing_off:
             return None
+        if stream in self.handing_off:
+            return NotLeader(f"leadership of {stream!r} is moving from {self.name} to another member")
         p = self.placements.get(stream)
         if p is None:
+            pending = self.pending_leaders.get(stream)
+            if pending not in (None, self.name):
+                return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {pending})")
             return None       # a stream made here a moment ago: _stream_created leads it
         return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {p[0]['leader']})")
+
+    def hold_create(self, names, cb):
+        """Wrap a create request's ``cb(exc)``: answered once the streams are led where they are placed
+        (placement.hold_create)."""
+        return placement.hold_create(self, names, cb)
 
     def hold(self, stream, cb):
         """Wrap an append's ``cb(result, exc)`` so that it runs only once a majority holds the records."""
@@ -639,16 +686,15 @@ class ClusterNode:
                 return
             if kind != wire.HELLO:
                 return
-            hello = wire.parse_json(payload)
-            name, node = hello.get("stream"), hello.get("node")
+            hello = wire.decode_hello(payload)
+            name, node = hello["stream"], hello["node"]
             st = self.leading.get(name)
-            if st is None or node not in st.members or int(hello.get("epoch", 0)) > st.epoch:
+            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
                 writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
                 await writer.drain()
                 st = None
                 return
-            pos = int(hello.get("next", 0))
-            last = hello.get("last")
+            pos, last = hello["next"], hello["last"]
             cut = self._divergence(name, pos, last)
             if cut is not None:
                 writer.write(wire.u64_frame(wire.TRUNCATE, cut))
@@ -760,7 +806,7 @@ class ClusterNode:
             while True:
                 kind, payload = await wire.read_frame(reader)
                 if kind == wire.CHUNK:
-                    h = core.read_header(payload)       # the CRC is checked by replicate_chunk below
+                    h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunk below
                     if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
                         # a leader of an older epoch than one this member has seen: refused
                         raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
@@ -774,10 +820,10 @@ class ClusterNode:
                     self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
                     seqs = None
                 elif kind == wire.SEQS:
-                    seqs = {k: int(v) for k, v in wire.parse_json(payload).items()}
+                    seqs = wire.decode_seqs(payload)
                 elif kind == wire.OFFSETS:
-                    for ref, off in wire.parse_json(payload).items():
-                        self.engine.store_offset(name, ref, int(off))
+                    for ref, off in wire.decode_offsets(payload).items():
+                        self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
                     self.engine.set_read_limit(name, wire.u64(payload))
                 elif kind == wire.TRUNCATE:
@@ -803,7 +849,7 @@ class ClusterNode:
         out = []
         for name, st in sorted(self.leading.items()):
             head = st.local_next()
-            for m in st.members:
+            for m in st.members + st.learners:
                 if m != self.name:
                     out.append((name, m, max(head - st.acked.get(m, 0), 0)))
         return out

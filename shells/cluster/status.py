@@ -5,7 +5,10 @@ The JSON document (issue 23's interface)::
 
     {"cluster": NAME,
      "nodes": [{"name", "up", "stream_port", "replication_port", "http_port", "advertised_host", "leads"}],
-     "streams": [{"name", "epoch", "leader", "members": [{"node", "committed_offset", "lag"}]}]}
+     "streams": [{"name", "epoch", "leader", "members": [{"node", "committed_offset", "lag"}],
+                  "learners": [same as members], "locator"}]}
+
+``learners`` are nodes still copying the log after ``add-replica`` (not counted toward the majority yet).
 
 A member's ``committed_offset`` is how far it holds the log, capped at the leader's committed offset;
 ``lag`` is how many records it is behind the leader's log (both null until the member has reported).
@@ -44,14 +47,16 @@ def status_json(etcd_kvs_nodes, etcd_kvs_streams, etcd_kvs_progress, cluster):
         lead = progress.get((p["name"], p["leader"]), {})
         head = lead.get("next", 0)
         committed = lead.get("committed", 0)
-        members = []
-        for m in p["members"]:
+        def member(m):
             names.add(m)
             r = progress.get((p["name"], m))
             held = r.get("next", 0) if r else None
-            members.append({"node": m, "committed_offset": min(held, committed) if r else None,
-                            "lag": max(head - held, 0) if r else None})
-        streams.append({"name": p["name"], "epoch": p["epoch"], "leader": p["leader"], "members": members})
+            return {"node": m, "committed_offset": min(held, committed) if r else None,
+                    "lag": max(head - held, 0) if r else None}
+        members = [member(m) for m in p["members"]]
+        streams.append({"name": p["name"], "epoch": p["epoch"], "leader": p["leader"], "members": members,
+                        "learners": [member(m) for m in p.get("learners") or ()],
+                        "locator": (p.get("arguments") or {}).get("queue-leader-locator", "balanced")})
     node_list = []
     for n in sorted(names):
         r = nodes.get(n, {})
@@ -83,6 +88,8 @@ def format_status(doc):
         lines.append(f"  stream {s['name']}  epoch={s['epoch']} leader={s['leader']}")
         for m in s["members"]:
             lines.append(f"    member {m['node']:<12} committed={m['committed_offset']} lag={m['lag']}")
+        for m in s.get("learners", ()):
+            lines.append(f"    learner {m['node']:<11} committed={m['committed_offset']} lag={m['lag']}")
     return "\n".join(lines)
 
 

@@ -16,7 +16,10 @@ A snapshot (JSON)::
                   "rate" (records/s published over the last interval), "byte_rate" (stored bytes/s)}],
      "connections": {protocol: count},
      "consumers": [{"stream", "protocol", "connection", "subscription_id", "reference", "offset", "lag",
-                    "credits", "rate" (records/s delivered over the last interval)}]}
+                    "credits", "rate" (records/s delivered over the last interval)}],
+     "cluster": on a cluster node, GET /api/cluster's document (:mod:`.cluster`): nodes up/down and their
+                addresses, each stream's leader, members and their lag, this node's forwarded publishes;
+                absent on a node that runs alone, and when etcd did not answer in time}
 
 Cost: one :class:`Sampler` per application takes a snapshot once per interval for every client
 together, from memory only (:mod:`riverbed.shells.broker.introspect`: the engine's committed stream
@@ -82,11 +85,14 @@ class Snapshot:
             d = self.data
             streams = [s for s in d["streams"] if user.can(READ, s["name"])]
             names = {s["name"] for s in streams}
-            text = json.dumps({"t": d["t"], "interval": d["interval"], "version": VERSION,
-                               "rabbitmq_version": RABBITMQ_VERSION, "streams": streams,
-                               "connections": d["connections"],
-                               "consumers": [c for c in d["consumers"] if c["stream"] in names]},
-                              separators=(",", ":"))
+            out = {"t": d["t"], "interval": d["interval"], "version": VERSION,
+                   "rabbitmq_version": RABBITMQ_VERSION, "streams": streams,
+                   "connections": d["connections"],
+                   "consumers": [c for c in d["consumers"] if c["stream"] in names]}
+            if d.get("cluster") is not None:
+                from riverbed.shells.cluster.view import for_user
+                out["cluster"] = for_user(d["cluster"], lambda name: user.can(READ, name))
+            text = json.dumps(out, separators=(",", ":"))
             self._texts[user.name] = text
         return text
 
@@ -132,6 +138,8 @@ class Sampler:
         while self.clients and not self._closed:
             try:
                 snap = self.sample()
+                if getattr(self.broker, "cluster", None) is not None:
+                    snap.data["cluster"] = await self._cluster()
             except Exception:  # noqa: BLE001 - a broken sample must not end the stream for good
                 log.exception("dashboard snapshot")
             else:
@@ -141,6 +149,18 @@ class Sampler:
             await asyncio.sleep(self.interval)
         self._prev = None     # rates restart from the next client's first sample
         self.latest = None
+
+    async def _cluster(self):
+        """The cluster document (``GET /api/cluster``'s, every stream), or None when etcd does not answer
+        within half an interval: the snapshot goes out without it rather than late."""
+        from riverbed.shells.cluster import view
+        from riverbed.shells.cluster.etcd import EtcdError
+        from riverbed.shells.http.cluster import forwarded
+        try:
+            doc = await asyncio.wait_for(view.read_view(self.broker.cluster), self.interval / 2)
+        except (EtcdError, asyncio.TimeoutError):
+            return None
+        return dict(doc, forwarded=forwarded(self.broker))
 
     def sample(self):
         """A new Snapshot of the broker, with rates since the previous one."""

@@ -4,7 +4,7 @@
 started (``broker.listeners``) still accepts connections; 503 otherwise. The body is JSON either way::
 
     {"status": "ok" | "failing", "reasons": [...], "writer": "running" | "stopped",
-     "listeners": {"rabbitmq-stream": "accepting", "http": "accepting", "zmq": "closed", ...},
+     "listeners": {"stream": "accepting", "http": "accepting", "zmq": "closed", ...},
      "disk": {"alarm": false, "free_bytes": ..., "free_limit_bytes": ..., "max_disk_bytes": null,
               "data_bytes": ...}}
 

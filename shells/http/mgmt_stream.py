@@ -44,12 +44,13 @@ from riverbed.shells.http import mgmt
 from riverbed.shells.http.auth import is_admin, require_user
 from riverbed.shells.http.mgmt import NODE, VHOST, broker_call, check_vhost, connection_json, not_found, read_json
 from riverbed.shells.http.server import BROKER, json_error
+from riverbed.shells.protocols import HTTP, STREAM, STREAM_TLS
 from riverbed.shells.rmq_stream.constants import RABBITMQ_VERSION
 from riverbed.shells.version import VERSION
 
 routes = web.RouteTableDef()
 
-STREAM_PROTOCOL = "stream"
+STREAM_PROTOCOL = STREAM
 CONSUMER_TAG_PREFIX = "stream.subid-"     # rabbit_stream_metrics's CTAG_PREFIX
 STARTED = time.time()
 
@@ -280,7 +281,8 @@ async def overview(request):
     })
 
 
-_LISTENER_PROTOCOLS = {"rabbitmq-stream": "stream", "rabbitmq-stream-tls": "stream/ssl", "http": "http"}
+# our listener names (protocols.py) -> RabbitMQ's listener protocols
+_LISTENER_PROTOCOLS = {STREAM: "stream", STREAM_TLS: "stream/ssl", HTTP: "http"}
 
 
 def _host(server):

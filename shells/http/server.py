@@ -21,6 +21,7 @@ from aiohttp import hdrs, web
 from riverbed.shells import tls as _tls
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.webtext import guard_server
+from riverbed.shells.protocols import HTTP
 
 DEFAULT_PORT = 15692            # RabbitMQ's Prometheus port; the management API shares the listener here
 SHUTDOWN_TIMEOUT = 2.0          # seconds running requests get to finish at shutdown
@@ -36,6 +37,7 @@ FEATURES = (
     "riverbed.shells.http.health",        # /healthz, /readyz: probes, no auth
     "riverbed.shells.http.api",           # /api/streams, /api/stream/consumers|publishers: dashboard JSON
     "riverbed.shells.http.dashboard",     # GET /, /static/*, /api/events (server-sent snapshots)
+    "riverbed.shells.http.cluster",       # /api/cluster: nodes, each stream's leader, members and lag
 )
 
 
@@ -90,7 +92,7 @@ def build_app(broker, config=None, features=FEATURES):
 class HttpServer:
     """The HTTP listener over one broker. Create it with :func:`serve`. Loop-thread only."""
 
-    name = "http"
+    name = HTTP
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, config=None, features=FEATURES):
         self.broker = broker

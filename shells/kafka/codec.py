@@ -18,6 +18,9 @@ import uuid as _uuid
 import crc32c as _crc32c
 
 from riverbed.engine import format as _fmt
+from riverbed.engine.errors import FrameError
+from riverbed.shells import _pywire
+from riverbed.shells import wire as _wire
 from riverbed.shells.kafka.schema import MESSAGES
 
 # ---- API keys, versions served, error codes ------------------------------------------------------------
@@ -586,89 +589,13 @@ def compress(code, data):
     raise UnsupportedCompression(f"compression code {code}")
 
 
-def _zz(buf, pos, end):
-    """A zigzag varint at ``pos`` of bytes ``buf`` (not past ``end``): (value, next position)."""
-    if pos >= end:
-        raise DecodeError("truncated varint")
-    b = buf[pos]
-    if b < 0x80:                     # the common case: one byte
-        return (b >> 1) ^ -(b & 1), pos + 1
-    result = b & 0x7F
-    shift = 7
-    pos += 1
-    while True:
-        if pos >= end or shift > 63:
-            raise DecodeError("bad varint")
-        b = buf[pos]
-        result |= (b & 0x7F) << shift
-        pos += 1
-        if b < 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
-
-
-def _read_records(buf, count, base_ts):
-    """``count`` records from bytes ``buf``: [(timestamp, key, value, headers)]. Raises DecodeError."""
-    out = []
-    pos = 0
-    n = len(buf)
-    zz = _zz
-    for _ in range(count):
-        length, pos = zz(buf, pos, n)
-        end = pos + length
-        if length < 1 or end > n:
-            raise DecodeError("record length out of range")
-        pos += 1                                  # attributes: unused
-        ts, pos = zz(buf, pos, end)
-        _, pos = zz(buf, pos, end)                # offset delta: records are contiguous here
-        klen, pos = zz(buf, pos, end)
-        if klen >= 0:
-            if pos + klen > end:
-                raise DecodeError("key past the record")
-            key = buf[pos:pos + klen]
-            pos += klen
-        else:
-            key = None
-        vlen, pos = zz(buf, pos, end)
-        if vlen >= 0:
-            if pos + vlen > end:
-                raise DecodeError("value past the record")
-            value = buf[pos:pos + vlen]
-            pos += vlen
-        else:
-            value = None
-        nh, pos = zz(buf, pos, end)
-        headers = []
-        for _ in range(nh):
-            hk, pos = zz(buf, pos, end)
-            if hk < 0 or pos + hk > end:
-                raise DecodeError("bad header key")
-            try:
-                name = buf[pos:pos + hk].decode("utf-8")
-            except UnicodeDecodeError:
-                raise DecodeError("header key is not UTF-8") from None
-            pos += hk
-            hv, pos = zz(buf, pos, end)
-            if hv >= 0:
-                if pos + hv > end:
-                    raise DecodeError("header value past the record")
-                headers.append((name, buf[pos:pos + hv]))
-                pos += hv
-            else:
-                headers.append((name, None))
-        if pos != end:
-            raise DecodeError("record length mismatch")
-        out.append((base_ts + ts, key, value, headers))
-    return out, pos
-
-
-def decode_batches(data, limit):
-    """The record batches (magic 2) of a Produce partition's ``records`` bytes. Each batch's CRC-32C is
-    checked before anything else is read; records decompress to at most ``limit`` bytes per batch.
-    Raises CorruptBatch (a CRC, magic or framing error, a bomb), UnsupportedCompression."""
+def _batch_bodies(data, limit):
+    """Yield ``(Batch, records section)`` for each record batch (magic 2) of a Produce partition's
+    ``records`` bytes, in order; the Batch's ``records`` is the record count. Each batch's CRC-32C is
+    checked before anything else is read; the records section is decompressed to at most ``limit``
+    bytes. Raises CorruptBatch (a CRC, magic or framing error, a bomb), UnsupportedCompression."""
     mv = memoryview(data)
     pos = 0
-    batches = []
     while pos < len(mv):
         if len(mv) - pos < LEN_BATCH_HEADER:
             raise CorruptBatch("truncated batch header")
@@ -687,51 +614,60 @@ def decode_batches(data, limit):
         code = attrs & ATTR_COMPRESSION
         if code != COMPRESSION_NONE:
             body = decompress(code, body, limit)
+        yield Batch(base_offset, attrs, last_delta, base_ts, max_ts, pid, epoch, seq, count), body
+        pos = end
+
+
+def decode_batches(data, limit):
+    """The record batches (magic 2) of a Produce partition's ``records`` bytes, records decoded
+    (:class:`Batch`). Each batch's CRC-32C is checked before anything else is read; records decompress
+    to at most ``limit`` bytes per batch. Raises CorruptBatch (a CRC, magic or framing error, records
+    that do not parse, a bomb), UnsupportedCompression."""
+    batches = []
+    for b, body in _batch_bodies(data, limit):
         try:
             body = bytes(body)
-            records, used = _read_records(body, count, base_ts)
+            records, used = _pywire.kafka_records(body, b.records, b.base_timestamp)
             if used != len(body):
-                raise DecodeError("bytes after the last record")
-        except DecodeError as e:
+                raise FrameError("bytes after the last record")
+        except FrameError as e:
             raise CorruptBatch(str(e)) from None
-        batches.append(Batch(base_offset, attrs, last_delta, base_ts, max_ts, pid, epoch, seq, records))
-        pos = end
+        b.records = records
+        batches.append(b)
     return batches
 
 
-_SMALL = [varint(n) for n in range(8192)]     # zigzag varints of 0..8191 (one or two bytes), made once
-_NULL = b"\x01"           # zigzag -1: a null key, value or header value
+def stored_batches(data, limit, to_stored):
+    """Produce: the record batches of a partition's ``records`` bytes as one chunk to append, in one pass
+    per batch (:func:`riverbed.shells.wire.kafka_stored`: compiled, or its pure twin): ``(chunk, count,
+    batches)``. ``chunk`` is a bytearray laid out as the engine's ``append_chunk`` takes it (the 48-byte
+    header with the counts and data length, CRC left for the writer, then one simple entry per record,
+    each ``to_stored(key, value, headers, timestamp)``'s form); ``count`` its records; ``batches`` the
+    :class:`Batch` headers, ``records`` being each one's record count. Control batches are checked but
+    add nothing to the chunk. Raises as :func:`decode_batches` (a record timestamp outside int64 is
+    CorruptBatch too)."""
+    chunk = bytearray(_fmt.LEN_CHUNK_HEADER)
+    batches = []
+    count = 0
+    for b, body in _batch_bodies(data, limit):
+        control = b.attributes & ATTR_CONTROL
+        try:
+            used = _wire.kafka_stored(body, b.records, b.base_timestamp, bytearray() if control else chunk,
+                                      to_stored)
+            if used != len(body):
+                raise FrameError("bytes after the last record")
+        except FrameError as e:
+            raise CorruptBatch(str(e)) from None
+        if not control:
+            count += b.records
+        batches.append(b)
+    n = count if count <= 0xFFFF else 0     # a u16 cannot count more: append_chunk then splits the entries
+    _fmt.HEADER_STRUCT.pack_into(chunk, 0, _fmt.CHUNK_MAGIC_VERSION, _fmt.CHUNK_USER, n, n, 0, 0, 0, 0,
+                                 len(chunk) - _fmt.LEN_CHUNK_HEADER, 0, 0)
+    return chunk, count, batches
 
 
-def _vi(n):
-    return _SMALL[n] if 0 <= n < 8192 else varint(n)
-
-
-def encode_record(offset_delta, ts_delta, key, value, headers):
-    """One record of a batch v2 (length prefix included)."""
-    parts = [b"\x00", _vi(ts_delta), _vi(offset_delta)]
-    if key is None:
-        parts.append(_NULL)
-    else:
-        parts.append(_vi(len(key)))
-        parts.append(key)
-    if value is None:
-        parts.append(_NULL)
-    else:
-        parts.append(_vi(len(value)))
-        parts.append(value)
-    parts.append(_vi(len(headers)))
-    for name, val in headers:
-        nb = name.encode("utf-8")
-        parts.append(_vi(len(nb)))
-        parts.append(nb)
-        if val is None:
-            parts.append(_NULL)
-        else:
-            parts.append(_vi(len(val)))
-            parts.append(val)
-    body = b"".join(parts)
-    return _vi(len(body)) + body
+encode_record = _pywire.kafka_record      # one record of a batch v2 (length prefix included)
 
 
 def encode_batch(base_offset, records, *, compression=COMPRESSION_NONE, producer_id=-1, producer_epoch=-1,

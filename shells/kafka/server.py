@@ -4,13 +4,14 @@ from riverbed.shells import tls as _tls
 from riverbed.shells.broker import TcpListener
 from riverbed.shells.kafka.session import KafkaSession
 from riverbed.shells.kafka.shell import KafkaShell
+from riverbed.shells.protocols import KAFKA
 
 
 class KafkaServer(TcpListener):
     """A Kafka listener over the shared broker. Create it with :func:`serve`. ``port`` is the bound port
     (useful with port 0); ``shell`` the listener's :class:`KafkaShell`. Loop-thread only."""
 
-    name = "kafka"
+    name = KAFKA
     session_class = KafkaSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=9092, ssl=None, advertised_host=None,

@@ -19,11 +19,12 @@ is answered CORRUPT_MESSAGE and nothing of that partition is stored; one whose r
 import collections
 import functools
 import logging
+import struct
 
-from riverbed.engine import OffsetSpec
-from riverbed.engine import core
+from riverbed.engine import OffsetSpec, PublishingIds
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
+from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.broker import limits as _limits
@@ -33,9 +34,10 @@ from riverbed.shells.kafka.admin_commands import AdminCommands, producer_referen
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
 from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
+from riverbed.shells.protocols import KAFKA
 
 log = logging.getLogger("riverbed.kafka")
-LISTENER = "kafka"          # the listener label of riverbed_rejected_total
+LISTENER = KAFKA   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 TS_LATEST, TS_EARLIEST = -1, -2
 ERR_ILLEGAL_SASL_STATE = 34
@@ -64,7 +66,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     succeeds (``OPEN`` at once when the peer needs no login). Loop-thread only; bad input never raises out."""
 
     LISTENER = LISTENER
-    PROTOCOL = "kafka"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
 
     def __init__(self, shell, io, *, peer="?", local=None, remote=None, peer_loopback=True):
         super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
@@ -398,7 +400,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             if exc is None:
                 # a retried idempotent batch the engine dropped: the offset it got the first time
                 res["base_offset"] = (result.first_offset if result.first_offset >= 0
-                                      else self.shell.batch_offset(stream, publisher, ids[0]))
+                                      else self.shell.batch_offset(stream, publisher, ids.first))
             elif isinstance(exc, StreamNotFound):
                 res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
             elif isinstance(exc, NotLeaderError):
@@ -410,22 +412,19 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             left[0] -= 1
             if left[0] == 0:
                 answer()
-        for res, stream, recs, ids, publisher in waits:
+        for res, stream, chunk, count, ids, publisher in waits:
             # counted against the connection and the drain; the answer is dropped once it is gone, but an
             # idempotent producer's batch is remembered whatever becomes of this connection
-            answered = self._inflight(sum(map(len, recs)), functools.partial(stored, res, stream, ids, publisher))
+            answered = self._inflight(len(chunk), functools.partial(stored, res, stream, ids, publisher))
 
             def cb(result, exc, stream=stream, ids=ids, publisher=publisher, answered=answered):
                 if exc is None and ids is not None and result.first_offset >= 0:
-                    self.shell.remember_batch(stream, publisher, ids[0], result.first_offset)
+                    self.shell.remember_batch(stream, publisher, ids.first, result.first_offset)
                 answered(result, exc)
+            # one chunk built in one pass (codec.stored_batches); an idempotent producer's sequences are the
+            # engine's publisher sequences, which drop a retried batch; the writer computes the CRC.
             # forward=False: in a cluster, Kafka answers NOT_LEADER_OR_FOLLOWER and its clients route themselves
-            if ids is None:
-                self.broker.append_records(stream, recs, cb, forward=False)
-            else:
-                # an idempotent producer: the engine's publisher sequences drop a retried batch
-                self.broker.append(stream, core.encode_entries(recs), ids, publisher, None, cb,
-                                   num_entries=len(recs), num_records=len(recs), forward=False)
+            self.broker.append_chunk(stream, chunk, ids, publisher, cb, count, count, crc_done=False, forward=False)
         # the kernel's data_received pauses reading past the broker-wide in-flight budget
 
     def _produce_partition(self, topic, p, res, refusal, waits):
@@ -442,7 +441,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
         if not data:
             return None
         try:
-            batches = C.decode_batches(data, self.limits.max_decompressed_size)
+            chunk, count, batches = C.stored_batches(data, self.limits.max_decompressed_size, R.to_stored)
         except C.BatchTooLarge as e:
             _limits.reject(LISTENER, _limits.REASON_DECOMPRESSED_SIZE, str(e), self.peer)
             return C.ERR_MESSAGE_TOO_LARGE, str(e)
@@ -450,9 +449,9 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             return C.ERR_CORRUPT_MESSAGE, str(e)
         except C.UnsupportedCompression as e:
             return C.ERR_UNSUPPORTED_COMPRESSION_TYPE, str(e)
-        recs = []
-        ids = []
+        seqs = []
         publisher = None
+        plain = False
         for b in batches:
             if b.attributes & C.ATTR_CONTROL:
                 continue
@@ -462,14 +461,17 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                 ref = producer_reference(b.producer_id, b.producer_epoch)
                 if publisher is not None and ref != publisher:
                     return C.ERR_INVALID_RECORD, "batches of two producers in one partition"
+                if plain:
+                    return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
                 publisher = ref
-                ids.extend(b.base_sequence + i for i in range(len(b.records)))
+                seqs.append((b.base_sequence, b.records))
             elif publisher is not None:
                 return C.ERR_INVALID_RECORD, "idempotent and plain batches in one partition"
-            for ts, key, value, headers in b.records:
-                recs.append(R.to_stored(key, value, headers, ts))
-        if recs:
-            waits.append((res, stream, recs, ids if publisher is not None else None, publisher))
+            else:
+                plain = True
+        if count:
+            waits.append((res, stream, chunk, count, _sequence_ids(seqs) if publisher is not None else None,
+                          publisher))
         return None
 
     # --------------------------------------------------------------------------------------------- Fetch
@@ -652,13 +654,11 @@ def _read_batches(broker, stream, offset, limit):
                 batch = _empty_batch(pos, rb.start - 1)
                 out.append(batch)
                 size += len(batch)
-            chunk_ts = rb.chunk_timestamp
-            kafka = [R.from_stored(r, chunk_ts) for _, r in rb]
             pos = rb.next_offset
-            if not kafka:
+            # one pass over the chunk's records (wire.kafka_batch: compiled, or its pure twin)
+            batch = wire.kafka_batch(rb.raws, rb.start - rb.chunk_id, rb.start, rb.chunk_timestamp, R.from_stored)
+            if batch is None:
                 continue
-            kafka = [(ts if ts is not None else chunk_ts, k, v, h) for ts, k, v, h in kafka]
-            batch = C.encode_batch(rb.start, kafka)
             out.append(batch)
             size += len(batch)
             if size >= limit:
@@ -670,6 +670,17 @@ def _read_batches(broker, stream, offset, limit):
                 size += len(batch)
                 pos = nxt
     return b"".join(out)
+
+
+def _sequence_ids(seqs):
+    """An idempotent producer's sequences, ``(base sequence, records)`` per batch, as the engine's
+    PublishingIds: packed once, first, last and whether they rise, so the writer's duplicate check costs
+    nothing per record unless a batch is a retry."""
+    seqs = [s for s in seqs if s[1]]
+    raw = b"".join(struct.pack(f">{n}Q", *range(base, base + n)) for base, n in seqs)
+    increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
+    last_base, last_n = seqs[-1]
+    return PublishingIds(raw, seqs[0][0], last_base + last_n - 1, increasing)
 
 
 def _empty_batch(first, last):

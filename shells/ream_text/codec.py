@@ -34,7 +34,7 @@ BANNER = b"REAM 1.0\n"
 PING = b"PING\n"
 PONG = b"PONG\n"
 
-DEFAULT_MAX_PAYLOAD = 4 << 20     # bytes: the default --text-max-payload
+DEFAULT_MAX_PAYLOAD = 4 << 20     # bytes: the default --ream-max-payload
 MAX_LINE = 64 << 10               # bytes: a request line longer than this closes the connection
 PONG_TIMEOUT = 5.0                # seconds a keep-alive PING waits for PONG before the connection closes
 

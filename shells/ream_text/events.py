@@ -7,7 +7,8 @@ Loop-thread only; see session.py for the output queue and the ordering of effect
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.record import CT_JSON, encode_record, to_json_text
-from riverbed.shells.broker import MODE_WINDOW, Tail
+from riverbed.shells.broker import MODE_WINDOW
+from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 from riverbed.shells.ream_text import codec as C
 from riverbed.shells.ream_text.codec import EVENT, K_READ, K_WRITE, ST_OPEN, ReamError, reason_of
 from riverbed.shells.ream_text.projections import NOT_FOUND
@@ -16,15 +17,10 @@ WINDOW_HIGH = 1 << 20    # bytes of event deliveries queued but not written befo
 WINDOW_LOW = 256 << 10
 
 
-class Subscription:
-    """An EVENT SUBSCRIBE of one stream: resolving (start None), waiting for the stream, or tailing it."""
-    __slots__ = ("stream", "start", "tail", "closed")
-
-    def __init__(self, stream, start):
-        self.stream = stream
-        self.start = start      # offset the next tail starts from (first-id - 1)
-        self.tail = None
-        self.closed = False
+class Subscription(BrokerSubscription):
+    """An EVENT SUBSCRIBE of one stream (the broker's one :class:`~riverbed.shells.broker.subscription.
+    Subscription`): resolving (``start`` None), waiting for the stream (no tail), or tailing it."""
+    __slots__ = ()
 
 
 class EventRequests:
@@ -83,7 +79,7 @@ class EventRequests:
         first_id = max(1, int(word))
         if stream in self.subs:
             raise ReamError(f"Already subscribed to {stream}")
-        sub = Subscription(stream, None)
+        sub = Subscription(self, stream, None)
         self.subs[stream] = sub
         slot = req.slot
         token = C.name_token(stream)
@@ -131,20 +127,14 @@ class EventRequests:
 
         def on_gone(exc):
             if sub.tail is tail and not sub.closed:
-                sub.tail = None
+                sub.stop_tail()
                 sub.start = 0   # deleted: wait for the stream to appear again, then read it from id 1
-        tail = Tail(self.broker, stream, sub.start, on_records, defer=self.io.defer, on_gone=on_gone,
-                    mode=MODE_WINDOW, window_high=WINDOW_HIGH, window_low=WINDOW_LOW, records=True)
-        sub.tail = tail
-        if self._write_paused:
-            tail.pause()
-        tail.start()
+        tail = sub.open_tail(on_records, on_gone=on_gone, mode=MODE_WINDOW, window_high=WINDOW_HIGH,
+                             window_low=WINDOW_LOW, records=True)
+        sub.begin()
 
     def _end_sub(self, sub):
-        sub.closed = True
-        if sub.tail is not None:
-            sub.tail.close()
-            sub.tail = None
+        sub.close()
 
     def _on_event_unsubscribe(self, req, payloads):
         self._need(req, 3)

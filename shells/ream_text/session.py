@@ -37,9 +37,10 @@ from riverbed.shells.ream_text.codec import (
 )
 from riverbed.shells.ream_text.documents import DocumentRequests
 from riverbed.shells.ream_text.events import EventRequests
+from riverbed.shells.protocols import REAM
 
 log = logging.getLogger("riverbed.ream")
-LISTENER = "text"      # the listener label of riverbed_rejected_total
+LISTENER = REAM   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 MAX_QUEUED = 8192        # reply slots a connection may have outstanding before its reading pauses
 RESUME_QUEUED = 2048
@@ -69,7 +70,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
     """A REAM connection on the session kernel. See the module docstring."""
 
     LISTENER = LISTENER
-    PROTOCOL = "ream"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
     INITIAL_STATE = ST_OPEN     # no handshake: the banner says it is open
 
     def __init__(self, shell, io, *, peer, local=("", 0), remote=("", 0), peer_loopback=True):
@@ -173,8 +174,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         then reads it from its first event."""
         sub = self.subs.get(name)
         if sub is not None and not sub.closed and sub.tail is not None:
-            sub.tail.close()
-            sub.tail = None
+            sub.stop_tail()
             sub.start = 0
 
     def stream_created(self, name):
@@ -259,7 +259,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
                     pos = nl + 1
                     continue
                 if nl < 0:
-                    max_line = self.shell.broker.limits.text_max_line
+                    max_line = self.shell.broker.limits.ream_max_line
                     if n - pos > max_line:
                         _limits.reject(LISTENER, _limits.REASON_STRING_LENGTH, f"request line over {max_line} "
                                        "bytes", self.peer)

@@ -14,7 +14,8 @@ import struct
 
 from riverbed.engine import core
 from riverbed.engine.errors import ChunkError, RiverbedError, StreamNotFound
-from riverbed.shells.broker import READ, Tail
+from riverbed.shells.broker import READ
+from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 from riverbed.shells.rmq_stream.codec import (
     _CREDIT, DecodeError, Reader, decode_offset_spec, deliver_parts, encode_consumer_update,
     encode_credit_response, encode_deliver_prefix, response_code_for,
@@ -29,23 +30,23 @@ from riverbed.shells.rmq_stream.constants import (
 log = logging.getLogger("riverbed.rmq")
 
 
-class Subscription:
-    """One subscription of one connection: its Tail and its single-active-consumer state."""
+class Subscription(BrokerSubscription):
+    """One subscription of one connection (the broker's one :class:`~riverbed.shells.broker.subscription.
+    Subscription`, reading chunks under credit): its Subscribe arguments and its single-active-consumer
+    state. ``closed`` once unsubscribed or dropped."""
 
-    __slots__ = ("sub_id", "stream", "spec", "filters", "match_unfiltered", "sac", "sac_name", "tail", "gone",
-                 "ready", "step_down_deadline",
+    __slots__ = ("sub_id", "spec", "filters", "match_unfiltered", "sac", "sac_name", "ready",
+                 "step_down_deadline",
                  "properties")   # the Subscribe properties, as the management API shows them
 
-    def __init__(self, sub_id, stream, spec, filters, match_unfiltered):
+    def __init__(self, session, sub_id, stream, spec, filters, match_unfiltered):
+        super().__init__(session, stream)
         self.sub_id = sub_id
-        self.stream = stream
         self.spec = spec           # (offset type, value) as subscribed, for SAC activation "none"
         self.filters = filters     # list of bytes, empty when the subscriber does not filter
         self.match_unfiltered = match_unfiltered
         self.sac = SAC_NONE
         self.sac_name = None
-        self.tail = None
-        self.gone = False
         self.ready = False         # answered: delivery may start
         self.step_down_deadline = None   # broker clock (s) by which a step-down must be answered
         self.properties = {}
@@ -107,18 +108,18 @@ class ConsumeCommands:
         except RiverbedError as e:
             self._respond(CMD_SUBSCRIBE, corr, response_code_for(e))
             return
-        sub = Subscription(sub_id, stream, spec, filter_values(props), _truthy(props.get("match-unfiltered")))
+        sub = Subscription(self, sub_id, stream, spec, filter_values(props), _truthy(props.get("match-unfiltered")))
         sub.properties = dict(props)
-        sub.tail = Tail(self.broker, stream, 0, lambda tail, chunk_id, raw, start: self._deliver_chunk(sub, raw),
-                        defer=self.io.defer, credit=credit, on_gone=lambda exc: self._tail_gone(sub, exc))
+        sub.open_tail(lambda tail, chunk_id, raw, start: self._deliver_chunk(sub, tail, raw), credit=credit,
+                      on_gone=lambda exc: self._tail_gone(sub, exc))
         self.subscriptions[sub_id] = sub   # taken from now on, though answered only once resolved
 
         def resolved(offset, exc):
-            if sub.gone:
+            if sub.closed:
                 return
             if exc is not None:
                 self.subscriptions.pop(sub_id, None)
-                sub.gone = True
+                sub.closed = True
                 self._respond(CMD_SUBSCRIBE, corr, response_code_for(exc))
                 return
             sub.tail.offset = offset
@@ -133,14 +134,12 @@ class ConsumeCommands:
         self.broker.resolve_after_writes(stream, offset_spec, self._later(resolved))
 
     def _start(self, sub, offset=None):
-        if self._write_paused:
-            sub.tail.pause()
-        sub.tail.start(offset)
+        sub.begin(offset)
 
-    def _deliver_chunk(self, sub, raw):
+    def _deliver_chunk(self, sub, tail, raw):
         """Tail callback: one Deliver per user chunk; returns the credit used (0 when filtered out)."""
-        if sub.gone or self.state != ST_OPEN:
-            sub.tail.close()
+        if sub.closed or self.state != ST_OPEN:
+            tail.close()
             return 0
         if sub.filters:
             bloom = raw[44]
@@ -165,7 +164,7 @@ class ConsumeCommands:
     def sac_activate(self, sub):
         """Make ``sub`` the active consumer of its group: ConsumerUpdate(active) goes out and delivery
         starts once the client answers with the offset to start from. Called by the SAC groups."""
-        if sub.gone or self.state >= ST_CLOSING:
+        if sub.closed or self.state >= ST_CLOSING:
             return
         sub.sac = SAC_ACTIVATING
         corr = self._next_corr()
@@ -176,7 +175,7 @@ class ConsumeCommands:
     def sac_step_down(self, sub):
         """Stop delivering to ``sub`` and tell the client (ConsumerUpdate inactive); the group moves on
         once the client answers. Called by the SAC groups on a super stream rebalance."""
-        if sub.gone or self.state >= ST_CLOSING:
+        if sub.closed or self.state >= ST_CLOSING:
             return
         sub.sac = SAC_STEPPING_DOWN
         sub.step_down_deadline = self.broker.clock() + SAC_STEP_DOWN_TIMEOUT
@@ -254,8 +253,7 @@ class ConsumeCommands:
         self._respond(CMD_UNSUBSCRIBE, corr, RC_OK)
 
     def _drop_subscription(self, sub, sac_handover=True):
-        sub.gone = True
-        sub.tail.close()
+        sub.close()
         if sub.sac != SAC_NONE and sac_handover:
             self.shell.sac.unregister(sub.stream, sub.sac_name, self, sub)
 

@@ -24,9 +24,10 @@ from riverbed.shells.rmq_stream.constants import (
     RC_ACCESS_REFUSED, RC_INTERNAL_ERROR, RC_NO_OFFSET, RC_OK, RC_PRECONDITION_FAILED,
     RC_PUBLISHER_DOES_NOT_EXIST, RC_STREAM_DOES_NOT_EXIST,
 )
+from riverbed.shells.protocols import STREAM
 
 log = logging.getLogger("riverbed.rmq")
-LISTENER = "rabbitmq-stream"       # the listener label of riverbed_rejected_total
+LISTENER = STREAM   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 
 class Publisher:
@@ -107,11 +108,11 @@ class PublishCommands:
 
     def _on_publish(self, f, version):
         if version == 1:
-            self._on_publish_v1(f)
+            self._publish_v1(f)
         else:
             self._publish_batch(decode_publish(f, version))
 
-    def _on_publish_v1(self, f):
+    def _publish_v1(self, f):
         """The hot path: one compiled pass turns the frame into a sealed chunk (CRC included) and the raw
         publishing ids, so nothing here is per message unless a sub-batch or the publisher is bad."""
         try:

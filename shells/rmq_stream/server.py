@@ -5,8 +5,9 @@ from riverbed.shells.broker import TcpListener
 from riverbed.shells.rmq_stream.constants import DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT
 from riverbed.shells.rmq_stream.session import RmqStreamSession
 from riverbed.shells.rmq_stream.shell import RmqShell
+from riverbed.shells.protocols import STREAM, STREAM_TLS
 
-SHELL_KEY = "rabbitmq-stream"     # broker.extensions key of the shell both listeners share
+SHELL_KEY = STREAM     # broker.extensions key of the shell both listeners share
 
 
 class RmqStreamServer(TcpListener):
@@ -18,14 +19,14 @@ class RmqStreamServer(TcpListener):
     advertised its own port. Loop-thread only.
     """
 
-    name = "rabbitmq-stream"
+    name = STREAM
     session_class = RmqStreamSession
 
     def __init__(self, broker, *, host="127.0.0.1", port=5552, ssl=None, shell=None, **shell_options):
         super().__init__(broker, shell=shell if shell is not None else RmqShell(broker, **shell_options),
                          host=host, port=port, ssl=ssl)
         if ssl is not None:
-            self.name = "rabbitmq-stream-tls"
+            self.name = STREAM_TLS
 
     def session_options(self):
         # a client of the TLS listener is advertised the TLS port

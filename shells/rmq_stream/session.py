@@ -84,11 +84,12 @@ from riverbed.shells.rmq_stream.constants import (
     RC_STREAM_NOT_AVAILABLE, RC_UNKNOWN_FRAME, RC_VIRTUAL_HOST_ACCESS_FAILURE, RESPONSE,
     SAC_ACTIVE, SAC_NONE, SERVER_COMMAND_VERSIONS, ST_CLOSED, ST_CLOSING, ST_HANDSHAKE, ST_OPEN, ST_TUNING,
 )
+from riverbed.shells.protocols import STREAM
 from riverbed.shells.rmq_stream.consume import ConsumeCommands
 from riverbed.shells.rmq_stream.publish import PublishCommands
 
 log = logging.getLogger("riverbed.rmq")
-LISTENER = "rabbitmq-stream"       # the listener label of riverbed_rejected_total
+LISTENER = STREAM   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 # rabbit_stream_utils:consumer_activity_status/2: a plain consumer is "up", a single active one "single_active"
 # while it delivers and "waiting" otherwise
@@ -106,7 +107,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
     """
 
     LISTENER = LISTENER
-    PROTOCOL = "stream"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
     PENDING_OPS_HIGH = PENDING_OPS_HIGH
     PENDING_OPS_LOW = PENDING_OPS_LOW
 
@@ -268,7 +269,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         return [self._consumer_info(sub.stream, sub.sub_id, sub.tail.offset, sub.sac_name, sub.tail.units,
                                     properties=dict(sub.properties), active=sub.sac in (SAC_NONE, SAC_ACTIVE),
                                     activity_status=_ACTIVITY.get(sub.sac, "waiting"))
-                for sub in list(self.subscriptions.values()) if sub.ready and not sub.gone and sub.tail is not None]
+                for sub in list(self.subscriptions.values()) if sub.ready and not sub.closed and sub.tail is not None]
 
     def publisher_infos(self):
         """This connection's declared publishers: ``stream``, ``protocol``, ``connection``,

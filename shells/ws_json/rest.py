@@ -45,9 +45,10 @@ from riverbed.shells.ws_json.partitions import log_streams
 from riverbed.shells.ws_json.session import (
     authenticate, previous_offset, publish_error, publish_record, publish_target, read_messages,
 )
+from riverbed.shells.protocols import WS
 
 log = logging.getLogger("riverbed.ws")
-LISTENER = "ws"
+LISTENER = WS   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 REST_MAX_RECORDS = codec.RESEND_LAST_MAX   # messages of one GET answer
 REST_MAX_BYTES = 16 << 20                  # bytes of JSON of one GET answer

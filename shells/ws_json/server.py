@@ -27,6 +27,7 @@ from riverbed.shells.ws_json.rest import RestApi, error_response
 from riverbed.shells.ws_json.session import (
     DEFAULT_SEND_BUFFER_MAX, RESEND_HIGH_WATER, WsSession, WsShell,
 )
+from riverbed.shells.protocols import WS
 
 log = logging.getLogger("riverbed.ws")
 
@@ -114,7 +115,7 @@ class WsIO:
 class WsJsonServer:
     """The listener. Create it with :func:`serve`. ``port`` is the bound port. Loop-thread only."""
 
-    name = "ws"
+    name = WS
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, max_frame=DEFAULT_MAX_FRAME,
                  send_buffer_max=DEFAULT_SEND_BUFFER_MAX, ssl=None):

@@ -38,9 +38,10 @@ from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.ws_json import codec
 from riverbed.shells.ws_json.codec import RequestError
 from riverbed.shells.ws_json.partitions import log_streams, partition_for_key
+from riverbed.shells.protocols import WS
 
 log = logging.getLogger("riverbed.ws")
-LISTENER = "ws"
+LISTENER = WS   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 DEFAULT_SEND_BUFFER_MAX = 16 << 20   # bytes a connection may have unsent before it is dropped
 RESEND_HIGH_WATER = 1 << 20          # unsent bytes past which the transport says pause_writing (resends wait)
@@ -315,7 +316,7 @@ class WsSession(SessionKernel):
     ``peer_loopback`` decides the implicit user without a users file."""
 
     LISTENER = LISTENER
-    PROTOCOL = "ws"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
     INITIAL_STATE = State.OPEN          # the HTTP upgrade was the handshake; auth is per request
     PENDING_OPS_HIGH = MAX_IN_FLIGHT - 1     # appends in flight past which reading pauses ...
     PENDING_OPS_LOW = MAX_IN_FLIGHT - 1      # ... and under which it resumes

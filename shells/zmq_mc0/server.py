@@ -29,6 +29,7 @@ from riverbed.shells.broker.session import drain
 from riverbed.shells.broker.stats import ERR_REFUSED
 from riverbed.shells.zmq_mc0 import keys as _keys
 from riverbed.shells.zmq_mc0.session import BLOCKED, GONE, SENT, TICK, McShell
+from riverbed.shells.protocols import ZMQ
 
 log = logging.getLogger("riverbed.zmq")
 
@@ -50,7 +51,7 @@ class McServer:
     """One ROUTER listener over the shared broker. Create it with :func:`serve`. ``port`` is the bound
     port; ``shell`` the :class:`McShell` with every client. Loop-thread only."""
 
-    name = "zmq"
+    name = ZMQ
 
     def __init__(self, broker, *, host="127.0.0.1", port=DEFAULT_PORT, curve_secret=None, curve_clients=None,
                  hwm=DEFAULT_HWM, max_request=DEFAULT_MAX_REQUEST):

@@ -44,7 +44,8 @@ from collections import deque
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError, StorageFull
 from riverbed.shells import auth as _auth
-from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT, Tail
+from riverbed.shells.broker import CONFIGURE, READ, WRITE, MODE_CREDIT
+from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.zmq_mc0 import codec
@@ -52,9 +53,10 @@ from riverbed.shells.zmq_mc0.codec import (
     HDR_OFFSET, HDR_TOPIC, HDR_TTL, RequestError, VERB_CONNECT, VERB_DISCONNECT, VERB_NOOP, VERB_PUT, VERB_SUB,
     VERB_UNSUB,
 )
+from riverbed.shells.protocols import ZMQ
 
 log = logging.getLogger("riverbed.zmq")
-LISTENER = "zmq"         # the listener label of riverbed_rejected_total
+LISTENER = ZMQ   # the one name (protocols.py): the listener label of riverbed_rejected_total
 
 SENT, BLOCKED, GONE = "sent", "blocked", "gone"
 
@@ -70,25 +72,31 @@ UNLIMITED = 1 << 62          # Tail credit: the HWM, not credit, paces a subscri
 ALL_PERMISSIONS = _auth.User("zmq")
 
 
-class Subscription:
-    """One (client, topic) subscription: a Tail once the stream exists (``tail``), else waiting.
+class Subscription(BrokerSubscription):
+    """One (client, topic) subscription (the broker's one :class:`~riverbed.shells.broker.subscription.
+    Subscription`; its stream is the topic's): a Tail once the stream exists, else waiting.
     ``start``: the offset a waiting subscription starts at once its stream appears. ``held``: the rest
-    of a record batch the peer could not take, as ``[(offset, raw) iterator, the pair not yet sent]``."""
+    of a record batch the peer could not take, as ``[(offset, raw) iterator, the pair not yet sent]``,
+    dropped with the tail."""
 
-    __slots__ = ("client", "topic", "name", "tail", "start", "held")
+    __slots__ = ("topic", "held")
 
     def __init__(self, client, topic, name, start):
-        self.client = client
+        super().__init__(client, name, start)
         self.topic = topic          # bytes, as the client sent it
-        self.name = name            # str, the stream
-        self.tail = None
-        self.start = start
         self.held = None
 
-    def close(self):
-        if self.tail is not None:
-            self.tail.close()
-            self.tail = None
+    @property
+    def client(self):
+        return self.session
+
+    @property
+    def name(self):
+        """The stream (str)."""
+        return self.stream
+
+    def stop_tail(self):
+        super().stop_tail()
         self.held = None
 
 
@@ -150,7 +158,7 @@ class McSession(SessionKernel):
     says so."""
 
     LISTENER = LISTENER
-    PROTOCOL = "zmq"
+    PROTOCOL = LISTENER     # the management API's protocol: the same one name
     INITIAL_STATE = State.OPEN
 
     def __init__(self, shell, identity, now):
@@ -630,7 +638,7 @@ class McShell:
 
     def to_waiting(self, sub, start):
         """``sub``'s stream is missing (never created, or deleted): wait for it, then start at ``start``."""
-        sub.close()
+        sub.stop_tail()
         sub.start = start
         self.waiting.setdefault(sub.name, set()).add(sub)
 
@@ -654,12 +662,9 @@ class McShell:
             if not client.gone and client.subs.get(sub.topic) is sub:
                 self.to_waiting(sub, 0)
 
-        sub.tail = Tail(self.broker, sub.name, offset, on_records, defer=self.io.defer, on_gone=on_gone,
-                        mode=MODE_CREDIT, credit=UNLIMITED, records=True)
-        if client.blocked:
-            sub.tail.pause()
-        if start:
-            sub.tail.start()
+        sub.open_tail(on_records, offset=offset, defer=self.io.defer, on_gone=on_gone, mode=MODE_CREDIT,
+                      credit=UNLIMITED, records=True)
+        sub.begin(deliver=start)
 
     def batch(self, name, record, session, entry):
         """Add a PUT's record to this loop turn's batch of stream ``name``; ``entry`` is its place in the

@@ -185,5 +185,5 @@ def publisher(proto, srv, stream, ref="rmq-pub"):
     if proto == "ws":
         return WsRestPub(srv.ports["ws"], stream)
     if proto == "ream":
-        return ReamPub(srv.ports["text"], stream)
+        return ReamPub(srv.ports["ream"], stream)
     raise ValueError(proto)

@@ -20,7 +20,7 @@ from riverbed.shells.bson_tcp.client import BsonClient, BsonError
 pytestmark = pytest.mark.integration
 
 CHANGELOG = "__riverbed_docs"
-LISTENERS = ("--text-port", "0", "--bson-port", "0")
+LISTENERS = ("--ream-port", "0", "--bson-port", "0")
 
 
 class Ream:
@@ -111,7 +111,7 @@ def docs3(tmp_path, etcd):
 
 
 def ream(c, node):
-    return Ream(c.nodes[node].ports["text"])
+    return Ream(c.nodes[node].ports["ream"])
 
 
 def agg_get(c, node, name, doc_id):

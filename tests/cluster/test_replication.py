@@ -459,8 +459,9 @@ def test_partition_leader_from_both_members_minority_confirms_nothing(tmp_path, 
 def test_initial_cluster_size_argument(cluster3):
     n2 = cluster3.nodes["n2"]
     cl = connect(n2.port)
-    assert cl.create("pair", {"initial-cluster-size": "2"}) == rawwire.OK
-    assert cl.create("solo", {"x-initial-cluster-size": "1"}) == rawwire.OK
+    local = {"queue-leader-locator": "client-local"}      # else the second is led by a node leading none
+    assert cl.create("pair", {"initial-cluster-size": "2", **local}) == rawwire.OK
+    assert cl.create("solo", {"x-initial-cluster-size": "1", **local}) == rawwire.OK
     cl.close()
     st = wait_placed(cluster3, "pair")
     st = wait_placed(cluster3, "solo")

@@ -5,7 +5,9 @@ tests, which feed the same input to both and compare. Layouts: riverbed.engine.f
 """
 
 import mmap
+import os
 import struct
+import sys
 import threading
 import zlib
 
@@ -20,6 +22,9 @@ from riverbed.engine.format import (
     H_DATA_LEN, H_ENTRIES,
     H_EPOCH, H_MAGIC, H_RECORDS, H_TIMESTAMP, H_TRAILER_LEN, H_TYPE, gzip_compress,
 )
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import twins  # noqa: E402
 
 # The twin fixture is function-scoped but stateless (it returns a module), so sharing it across the
 # examples of one hypothesis test is safe.
@@ -301,27 +306,15 @@ def test_cut_entries_of_a_big_publish(twin):
 needs_compiled = pytest.mark.skipif(core.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
 
 
-def _outcome(fn, *args):
-    try:
-        return ("ok", fn(*args))
-    except Exception as exc:  # the exception type and message are part of the contract
-        return ("error", type(exc), str(exc))
-
-
 def _both(name, *args):
     from riverbed.engine import _core
-    compiled = _outcome(getattr(_core, name), *args)
-    python = _outcome(getattr(_pycore, name), *args)
-    assert compiled == python, name
-    return python
+    return twins.both(_core, _pycore, name, *args)
 
 
 @needs_compiled
 def test_both_twins_have_the_same_public_names():
     from riverbed.engine import _core
-    for name in PUBLIC:
-        assert hasattr(_core, name) and hasattr(_pycore, name), name
-    assert _core.COMPILED is True and _pycore.COMPILED is False
+    twins.check_public_names(_core, _pycore, PUBLIC)
 
 
 @needs_compiled

@@ -19,6 +19,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from ..shells.harness import FakeIO, Loop  # noqa: F401 - FakeIO: the targets' byte-stream io
+
 FLAG_PRELUDE = 0x01          # the harness opens the session (handshake, auth) before the fuzz bytes
 SPLIT_SHIFT = 1              # bits 1-2: the fuzz bytes arrive in 1..4 reads (buffering paths)
 SPLIT_MASK = 0x03
@@ -51,33 +53,25 @@ def pieces(flags, body):
     return [body[cuts[i]:cuts[i + 1]] for i in range(n)]
 
 
-class EngineRig:
-    """A real Engine (fsync never, no retention pass) and a Broker over it in a temp directory, with a
-    settable clock; engine completions are queued and run by :meth:`settle` as the event loop would
-    (this is tests/shells/harness.py's Loop, restartable so a long campaign keeps bounded state)."""
+class EngineRig(Loop):
+    """tests/shells/harness.py's Loop (a real Engine, fsync never, no retention pass, and a Broker over
+    it, with a settable clock; completions run by :meth:`settle`) in a temp directory, restartable so
+    that a long campaign keeps bounded state."""
+
+    SETTLE_TIMEOUT = HANG_SECONDS * 3
 
     def __init__(self, root=None, auth=None):
-        import queue
-
-        self._queue_mod = queue
         self.root = Path(root or tempfile.mkdtemp(prefix="riverbed-fuzz-"))
-        self.auth = auth
-        self.now = 1000.0
         self.generation = 0
         self.eng = self.broker = None
-        self.ios = []
-        self._open()
+        super().__init__(self.root, auth=auth)
 
-    def _open(self):
-        from riverbed.engine import Engine
-        from riverbed.shells.broker import Broker
-
+    def _open(self, data=None):
         self.generation += 1
-        data = self.root / f"data{self.generation}"
-        self.q = self._queue_mod.Queue()
-        self.eng = Engine(data, fsync="never", retention_interval=0, map_size=64 << 20)
-        self.broker = Broker(self.eng, post=lambda fn, *a: self.q.put((fn, a)), clock=lambda: self.now,
-                             data_dir=str(data), auth=self.auth)
+        super()._open(self.root / f"data{self.generation}", map_size=64 << 20)
+
+    def _never_settled(self):
+        return InvariantBroken("the session never settled (completions kept scheduling more)")
 
     def reset(self):
         """A fresh engine and broker (the old data directory is removed)."""
@@ -87,30 +81,7 @@ class EngineRig:
         self._open()
 
     def settle(self, rounds=200):
-        """Run every engine completion and what it triggers until nothing is left."""
-        q = self.q
-        writer = self.eng._writer
-        for _ in range(rounds):
-            # the writer decrements _outstanding after an operation's completion is posted: at 0 there is
-            # nothing to wait for, and skipping the sync round trip (two thread hand-offs) doubles the rate
-            if writer._outstanding:
-                self.eng.sync().result(timeout=HANG_SECONDS * 3)
-            ran = False
-            while True:
-                try:
-                    fn, args = q.get_nowait()
-                except self._queue_mod.Empty:
-                    break
-                fn(*args)
-                ran = True
-            for io in self.ios:
-                while io.deferred:
-                    fn, args = io.deferred.pop(0)
-                    fn(*args)
-                    ran = True
-            if not ran:
-                return
-        raise InvariantBroken("the session never settled (completions kept scheduling more)")
+        super().settle(rounds)
 
     def close_engine(self):
         if self.broker is not None:
@@ -122,37 +93,6 @@ class EngineRig:
     def close(self):
         self.close_engine()
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-class FakeIO:
-    """A byte-stream session's ``io``: writes go to ``out``; ``defer`` calls wait for settle()."""
-
-    __slots__ = ("out", "closed", "reading", "deferred")
-
-    def __init__(self):
-        self.out = bytearray()
-        self.closed = False
-        self.reading = True
-        self.deferred = []
-
-    def write(self, data):
-        self.out += data
-
-    def writelines(self, parts):
-        for p in parts:
-            self.out += p
-
-    def close(self):
-        self.closed = True
-
-    def pause_reading(self):
-        self.reading = False
-
-    def resume_reading(self):
-        self.reading = True
-
-    def defer(self, fn, *args):
-        self.deferred.append((fn, args))
 
 
 def rss_bytes():

@@ -267,5 +267,34 @@ def chunk(draw):
     return bytes([FLAG_PRELUDE]) + struct.pack(">HH", n_entries, n_records) + entries
 
 
+@st.composite
+def replication(draw):
+    """Replication-port frames (shells/cluster/wire.py) of known types whose JSON holds hostile values:
+    huge, negative and float counts, nulls and lists where strings or objects go, deep nesting."""
+    from riverbed.shells.cluster import wire
+
+    value = st.one_of(HOSTILE_INT, HOSTILE_FLOAT, HOSTILE_TEXT, st.none(), st.booleans(),
+                      st.builds(nested, st.integers(0, 3), st.sampled_from([1, 50, 600])))
+    frames = b""
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from([wire.HELLO, wire.SEQS, wire.OFFSETS, wire.REFUSE]))
+        if kind == wire.HELLO:
+            obj = {"node": draw(value), "stream": draw(st.one_of(HOSTILE_TEXT, value)), "epoch": draw(value),
+                   "next": draw(value), "last": draw(st.one_of(value, st.lists(value, max_size=4)))}
+        elif kind == wire.REFUSE:
+            obj = {"reason": draw(value)}
+        else:
+            obj = draw(st.dictionaries(HOSTILE_TEXT, value, max_size=4))
+        try:
+            body = json.dumps(obj).encode("utf-8", "surrogatepass")
+        except (ValueError, RecursionError):
+            body = b"{}"
+        frames += wire.frame(kind, body)
+        if draw(st.booleans()):
+            frames += wire.frame(draw(st.sampled_from([wire.COMMIT, wire.ACK, wire.TRUNCATE])),
+                                 draw(st.binary(max_size=10)))
+    return bytes([draw(st.sampled_from([0, 2, 4, 6]))]) + frames
+
+
 STRATEGIES = {"rmq": rmq(), "bson": bson_frames(), "zmq": zmq(), "ws": ws(), "ream": ream(), "record": record(),
-              "chunk": chunk()}
+              "chunk": chunk(), "replication": replication()}

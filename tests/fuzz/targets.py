@@ -19,6 +19,8 @@ TARGETS = {
     "ws": ("t_ws:WsTarget", ["riverbed.shells.ws_json"]),
     "ream": ("t_ream:ReamTarget", ["riverbed.shells.ream_text"]),
     "kafka": ("t_kafka:KafkaTarget", ["riverbed.shells.kafka"]),
+    "replication": ("t_replication:ReplicationTarget", ["riverbed.shells.cluster.wire",
+                                                        "riverbed.shells.cluster.forward_wire"]),
     "record": ("t_engine:RecordTarget", ["riverbed.engine.record", "riverbed.engine._pyrecord",
                                          "riverbed.shells.http.api", "riverbed.shells.zmq_mc0.codec"]),
     "chunk": ("t_engine:ChunkTarget", ["riverbed.engine._pycore", "riverbed.engine.format",

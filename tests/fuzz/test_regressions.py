@@ -228,3 +228,25 @@ def test_annotated_inputs_are_well_formed():
     frames, used = wire.split_frames(RMQ_CREATE_NULL_KEY[1:], 1 << 20)
     assert used == len(RMQ_CREATE_NULL_KEY) - 1 and len(frames) == 1
     assert struct.unpack_from(">HH", frames[0])[0] == 0x0D
+
+
+# ------------------------------------------------------------------------------ cluster: replication port
+
+# A HELLO whose JSON nests 4,000 arrays: json.loads raises RecursionError, not ValueError, and the leader's
+# connection handler logged it as an internal failure instead of dropping a malformed peer. (Found by
+# reading the parser while writing the hypothesis strategy for the replication target; the 100,000-input
+# atheris run had not reached a depth past the interpreter's recursion limit.)
+def test_replication_json_nested_past_the_recursion_limit_is_a_wire_error():
+    from riverbed.shells.cluster import wire as cluster_wire
+
+    from .t_replication import ReplicationTarget
+
+    deep = cluster_wire.frame(cluster_wire.HELLO, b"[" * 4000)
+    with pytest.raises(cluster_wire.WireError):
+        cluster_wire.decode_hello(deep[5:])
+    t = ReplicationTarget()
+    try:
+        harness.check_input(t, b"\x00" + deep)
+        harness.check_input(t, bytes([harness.FLAG_PRELUDE]) + b"{\"a\":" * 3000)
+    finally:
+        t.close()

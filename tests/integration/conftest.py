@@ -1,7 +1,7 @@
 """Fixtures that run the real ``riverbed serve`` (a subprocess on 127.0.0.1, port 0, temp data dir).
 
 Every process started here is stopped at teardown. The server's port is read from its
-``listening rabbitmq-stream HOST:PORT`` log line.
+``listening stream HOST:PORT`` log line.
 """
 
 import os
@@ -25,6 +25,22 @@ def server(tmp_path_factory):
     yield srv
     code = srv.stop()
     assert code == 0, srv.log()
+
+
+@pytest.fixture(scope="module")
+def kafka_server(request, tmp_path_factory):
+    """One broker with its Kafka listener per test module; the module's ``KAFKA_SERVER_ARGS`` (a
+    tuple of flags, default none) turns on more listeners."""
+    srv = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0",
+                        *getattr(request.module, "KAFKA_SERVER_ARGS", ())).start()
+    yield srv
+    assert srv.stop() == 0, srv.log()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(kafka_server):
+    """``host:port`` of ``kafka_server``'s Kafka listener, as clients' bootstrap servers."""
+    return f"127.0.0.1:{kafka_server.ports['kafka']}"
 
 
 @pytest.fixture

@@ -8,15 +8,15 @@ import subprocess
 import sys
 import threading
 
-LISTEN_RE = re.compile(r"listening rabbitmq-stream (\S+):(\d+)")
+LISTEN_RE = re.compile(r"listening stream (\S+):(\d+)")
 LISTEN_ANY_RE = re.compile(r"listening (\S+) (\S+):(\d+)")
-OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--text-port", "off",
+OTHER_LISTENERS_OFF = ("--bson-port", "off", "--zmq-port", "off", "--ws-port", "off", "--ream-port", "off",
                        "--http-port", "off", "--kafka-port", "off")
 
 
 class ServerProcess:
     """``riverbed serve`` in a subprocess. ``port`` (RabbitMQ Stream) is known once ``start()`` returns;
-    ``ports`` maps every listener's name in its ``listening NAME HOST:PORT`` log line (``rabbitmq-stream``,
+    ``ports`` maps every listener's name in its ``listening NAME HOST:PORT`` log line (``stream``,
     ``http``, ...) to its port."""
 
     def __init__(self, data_dir, *args, env=None):
@@ -114,3 +114,11 @@ class ServerProcess:
             fields = f.read().rsplit(")", 1)[1].split()
         tick = os.sysconf("SC_CLK_TCK")
         return (int(fields[11]) + int(fields[12])) / tick
+
+
+_names = iter(range(1, 1 << 30))
+
+
+def fresh(prefix="t"):
+    """A stream/topic name no other test of this run uses: ``prefix``, the pid, a counter."""
+    return f"{prefix}{os.getpid()}x{next(_names)}"

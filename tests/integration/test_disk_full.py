@@ -273,7 +273,7 @@ def test_websocket_publish_below_the_disk_free_limit_gets_an_error_message_and_r
 
 
 def test_ream_publish_below_the_disk_free_limit_gets_event_non_published_and_resumes(disk):
-    sock = socket.create_connection(("127.0.0.1", disk.srv.ports["text"]), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", disk.srv.ports["ream"]), timeout=10)
     f = sock.makefile("rb")
     try:
         f.readline()                                          # the banner

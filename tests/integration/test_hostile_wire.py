@@ -132,7 +132,7 @@ def test_bson_pub_with_a_sessid_array_gets_a_response(srv):
 
 
 def test_ream_separator_line_gets_an_error_line(srv):
-    sock = socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", srv.ports["ream"]), timeout=10)
     f = sock.makefile("rb")
     try:
         f.readline()                               # banner
@@ -196,6 +196,6 @@ def test_refusals_are_counted_in_metrics(srv):
         if line.startswith("riverbed_rejected_total{"):
             labels, value = line.rsplit(" ", 1)
             counts[labels] = float(value)
-    for listener, reason in (("bson", "field"), ("ws", "encoding"), ("rabbitmq-stream", "field"), ("http", "encoding")):
+    for listener, reason in (("bson", "field"), ("ws", "encoding"), ("stream", "field"), ("http", "encoding")):
         key = f'riverbed_rejected_total{{listener="{listener}",reason="{reason}"}}'
         assert counts.get(key, 0) >= 1, (key, counts)

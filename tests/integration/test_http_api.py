@@ -326,7 +326,7 @@ def test_consumers_of_every_protocol(srv):
     ctx = zmq.Context()
     dealer = ctx.socket(zmq.DEALER)
     dealer.linger = 0
-    ream = socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)
+    ream = socket.create_connection(("127.0.0.1", srv.ports["ream"]), timeout=10)
     try:
         dealer.connect(f"tcp://127.0.0.1:{srv.ports['zmq']}")
         dealer.send_multipart([b"", b"SUB", b"ID", b"1", b"", name.encode()])

@@ -50,7 +50,7 @@ def stream_value(fams, name, stream):
     return fams[name][frozenset({("stream", stream)})]
 
 
-def listener_value(fams, name, listener="rabbitmq-stream"):
+def listener_value(fams, name, listener="stream"):
     return fams[name][frozenset({("listener", listener)})]
 
 
@@ -129,6 +129,6 @@ def test_healthz_and_readyz_of_a_running_server(server):
     assert status == 200 and ctype.startswith("application/json")
     body = json.loads(text)
     assert body["status"] == "ok" and body["writer"] == "running"
-    assert body["listeners"] == {"rabbitmq-stream": "accepting", "http": "accepting"}
+    assert body["listeners"] == {"stream": "accepting", "http": "accepting"}
     status, _, text = http_get(server, "/readyz")
     assert status == 200 and json.loads(text) == {"status": "ready"}

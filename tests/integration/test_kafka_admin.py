@@ -12,27 +12,9 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import ServerProcess  # noqa: E402
+from procs import ServerProcess, fresh  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
-
-_seq = iter(range(1, 1 << 30))
-
-
-def fresh(prefix="a"):
-    return f"{prefix}{os.getpid()}x{next(_seq)}"
-
-
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0").start()
-    yield s
-    assert s.stop() == 0, s.log()
-
-
-@pytest.fixture(scope="module")
-def bootstrap(srv):
-    return f"127.0.0.1:{srv.ports['kafka']}"
 
 
 def read_all(bootstrap, topic, partitions, expect, timeout=30):

@@ -12,30 +12,19 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import ServerProcess  # noqa: E402
+from procs import fresh  # noqa: E402
 
 from riverbed.shells.kafka import codec as C  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-_seq = iter(range(1, 1 << 30))
-
-
-def fresh(prefix="k"):
-    return f"{prefix}{os.getpid()}x{next(_seq)}"
+# conftest.kafka_server starts the other protocols too
+KAFKA_SERVER_ARGS = ("--ream-port", "0", "--ws-port", "0", "--bson-port", "0", "--zmq-port", "0")
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0", "--text-port", "0",
-                      "--ws-port", "0", "--bson-port", "0", "--zmq-port", "0").start()
-    yield s
-    assert s.stop() == 0, s.log()
-
-
-@pytest.fixture(scope="module")
-def bootstrap(srv):
-    return f"127.0.0.1:{srv.ports['kafka']}"
+def srv(kafka_server):
+    return kafka_server
 
 
 def create_topic(bootstrap, name, partitions):
@@ -203,7 +192,7 @@ def test_rstream_record_read_by_kafka_and_kafka_record_read_by_rstream(srv, boot
 def test_ream_json_event_read_by_kafka_and_kafka_json_read_by_ream(srv, bootstrap):
     from confluent_kafka import Producer
     topic = fresh("ream")
-    sock = socket.create_connection(("127.0.0.1", srv.ports["text"]), timeout=10)
+    sock = socket.create_connection(("127.0.0.1", srv.ports["ream"]), timeout=10)
     f = sock.makefile("rb")
     f.readline()                                          # the banner
     event = b'{"from":"ream","n":1}'

@@ -13,27 +13,14 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import ServerProcess  # noqa: E402
+from procs import fresh  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-_seq = iter(range(1, 1 << 30))
-
-
-def fresh(prefix="g"):
-    return f"{prefix}{os.getpid()}x{next(_seq)}"
-
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kafka") / "data", "--kafka-port", "0").start()
-    yield s
-    assert s.stop() == 0, s.log()
-
-
-@pytest.fixture(scope="module")
-def bootstrap(srv):
-    return f"127.0.0.1:{srv.ports['kafka']}"
+def srv(kafka_server):
+    return kafka_server
 
 
 def produce(bootstrap, topic, values, partitions=None, idempotent=False):

@@ -13,7 +13,6 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from procs import ServerProcess  # noqa: E402
 from test_kafka_groups import fresh, produce, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -21,18 +20,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::Depre
 SESSION_TIMEOUT_MS = 3000
 
 
-@pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    s = ServerProcess(tmp_path_factory.mktemp("kip848") / "data", "--kafka-port", "0",
-                      "--kafka-group-session-timeout-ms", str(SESSION_TIMEOUT_MS),
-                      "--kafka-group-heartbeat-interval-ms", "300").start()
-    yield s
-    assert s.stop() == 0, s.log()
+# conftest.kafka_server: short group timers
+KAFKA_SERVER_ARGS = ("--kafka-group-session-timeout-ms", str(SESSION_TIMEOUT_MS),
+                     "--kafka-group-heartbeat-interval-ms", "300")
 
 
 @pytest.fixture(scope="module")
-def bootstrap(srv):
-    return f"127.0.0.1:{srv.ports['kafka']}"
+def srv(kafka_server):
+    return kafka_server
 
 
 class Owners:

@@ -145,22 +145,22 @@ class Ream:
 
 
 def test_ream_declared_size_and_long_line(srv, flat_memory):
-    size_before = counted(srv, "text", "frame_size")
-    line_before = counted(srv, "text", "string_length")
-    bad = Ream(srv.ports["text"])
+    size_before = counted(srv, "ream", "frame_size")
+    line_before = counted(srv, "ream", "string_length")
+    bad = Ream(srv.ports["ream"])
     bad.sock.sendall(b"EVENT PUBLISH huge %d\n" % BIG)
     assert bad.line() == (f'EVENT NON PUBLISHED huge "Message too large: {BIG} bytes declared, '
                           f'the limit is {LIMIT}"')
     assert bad.closed_within(5)
-    bad = Ream(srv.ports["text"])
+    bad = Ream(srv.ports["ream"])
     bad.sock.sendall(b"PING " + b"x" * (64 << 10))       # no newline, past the 4 KiB line limit
     assert bad.line().startswith("ERROR ")
     assert bad.closed_within(5)
-    good = Ream(srv.ports["text"])
+    good = Ream(srv.ports["ream"])
     good.sock.sendall(b"PING\n")
     assert good.line() == "PONG"
-    assert counted(srv, "text", "frame_size") == size_before + 1
-    assert counted(srv, "text", "string_length") == line_before + 1
+    assert counted(srv, "ream", "frame_size") == size_before + 1
+    assert counted(srv, "ream", "string_length") == line_before + 1
 
 
 # --------------------------------------------------------------------------------------------- ZeroMQ

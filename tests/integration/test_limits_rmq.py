@@ -205,7 +205,7 @@ def test_decompression_bomb_is_refused_cheaply(server, good, code):
     confirmed, errors = c.publish_confirmed(7, [(100, b"after the bombs")])
     assert confirmed == {100} and not errors
     after = metrics(server)
-    refused = sum(rejected(after, "rabbitmq-stream", r) - rejected(before, "rabbitmq-stream", r)
+    refused = sum(rejected(after, "stream", r) - rejected(before, "stream", r)
                   for r in ("decompressed_size", "decompression_ratio", "entries"))
     assert refused == len(cases) * len(stalls)
     c.close()
@@ -232,8 +232,8 @@ def test_frame_over_max_frame_size_is_closed_and_counted(tmp_path):
         assert c.expect_close() == RC_FRAME_TOO_LARGE
         c.close()
         after = metrics(srv)
-        assert rejected(after, "rabbitmq-stream", "frame_size") == rejected(before, "rabbitmq-stream", "frame_size") + 1
-        assert rejected(after, "rabbitmq-stream", "entries") == rejected(before, "rabbitmq-stream", "entries") + 1
+        assert rejected(after, "stream", "frame_size") == rejected(before, "stream", "frame_size") + 1
+        assert rejected(after, "stream", "entries") == rejected(before, "stream", "entries") + 1
         assert "refused (entries)" in srv.log()
     finally:
         assert srv.stop() == 0, srv.log()

@@ -207,7 +207,7 @@ class Ream:
 
 def test_ream_subscriber_gets_the_records_after_a_deep_one(srv):
     stream = written(srv)
-    c = Ream(srv.ports["text"])
+    c = Ream(srv.ports["ream"])
     try:
         c.send(f"EVENT SUBSCRIBE {stream} 1\n".encode())
         assert c.line() == f"EVENT SUBSCRIBED {stream} 1 6"
@@ -322,7 +322,7 @@ def test_ws_rest_post_too_deep_is_refused_400(srv):
 
 def test_ream_publish_too_deep_is_refused_and_the_connection_goes_on(srv):
     stream = fresh("tdeep")
-    c = Ream(srv.ports["text"])
+    c = Ream(srv.ports["ream"])
     try:
         for depth in (65, DEEP):
             body = deep_json(depth)

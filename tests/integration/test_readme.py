@@ -36,7 +36,7 @@ MARK_RE = re.compile(r"<!--\s*test:\s*(\w+)\s*-->")
 FENCE_RE = re.compile(r"^(\s*)```(\w*)\s*$")
 # the README's default port -> the RIVERBED_* setting that moves it
 DEFAULT_PORTS = {5552: "stream_port", 5551: "stream_tls_port", 7451: "bson_port", 61616: "zmq_port",
-                 8890: "ws_port", 7461: "text_port", 15692: "http_port",
+                 8890: "ws_port", 7461: "ream_port", 15692: "http_port",
                  9092: "kafka_port"}
 BLOCK_TIMEOUT = 120
 PASSWORD_INPUT = "readme-secret\nreadme-secret\n"
@@ -173,10 +173,10 @@ def test_sh_block(block, kind, lang, code, lineno):
     script = substitute(code, block.ports)
     if SERVE_LINE_RE.search(script):
         script = SERVE_LINE_RE.sub(r"\1rb_serve", script)
-        if "--users" in script and "--text-user" not in script:
-            # the text port left at its default, as the reader's is: with a users file and no text user
+        if "--users" in script and "--ream-user" not in script:
+            # the REAM port left at its default, as the reader's is: with a users file and no REAM user
             # that listener stays off (a port set anywhere would be an error), so no default port is bound
-            del block.env["RIVERBED_TEXT_PORT"]
+            del block.env["RIVERBED_REAM_PORT"]
     else:
         block.start_server()
     run_checked(["bash", "-c", SH_PRELUDE + script], block, code, lineno, input=PASSWORD_INPUT)
@@ -227,7 +227,7 @@ def test_ream_transcript(block, kind, lang, code, lineno):
     expected = [ln[3:] for ln in code.splitlines() if ln.startswith("S: ")]
     assert sent and expected
     block.start_server()
-    with socket.create_connection(("127.0.0.1", block.ports["text_port"]), timeout=10) as sock:
+    with socket.create_connection(("127.0.0.1", block.ports["ream_port"]), timeout=10) as sock:
         assert _ream_lines(sock, 1) == ["REAM 1.0"]
         sock.sendall("".join(line + "\n" for line in sent).encode("utf-8"))
         got = _ream_lines(sock, len(expected))

@@ -113,7 +113,7 @@ def srv(tmp_path_factory):
 
 @pytest.fixture
 def c(srv):
-    cl = Ream(srv.ports["text"])
+    cl = Ream(srv.ports["ream"])
     yield cl
     cl.close()
 
@@ -131,7 +131,7 @@ def test_publish_subscribe_history_live_unsubscribe(srv, c):
     s = fresh("ev")
     c.send(b"".join(pub(s, {"i": i}) for i in range(10)))
     assert c.lines(10) == [f"EVENT PUBLISHED {s} {i}" for i in range(1, 11)]
-    sub = Ream(srv.ports["text"])
+    sub = Ream(srv.ports["ream"])
     sub.send(f"EVENT SUBSCRIBE {s} 4\n".encode())
     assert sub.msg() == (f"EVENT SUBSCRIBED {s} 4 10", None)
     for i in range(4, 11):
@@ -151,7 +151,7 @@ def test_unsubscribe_while_events_flow(srv, c):
     s = fresh("fl")
     c.send(b"".join(pub(s, {"i": i}) for i in range(2000)))
     c.lines(2000)
-    sub = Ream(srv.ports["text"])
+    sub = Ream(srv.ports["ream"])
     sub.send(f"EVENT SUBSCRIBE {s} 1\nEVENT UNSUBSCRIBE {s}\nPING\n".encode())
     msgs = []
     while True:
@@ -169,7 +169,7 @@ def test_unsubscribe_while_events_flow(srv, c):
 
 def test_subscribe_missing_stream_then_appears(srv, c):
     s = fresh("ap")
-    sub = Ream(srv.ports["text"])
+    sub = Ream(srv.ports["ream"])
     assert sub.request(f"EVENT SUBSCRIBE {s} 1\n".encode()) == (f"EVENT SUBSCRIBED {s} EMPTY", None)
     c.send(pub(s, {"first": 1}) + pub(s, {"second": 2}))
     c.lines(2)
@@ -233,7 +233,7 @@ def test_pipelining_and_size_mismatch(c):
 
 
 def test_oversize_and_bystander(srv, c):
-    bad = Ream(srv.ports["text"])
+    bad = Ream(srv.ports["ream"])
     t0 = time.monotonic()
     bad.send(b"EVENT PUBLISH huge 50000000\n")
     line = bad.msg()[0]
@@ -254,7 +254,7 @@ def test_oversize_and_bystander(srv, c):
     b"PROJECTION SELECT abc -1\n",
 ])
 def test_bad_input_one_error_line(srv, c, garbage):
-    bad = Ream(srv.ports["text"])
+    bad = Ream(srv.ports["ream"])
     bad.send(garbage)
     line = bad.msg()[0]
     assert line.startswith("ERROR ") or " NON " in line, line
@@ -264,7 +264,7 @@ def test_bad_input_one_error_line(srv, c, garbage):
 
 
 def test_binary_flood_closes_or_answers(srv, c):
-    bad = Ream(srv.ports["text"])
+    bad = Ream(srv.ports["ream"])
     rnd = random.Random(3)
     blob = bytes(rnd.randrange(256) for _ in range(200_000)).replace(b"\n", b"")
     try:
@@ -328,7 +328,7 @@ PRECEDENCE = [
 
 @pytest.fixture(scope="module")
 def people(srv):
-    cl = Ream(srv.ports["text"])
+    cl = Ream(srv.ports["ream"])
     name = fresh("pe")
     cl.send(f"PROJECTION CREATE {name} 10 +name +email *city position salary a b *c x y\n".encode())
     assert cl.msg()[0] == f"PROJECTION CREATED {name}"
@@ -408,7 +408,7 @@ def test_select_parse_errors(c, people, text, pos, words):
 def test_keepalive(tmp_path):
     s = ServerProcess(tmp_path / "data", "--text-port", "0", "--text-keepalive", "1").start()
     try:
-        good, silent = Ream(s.ports["text"]), Ream(s.ports["text"])
+        good, silent = Ream(s.ports["ream"]), Ream(s.ports["ream"])
         assert silent.msg()[0] == "PING"
         t0 = time.monotonic()
         pings = 0
@@ -440,7 +440,7 @@ def test_keepalive(tmp_path):
 def test_survives_restart(tmp_path, how):
     s = ServerProcess(tmp_path / "data", "--text-port", "0").start()
     try:
-        c = Ream(s.ports["text"])
+        c = Ream(s.ports["ream"])
         c.send(b"".join(pub("durable", {"i": i}) for i in range(100)))
         c.lines(100)
         c.send(sized("AGGREGATE SET carts 7", '{"items":3}') + b"PROJECTION CREATE people 2 +name *city\n"
@@ -452,7 +452,7 @@ def test_survives_restart(tmp_path, how):
         else:
             s.kill()
         s = ServerProcess(tmp_path / "data", "--text-port", "0").start()
-        c = Ream(s.ports["text"])
+        c = Ream(s.ports["ream"])
         c.send(b"EVENT SUBSCRIBE durable 100\n")
         assert c.msg()[0] == "EVENT SUBSCRIBED durable 100 100"
         assert c.msg() == ("EVENT durable 100 8", b'{"i":99}')
@@ -492,12 +492,12 @@ def test_users_file_needs_text_user(tmp_path):
     except RuntimeError:
         pass
     assert bad.proc.wait(20) != 0
-    assert "needs --text-user" in bad.log()
+    assert "needs --ream-user" in bad.log()
     # checked before anything was bound: no listener came up and went down again
     assert "listening" not in bad.log(), bad.log()
     s = ServerProcess(tmp_path / "d2", "--text-port", "0", "--users", str(users), "--text-user", "app").start()
     try:
-        c = Ream(s.ports["text"])
+        c = Ream(s.ports["ream"])
         assert c.request(pub("app_orders", {}))[0] == "EVENT PUBLISHED app_orders 1"
         assert c.request(pub("orders", {}))[0] == 'EVENT NON PUBLISHED orders "Access refused: write on orders"'
         c.close()
@@ -525,8 +525,8 @@ def test_the_readme_users_line_starts_a_server(tmp_path):
                 break
         log = "\n".join(lines)
         assert log.endswith(" ready"), log
-        assert "text listener off" in log and "--text-user" in log, log
-        assert "listening rabbitmq-stream" in log and "listening http" in log
+        assert "ream listener off" in log and "--ream-user" in log, log
+        assert "listening stream " in log and "listening http" in log
         assert "listening text" not in log
     finally:
         proc.terminate()
@@ -538,7 +538,7 @@ def test_two_listeners_on_one_port_fail_before_any_is_bound(tmp_path):
     with pytest.raises(RuntimeError):
         bad.start(timeout=20)
     assert bad.proc.wait(20) == 2
-    assert "--stream-port and --text-port both name port 23457" in bad.log()
+    assert "--stream-port and --ream-port both name port 23457" in bad.log()
     assert "listening" not in bad.log()
 
 
@@ -550,7 +550,7 @@ def test_event_read_by_rstream_and_rstream_publish_delivered_here(srv, c):
     from riverbed.engine.record import decode_record
     s = fresh("rs")
     assert c.request(pub(s, {"from": "ream"}))[0] == f"EVENT PUBLISHED {s} 1"
-    sub = Ream(srv.ports["text"])
+    sub = Ream(srv.ports["ream"])
     assert sub.request(f"EVENT SUBSCRIBE {s} 1\n".encode())[0] == f"EVENT SUBSCRIBED {s} 1 1"
     assert sub.msg() == (f"EVENT {s} 1 15", b'{"from":"ream"}')
 
@@ -620,7 +620,7 @@ def test_mewbase_publish_delivered_as_extended_json(srv, c):
 def test_max_payload_option(tmp_path):
     s = ServerProcess(tmp_path / "data", "--text-port", "0", "--text-max-payload", "64").start()
     try:
-        c = Ream(s.ports["text"])
+        c = Ream(s.ports["ream"])
         assert c.request(pub("small", {"a": 1}))[0] == "EVENT PUBLISHED small 1"
         big = pub("small", {"a": "x" * 100})
         assert c.request(big)[0] == ('EVENT NON PUBLISHED small "Message too large: 108 bytes declared, the limit '

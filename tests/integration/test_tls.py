@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 
 STREAMR_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js", "streamr_scenarios.js")
 CREDS = dict(username="guest", password="guest")
-TLS_PORTS = ("rabbitmq-stream-tls", "bson", "text", "ws", "http")
+TLS_PORTS = ("stream-tls", "bson", "ream", "ws", "http")
 
 
 def run(coro, timeout=60):
@@ -218,15 +218,15 @@ async def consume_rstream(port, stream, n, ctx):
 # ------------------------------------------------------------------------------------ RabbitMQ Stream
 
 def test_stream_tls_listener_beside_plain_one(server):
-    assert server.ports["rabbitmq-stream-tls"] > 0
-    assert server.ports["rabbitmq-stream-tls"] != server.port
-    assert "listening rabbitmq-stream-tls 127.0.0.1:" in server.log()
+    assert server.ports["stream-tls"] > 0
+    assert server.ports["stream-tls"] != server.port
+    assert "listening stream-tls 127.0.0.1:" in server.log()
     from riverbed.shells import config
     assert config.BY_NAME["stream_tls_port"].default == 5551
 
 
 def test_rstream_publish_and_consume_over_tls(server, pki):
-    port = server.ports["rabbitmq-stream-tls"]
+    port = server.ports["stream-tls"]
     bodies = [b"tls-%04d" % i for i in range(300)]
     confirmed, advertised, leader_port = run(publish_rstream(port, "tls-rstream", bodies, pki.client_context()))
     assert confirmed == len(bodies)
@@ -238,7 +238,7 @@ def test_rstream_publish_and_consume_over_tls(server, pki):
 
 def test_rstream_load_balancer_mode_over_tls(server, pki):
     # behind a load balancer rstream reconnects until the advertised address is the one it wants
-    port = server.ports["rabbitmq-stream-tls"]
+    port = server.ports["stream-tls"]
 
     async def scenario():
         async with Producer("127.0.0.1", port, ssl_context=pki.client_context(), load_balancer_mode=True,
@@ -253,7 +253,7 @@ def test_plain_stream_port_stays_plain_and_advertises_itself(server, pki):
     confirmed, advertised, leader_port = run(publish_rstream(server.port, "tls-plain", [b"a", b"b"], None))
     assert (confirmed, advertised, leader_port) == (2, server.port, server.port)
     # one log: what went in through the plain port comes out through the TLS port
-    assert run(consume_rstream(server.ports["rabbitmq-stream-tls"], "tls-plain", 2, pki.client_context())) \
+    assert run(consume_rstream(server.ports["stream-tls"], "tls-plain", 2, pki.client_context())) \
         == [b"a", b"b"]
 
 
@@ -280,7 +280,7 @@ def test_single_active_consumer_group_spans_both_ports(server, pki):
                 b_done.set()
 
         a = Consumer("127.0.0.1", server.port, **CREDS)
-        b = Consumer("127.0.0.1", server.ports["rabbitmq-stream-tls"], ssl_context=pki.client_context(), **CREDS)
+        b = Consumer("127.0.0.1", server.ports["stream-tls"], ssl_context=pki.client_context(), **CREDS)
         await a.start()
         await b.start()
         try:
@@ -300,7 +300,7 @@ def test_rstream_plaintext_client_on_tls_port_fails(server):
     # the server closes the connection at once (see the raw test below); rstream 1.1.1 does not notice a
     # close while it waits for PeerPropertiesResponse, so it fails with its own 10 s request timeout
     async def attempt():
-        async with Producer("127.0.0.1", server.ports["rabbitmq-stream-tls"], **CREDS):
+        async with Producer("127.0.0.1", server.ports["stream-tls"], **CREDS):
             pass
     started = time.monotonic()
     with pytest.raises(Exception):
@@ -310,7 +310,7 @@ def test_rstream_plaintext_client_on_tls_port_fails(server):
 
 def test_connections_api_over_https_shows_tls_connection(server, pki):
     async def scenario():
-        async with Producer("127.0.0.1", server.ports["rabbitmq-stream-tls"], ssl_context=pki.client_context(),
+        async with Producer("127.0.0.1", server.ports["stream-tls"], ssl_context=pki.client_context(),
                             connection_name="tls-conn", **CREDS) as p:
             await p.create_stream("tls-conn-stream", exists_ok=True)
             await p.send_wait("tls-conn-stream", b"x")     # rstream connects its producer on first send
@@ -319,7 +319,7 @@ def test_connections_api_over_https_shows_tls_connection(server, pki):
     assert status == 200
     by_name = {c["name"]: c for c in json.loads(body)}
     assert "tls-conn" in by_name, by_name
-    assert by_name["tls-conn"]["ssl"] is True and by_name["tls-conn"]["port"] == server.ports["rabbitmq-stream-tls"]
+    assert by_name["tls-conn"]["ssl"] is True and by_name["tls-conn"]["port"] == server.ports["stream-tls"]
 
 
 # ------------------------------------------------------------------------------------ the one-port shells
@@ -356,7 +356,7 @@ def test_bson_over_tls(server, pki):
 
 
 def test_ream_over_tls(server, pki):
-    with tls_socket(server.ports["text"], pki.client_context()) as s:
+    with tls_socket(server.ports["ream"], pki.client_context()) as s:
         assert ream_lines(s, 1) == ["REAM 1.0"]
         payload = b'{"k":"tls"}'
         s.sendall(b"EVENT PUBLISH tlsream %d\n%s\n" % (len(payload), payload))
@@ -385,7 +385,7 @@ def test_streamr_client_over_wss(server, pki, node_modules):
     port = server.ports["ws"]
 
     async def seed():
-        async with Producer("127.0.0.1", server.ports["rabbitmq-stream-tls"], ssl_context=pki.client_context(),
+        async with Producer("127.0.0.1", server.ports["stream-tls"], ssl_context=pki.client_context(),
                             **CREDS) as p:
             await p.create_stream("tls-wss", exists_ok=True)
         with tls_socket(server.ports["bson"], pki.client_context()) as s:
@@ -420,9 +420,9 @@ def test_streamr_client_without_trust_fails(server, node_modules):
 # ------------------------------------------------------------------------------------ plaintext refused
 
 PLAINTEXT_HELLO = {
-    "rabbitmq-stream-tls": b"\x00\x00\x00\x0c\x00\x11\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00",
+    "stream-tls": b"\x00\x00\x00\x0c\x00\x11\x00\x01\x00\x00\x00\x01\x00\x00\x00\x00",
     "bson": bson.encode({"type": "CONNECT", "frame": {"version": "0.1"}}),
-    "text": b"PING\n",
+    "ream": b"PING\n",
     "ws": b"GET /api/v1/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
           b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
     "http": b"GET /api/connections HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
@@ -462,11 +462,11 @@ def wait_for_log(srv, text, timeout=5.0):
 def test_plain_banner_protocol_gets_nothing_before_tls(server, pki):
     # REAM greets first in plaintext; on a TLS port nothing readable may reach a plaintext client, and a
     # client stuck before its handshake delays nobody else
-    with socket.create_connection(("127.0.0.1", server.ports["text"]), timeout=10) as plain:
+    with socket.create_connection(("127.0.0.1", server.ports["ream"]), timeout=10) as plain:
         plain.settimeout(1.0)
         with pytest.raises(socket.timeout):
             plain.recv(100)
-        with tls_socket(server.ports["text"], pki.client_context()) as s:
+        with tls_socket(server.ports["ream"], pki.client_context()) as s:
             assert ream_lines(s, 1) == ["REAM 1.0"]
 
 
@@ -493,7 +493,7 @@ def refused(port, ctx, hello):
         return True
 
 
-@pytest.mark.parametrize("listener", ["rabbitmq-stream-tls", "bson", "http"])
+@pytest.mark.parametrize("listener", ["stream-tls", "bson", "http"])
 def test_client_certificate_required_with_tls_ca(mtls_server, pki, listener):
     port = mtls_server.ports[listener]
     hello = PLAINTEXT_HELLO[listener]
@@ -509,7 +509,7 @@ def test_client_certificate_required_with_tls_ca(mtls_server, pki, listener):
 
 
 def test_rstream_with_client_certificate(mtls_server, pki):
-    port = mtls_server.ports["rabbitmq-stream-tls"]
+    port = mtls_server.ports["stream-tls"]
     confirmed, advertised, _ = run(publish_rstream(port, "mtls", [b"x"], pki.client_context(cert=True)))
     assert (confirmed, advertised) == (1, port)
     assert run(consume_rstream(port, "mtls", 1, pki.client_context(cert=True))) == [b"x"]
@@ -521,7 +521,7 @@ def test_rstream_without_client_certificate_refused(mtls_server, pki):
     # request timeout
     started = time.monotonic()
     with pytest.raises(Exception):
-        run(publish_rstream(mtls_server.ports["rabbitmq-stream-tls"], "mtls-no", [b"x"], pki.client_context()),
+        run(publish_rstream(mtls_server.ports["stream-tls"], "mtls-no", [b"x"], pki.client_context()),
             timeout=60)
     assert time.monotonic() - started < 30
 
@@ -571,7 +571,7 @@ def test_admin_cli_over_tls_with_tls_ca(server, pki):
     """``riverbed streams ... --uri rabbitmq-stream+tls://... --tls-ca ca.pem``: the TLS stream port, and
     the HTTPS JSON API the server names in PeerProperties, both checked against the given CA (no
     SSL_CERT_FILE); without the CA the certificate is refused with one line, exit 3."""
-    port = server.ports["rabbitmq-stream-tls"]
+    port = server.ports["stream-tls"]
     env = {k: v for k, v in os.environ.items() if k not in ("SSL_CERT_FILE", "RIVERBED_TLS_CA")}
 
     def cli(*args, input=None):

@@ -82,7 +82,7 @@ def test_healthy_and_ready_server_lists_every_listener(tmp_path):
         assert status == 200, body
         disk = body.pop("disk")
         assert body == {"status": "ok", "reasons": [], "writer": "running",
-                        "listeners": {"rabbitmq-stream": "accepting", "zmq": "accepting", "ws": "accepting",
+                        "listeners": {"stream": "accepting", "zmq": "accepting", "ws": "accepting",
                                       "http": "accepting"}}
         assert disk["alarm"] is False and disk["free_limit_bytes"] == 50 << 20 and disk["max_disk_bytes"] is None
         assert disk["free_bytes"] > disk["free_limit_bytes"] and disk["data_bytes"] > 0
@@ -105,7 +105,7 @@ def test_healthz_503_when_the_writer_thread_dies(tmp_path):
             assert status == 503, body
             assert body["status"] == "failing" and body["writer"] == "stopped"
             assert any("writer thread has stopped" in r for r in body["reasons"]), body
-            assert body["listeners"] == {"rabbitmq-stream": "accepting", "http": "accepting"}
+            assert body["listeners"] == {"stream": "accepting", "http": "accepting"}
             # the metrics say it too, and still answer (they need no writer)
             status, _, text = await get(broker, "/metrics")
             assert status == 200
@@ -125,17 +125,17 @@ def test_healthz_503_names_each_listener_that_stopped_accepting(tmp_path):
             assert status == 503, body
             assert body["listeners"]["zmq"] == "closed" and body["listeners"]["ws"] == "accepting"
             assert body["reasons"] == ["listener zmq is not accepting connections"]
-            servers["rabbitmq-stream"].stop_accepting()
+            servers["stream"].stop_accepting()
             servers["ws"].stop_accepting()
             status, body = await get_json(broker, "/healthz")
             assert status == 503
             assert sorted(body["reasons"]) == sorted(f"listener {n} is not accepting connections"
-                                                     for n in ("rabbitmq-stream", "ws", "zmq"))
+                                                     for n in ("stream", "ws", "zmq"))
             assert body["writer"] == "running"
             status, _, text = await get(broker, "/metrics")
             up = {s.labels["listener"]: s.value for f in text_string_to_metric_families(text)
                   if f.name == "riverbed_listener_up" for s in f.samples}
-            assert up == {"rabbitmq-stream": 0, "zmq": 0, "ws": 0, "http": 1}
+            assert up == {"stream": 0, "zmq": 0, "ws": 0, "http": 1}
     run(main())
 
 

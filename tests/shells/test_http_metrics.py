@@ -176,7 +176,7 @@ def test_histogram_buckets_hold_their_upper_bound():
 
 
 def test_listener_families_count_connections_and_reads(tmp_path):
-    ws, z, r = (("listener", "ws"),), (("listener", "zmq"),), (("listener", "rabbitmq-stream"),)
+    ws, z, r = (("listener", "ws"),), (("listener", "zmq"),), (("listener", "stream"),)
 
     def value(key, family="riverbed_listener_reads"):
         return lambda fams: fams[family].get(key, 0)
@@ -207,7 +207,7 @@ def test_listener_families_count_connections_and_reads(tmp_path):
             finally:
                 ctx.term()
 
-            reader, writer = await asyncio.open_connection("127.0.0.1", servers["rabbitmq-stream"].port)
+            reader, writer = await asyncio.open_connection("127.0.0.1", servers["stream"].port)
             writer.write(b"\x00\x00\x00")        # the start of a frame: the session waits for the rest
             await writer.drain()
             fams = await until(broker, value(r, "riverbed_listener_received_bytes"), 3)
@@ -217,16 +217,16 @@ def test_listener_families_count_connections_and_reads(tmp_path):
             after = await until(broker, value(r, "riverbed_listener_connections_open"), 0)
             assert after["riverbed_listener_connections_accepted"][r] == 1
             assert set(dict(k)["listener"] for k in after["riverbed_listener_up"]) == \
-                {"rabbitmq-stream", "ws", "zmq", "http"}
+                {"stream", "ws", "zmq", "http"}
     run(main())
 
 
 def test_errors_by_kind_are_labelled(tmp_path):
     async def main():
         async with running(tmp_path, stream_port="0") as broker:
-            st = broker.stats.listener("rabbitmq-stream")
+            st = broker.stats.listener("stream")
             # a reset connection: the peer aborts with SO_LINGER 0, so the server's read fails
-            sock = socket.create_connection(("127.0.0.1", dict(broker.listeners)["rabbitmq-stream"].port))
+            sock = socket.create_connection(("127.0.0.1", dict(broker.listeners)["stream"].port))
             await asyncio.sleep(0.1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
@@ -236,7 +236,7 @@ def test_errors_by_kind_are_labelled(tmp_path):
                 await asyncio.sleep(0.02)
             fams = await scrape(broker)
             errors = fams["riverbed_listener_errors"]
-            assert errors[(("kind", "transport"), ("listener", "rabbitmq-stream"))] == 1
+            assert errors[(("kind", "transport"), ("listener", "stream"))] == 1
     run(main())
 
 

@@ -396,3 +396,28 @@ def test_a_bug_in_a_handler_costs_that_connection_only(h, monkeypatch):
     assert a.io.closed or getattr(a.io, "aborted", False)
     assert a.s not in h.broker.sessions
     assert b.call(C.API_METADATA, 1, {"topics": None})["brokers"]
+
+
+def test_a_batch_of_more_records_than_a_chunk_header_counts_is_stored_whole_and_idempotently(h):
+    # one partition's batches become one chunk; over 65535 records (a header's u16) and over the stream's
+    # records per chunk, the engine cuts it, and an idempotent producer's sequences follow every record
+    c = h.connect()
+    create(c, "t", 1)
+    n = 70_000
+    records = [(1_700_000_000_000, None, b"%d" % i, []) for i in range(n)]
+    batch = C.encode_batch(0, records, producer_id=3, producer_epoch=0, base_sequence=0)
+    part = c.call(C.API_PRODUCE, 9, produce_body("t", 0, batch))["responses"][0]["partition_responses"][0]
+    assert (part["error_code"], part["base_offset"]) == (0, 0)
+    retry = c.call(C.API_PRODUCE, 9, produce_body("t", 0, batch))["responses"][0]["partition_responses"][0]
+    assert (retry["error_code"], retry["base_offset"]) == (0, 0)          # a retry: stored once
+    seen = []
+    offset = 0
+    while offset < n:
+        body = fetch_body("t", 0, offset)
+        body["max_bytes"] = body["topics"][0]["partitions"][0]["partition_max_bytes"] = 8 << 20
+        p = c.call(C.API_FETCH, 12, body)["responses"][0]["partitions"][0]
+        assert p["error_code"] == 0 and p["high_watermark"] == n
+        for b in C.decode_batches(p["records"], 1 << 26):
+            seen += [(b.base_offset + i, r[2]) for i, r in enumerate(b.records)]
+        offset = seen[-1][0] + 1
+    assert seen == [(i, b"%d" % i) for i in range(n)]

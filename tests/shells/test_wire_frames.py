@@ -5,7 +5,9 @@ Every test takes the ``wire_twin`` fixture and so runs against both implementati
 pure ``_pywire``), except the differential tests, which feed the same input to both and compare.
 """
 
+import os
 import struct
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +17,9 @@ from riverbed.engine import _pycore, core
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.shells import _pywire, wire
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import twins  # noqa: E402
+
 # The wire_twin fixture is function-scoped but stateless (it returns a module), so sharing it across the
 # examples of one hypothesis test is safe.
 PROPERTY = settings(max_examples=60, deadline=None,
@@ -22,7 +27,7 @@ PROPERTY = settings(max_examples=60, deadline=None,
                                            HealthCheck.data_too_large])
 needs_compiled = pytest.mark.skipif(wire.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
 
-PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub"]
+PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub", "kafka_stored", "kafka_batch"]
 
 
 def test_wire_twin_fixture_yields_the_named_implementation(wire_twin):
@@ -49,27 +54,15 @@ def test_the_protocol_parsers_left_the_engine():
             assert not hasattr(impl, name), (impl, name)
 
 
-def _outcome(fn, *args):
-    try:
-        return ("ok", fn(*args))
-    except Exception as exc:  # the exception type and message are part of the contract
-        return ("error", type(exc), str(exc))
-
-
 def _both(name, *args):
     from riverbed.shells import _wire
-    compiled = _outcome(getattr(_wire, name), *args)
-    python = _outcome(getattr(_pywire, name), *args)
-    assert compiled == python, name
-    return python
+    return twins.both(_wire, _pywire, name, *args)
 
 
 @needs_compiled
 def test_both_twins_have_the_same_public_names():
     from riverbed.shells import _wire
-    for name in PUBLIC:
-        assert hasattr(_wire, name) and hasattr(_pywire, name), name
-    assert _wire.COMPILED is True and _pywire.COMPILED is False
+    twins.check_public_names(_wire, _pywire, PUBLIC)
 
 
 def _feed(split, stream, cuts, max_size):

@@ -165,6 +165,7 @@ function update(snap) {
   renderCards(snap, lagOf);
   renderStreams(snap.streams);
   renderConsumers(snap.consumers);
+  renderCluster(snap.cluster);
   drawChart("chart-rate", "legend-rate", "rate", busiest("rate", names));
   drawChart("chart-lag", "legend-lag", "lag", busiest("lag", names));
   const picked = snap.streams.find(s => s.name === state.selected);
@@ -225,6 +226,47 @@ function renderConsumers(consumers) {
       el("td", {class: "num"}, c.credits === null ? "-" : fmtNum(c.credits))));
   }
   document.getElementById("no-consumers").hidden = consumers.length > 0;
+}
+
+// A cluster node's view: nodes up/down with their addresses, each stream's leader and its members'
+// lag (records behind the leader's log). Hidden on a node that runs alone (no `cluster` in the snapshot).
+function renderCluster(cluster) {
+  const panel = document.getElementById("cluster-panel");
+  panel.hidden = !cluster;
+  if (!cluster) return;
+  document.getElementById("cluster-name").textContent = cluster.cluster;
+  document.getElementById("cluster-self").textContent = cluster.self;
+  const nodes = document.querySelector("#nodes tbody");
+  nodes.replaceChildren();
+  for (const n of cluster.nodes) {
+    nodes.append(el("tr", {"data-node": n.name, class: n.up ? "up" : "down"},
+      el("td", {class: "name"}, n.name),
+      el("td", {class: "state"}, el("span", {class: `node-state ${n.up ? "up" : "down"}`}, n.up ? "up" : "down")),
+      el("td", {}, n.advertised_host || "-"),
+      el("td", {class: "num"}, n.stream_port ?? "-"),
+      el("td", {class: "num"}, n.http_port ?? "-"),
+      el("td", {class: "num"}, n.replication_port ?? "-"),
+      el("td", {class: "leads"}, n.leads.join(", ") || "-")));
+  }
+  const forwarded = cluster.forwarded || {};
+  const rows = document.querySelector("#placement tbody");
+  rows.replaceChildren();
+  for (const s of cluster.streams) {
+    const members = el("td", {class: "members"});
+    for (const m of s.members) {
+      const lag = m.lag === null ? "-" : fmtNum(m.lag);
+      const role = m.node === s.leader ? "leader" : "replica";
+      members.append(el("span", {class: `member ${role}`, "data-node": m.node, "data-lag": m.lag ?? ""},
+        m.node, el("b", {}, m.node === s.leader ? "leader" : lag)));
+    }
+    rows.append(el("tr", {"data-stream": s.name},
+      el("td", {class: "name"}, s.name),
+      el("td", {class: "num"}, fmtNum(s.epoch)),
+      el("td", {class: "leader"}, s.leader || "(electing)"),
+      members,
+      el("td", {class: "num forwarded"}, s.name in forwarded ? fmtNum(forwarded[s.name]) : "-")));
+  }
+  document.getElementById("no-placement").hidden = cluster.streams.length > 0;
 }
 
 // ---------------------------------------------------------------------------------------- records

@@ -1,0 +1,98 @@
+"""Kafka workloads of ``bench.compare``, against Riverbed's Kafka shell: confluent-kafka (librdkafka).
+
+librdkafka is a native client: it batches, compresses (not here) and parses on its own threads, so these
+rows measure the broker rather than the client, and they run on the very log the RabbitMQ Stream rows
+use. Only Riverbed runs them (RabbitMQ does not speak Kafka); Redis and NATS show their publish and
+consume rows beside them (``bench._workloads.PEER_MAP``), and the report sets their server CPU per record
+beside the RabbitMQ Stream shell's on the same server (``SAME_LOG``).
+
+Run by ``bench._client`` (same READY/GO handshake, CPU snapshots and RESULT line as every workload); the
+topic is ``--stream`` with one partition (so it is that stream), created untimed and deleted at the end.
+
+- ``kafka-produce``: one Producer, ``acks=all``, idempotent (the engine's publisher sequences), no key,
+  ``--size``-byte values, ``linger.ms`` 5; the timed window runs from the first ``produce`` to the end of
+  ``flush`` (every record acknowledged).
+- ``kafka-consume``: the topic filled first (untimed, the same producer), then one Consumer assigned the
+  partition from offset 0 reads until it has every record.
+"""
+
+import time
+
+WORKLOADS = ("kafka-produce", "kafka-consume")
+LINGER_MS = 5
+MAX_BATCH_BYTES = 1 << 20
+CONSUME_BATCH = 10_000
+
+
+def _producer(a):
+    from confluent_kafka import Producer
+    return Producer({"bootstrap.servers": f"{a.host}:{a.port}", "acks": "all", "enable.idempotence": True,
+                     "linger.ms": LINGER_MS, "batch.size": MAX_BATCH_BYTES,
+                     "queue.buffering.max.messages": 1_000_000, "queue.buffering.max.kbytes": 1 << 20})
+
+
+def _produce(p, topic, n, value):
+    produce, poll = p.produce, p.poll
+    for _ in range(n):
+        try:
+            produce(topic, value)
+        except BufferError:          # the client's queue is full: let it send, then go on
+            poll(0.005)
+            produce(topic, value)
+    left = p.flush(600)
+    if left:
+        raise RuntimeError(f"{left} records not acknowledged")
+
+
+def _admin(a):
+    from confluent_kafka.admin import AdminClient
+    return AdminClient({"bootstrap.servers": f"{a.host}:{a.port}"})
+
+
+async def run(runner):
+    """Run ``runner.a.workload`` (kafka-produce or kafka-consume) against the Kafka listener at
+    ``--host``/``--port``; the topic is ``--stream``, one partition, deleted at the end."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import NewTopic
+    a = runner.a
+    topic = a.stream
+    admin = _admin(a)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(60)
+    p = _producer(a)
+    try:
+        # one untimed record: metadata, the connection and InitProducerId are behind us before GO
+        _produce(p, topic, 1, runner.body)
+        if a.workload == "kafka-produce":
+            runner.wait_go()
+            runner.start()
+            _produce(p, topic, a.n, runner.body)
+            runner.stop()
+        elif a.workload == "kafka-consume":
+            _produce(p, topic, a.n - 1, runner.body)
+            c = Consumer({"bootstrap.servers": f"{a.host}:{a.port}", "group.id": f"bench-{topic}",
+                          "enable.auto.commit": False, "fetch.max.bytes": 64 << 20,
+                          "max.partition.fetch.bytes": 16 << 20, "fetch.wait.max.ms": 100})
+            try:
+                runner.wait_go()
+                runner.start()
+                c.assign([TopicPartition(topic, 0, 0)])
+                got = nbytes = 0
+                deadline = time.monotonic() + 600
+                while got < a.n:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"consumed {got} of {a.n} records")
+                    for m in c.consume(CONSUME_BATCH, 1.0):
+                        if m.error() is None:
+                            got += 1
+                            nbytes += len(m.value())
+                runner.stop()
+                runner.result["received"] = got
+                runner.result["received_bytes"] = nbytes
+            finally:
+                c.close()
+        else:
+            raise ValueError(f"not a Kafka workload: {a.workload}")
+    finally:
+        del p
+        if not a.keep_stream:
+            admin.delete_topics([topic])[topic].result(60)

@@ -44,6 +44,9 @@ class OneMember:
     def hold(self, stream, cb):
         return cb
 
+    def hold_create(self, names, cb):
+        return cb
+
 
 def node(tmp_path, name):
     loop = asyncio.get_running_loop()

@@ -117,6 +117,9 @@ class Broker:
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
         self.disk = None           # the DiskMonitor (disk.py) whose alarm refuses publishes; None: no alarm
         self.cluster = None        # the ClusterNode (shells/cluster) with --etcd: confirms wait for a majority
+        # with --etcd, the DocLog (shells/cluster/docs.py): transactions and document writes go through
+        # the replicated changelog; None on a lone node (transact goes straight to the engine)
+        self.transactions = None
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -777,7 +780,14 @@ class Broker:
         what it raised. An error known at once (a closed engine: RiverbedError) goes to ``cb`` too.
 
         ``stage`` may run more than once (a retried transaction when the map grows) and on another
-        thread: it must touch nothing but ``ctx`` and the document store's ``stage_*`` functions."""
+        thread: it must touch nothing but ``ctx`` and the document store's ``stage_*`` functions.
+
+        On a cluster (shells/cluster/docs.py) a transaction of documents is acknowledged once its
+        changelog record is committed and applied here; one of events once a majority of each stream's
+        members holds them, and only on a node that leads every stream it appends to (else NotLeader)."""
+        if self.transactions is not None:
+            self.transactions.transact(stage, cb)
+            return
         self._call(lambda: self.engine.transact(stage), cb)
 
     # ---------------------------------------------------------------------- monitoring (read only)

@@ -451,11 +451,20 @@ class Broker:
         self._call(lambda: self.engine.forget_super_stream(name), self._super_changed(name, lambda res, exc: cb(exc)))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
-        """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
-        if self.cluster is not None:
-            cb = self.cluster.hold_create(list(partitions), cb)
-        self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
-                   self._super_changed(name, lambda res, exc: cb(exc), created=True))
+        """Create the partitions and the definition in one engine transaction; ``cb(exc)``. In a cluster,
+        StreamExists also when etcd holds a definition of ``name`` this node has not applied yet."""
+        cluster = self.cluster
+        if cluster is not None:
+            cb = cluster.hold_create(list(partitions), cb)
+
+        def create():
+            self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
+                       self._super_changed(name, lambda res, exc: cb(exc), created=True))
+        if cluster is None or self.engine.super_stream(name) is not None:
+            create()
+            return
+        cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
+            f"super stream {name!r} already exists on the cluster")) if defined else create())
 
     def delete_super_stream(self, name, cb):
         """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the

@@ -79,6 +79,21 @@ class SuperStreams:
             return True
         return await self.node.etcd.replace(self._key(name), kv.mod_revision, value)
 
+    def lookup(self, name, cb):
+        """``cb(defined)`` on the loop: whether etcd holds a live definition of super stream ``name`` (a
+        creation here must not shadow one another node made since this node's last poll). False when
+        etcd does not answer: the creation goes on, and the poll reconciles once etcd is back."""
+        async def ask():
+            try:
+                kv = await self.node.etcd.get(self._key(name))
+                held = kv.json() if kv is not None else {}
+                defined = isinstance(held, dict) and not held.get("deleted") and held.get("definition") is not None
+            except (EtcdError, ValueError) as e:
+                log.warning("cluster: cannot ask etcd about super stream %s: %s", name, e)
+                defined = False
+            cb(defined)
+        asyncio.get_running_loop().create_task(ask())
+
     # ------------------------------------------------------------------------------------ poll
 
     async def refresh(self):

@@ -19,7 +19,7 @@ from test_replication import wait_placed  # noqa: E402
 
 from riverbed.shells.kafka import codec as C  # noqa: E402
 from riverbed.shells.kafka.shell import partition_name  # noqa: E402
-from riverbed.shells.rmq_stream.constants import RC_STREAM_DOES_NOT_EXIST  # noqa: E402
+from riverbed.shells.rmq_stream.constants import RC_STREAM_ALREADY_EXISTS, RC_STREAM_DOES_NOT_EXIST  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -79,6 +79,11 @@ def test_rmq_super_stream_made_on_one_node_routes_the_same_on_every_node(cluster
     c = client(ports["n1"])
     body = rawwire.s("inv") + strings(["inv-a", "inv-b", "inv-c"]) + strings(["a", "b", "c"]) + struct.pack(">i", 0)
     assert c.request(CMD_CREATE_SUPER, body)[0] == rawwire.OK
+    c.close()
+    # the same name with other partitions through n2 at once (before n2's next poll): etcd says it exists
+    c = client(ports["n2"])
+    other = rawwire.s("inv") + strings(["inv-x"]) + strings(["x"]) + struct.pack(">i", 0)
+    assert c.request(CMD_CREATE_SUPER, other)[0] == RC_STREAM_ALREADY_EXISTS
     c.close()
     expected = (["inv-a", "inv-b", "inv-c"], {"a": ["inv-a"], "b": ["inv-b"], "c": ["inv-c"], "zz": []})
     for n in names:

@@ -15,6 +15,7 @@ from clusterproc import Cluster
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "integration"))
 from test_kafka_clients import raw_call  # noqa: E402
+from test_kafka_cluster import http  # noqa: E402
 from test_replication import wait_placed  # noqa: E402
 
 from riverbed.shells.kafka import codec as C  # noqa: E402
@@ -88,6 +89,12 @@ def test_rmq_super_stream_made_on_one_node_routes_the_same_on_every_node(cluster
     expected = (["inv-a", "inv-b", "inv-c"], {"a": ["inv-a"], "b": ["inv-b"], "c": ["inv-c"], "zz": []})
     for n in names:
         wait_for(lambda n=n: answers(ports[n], "inv", ["a", "b", "c", "zz"]) == expected, what=f"inv on {n}")
+
+    # through n3's management API: n1 answers for it
+    http_port = cluster3.nodes["n3"].ports["http"]
+    assert http(http_port, "PUT", "/api/stream/super-streams/%2F/mg", {"partitions": 2}) in (201, 204)
+    wait_for(lambda: answers(ports["n1"], "mg", ["0", "1"]) == (["mg-0", "mg-1"], {"0": ["mg-0"], "1": ["mg-1"]}),
+             what="mg on n1")
 
     # deleted through n3 while n2 is down: gone on every node, its partitions too; n2, back, forgets its
     # copy (the tombstone) instead of bringing it back to the others

@@ -127,6 +127,11 @@ async def run_server(cfg, stop=None, started=None):
             from riverbed.shells.cluster.node import ClusterNode
             cluster = ClusterNode(broker, cfg)
             await cluster.start()
+            # documents and transactions through the replicated changelog (before the listeners: the
+            # shells take broker.docs when they start)
+            from riverbed.shells.cluster.docs import DocLog
+            doclog = DocLog(broker, cluster)
+            doclog.start()
         for key, name, module in enabled:
             server = await _start_listener(name, module, broker, cfg, cfg[key])
             listeners.append(server)
@@ -160,6 +165,8 @@ async def run_server(cfg, stop=None, started=None):
                 log.exception("error while stopping a listener")
         if cluster is not None:
             # after the listeners: their last publishes may still wait for a majority
+            if broker.transactions is not None:
+                await broker.transactions.stop()
             await cluster.stop()
         broker.disk.stop()
         broker.close()

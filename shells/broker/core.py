@@ -117,6 +117,9 @@ class Broker:
         self.ready = False         # `riverbed serve` has started every listener and is not stopping (/readyz)
         self.disk = None           # the DiskMonitor (disk.py) whose alarm refuses publishes; None: no alarm
         self.cluster = None        # the ClusterNode (shells/cluster) with --etcd: confirms wait for a majority
+        # with --etcd, the DocLog (shells/cluster/docs.py): transactions and document writes go through
+        # the replicated changelog; None on a lone node (transact goes straight to the engine)
+        self.transactions = None
         engine.add_delete_listener(self._deleted_on_writer)
         engine.add_create_listener(lambda name: self._post(self.stream_created, name))
         if data_dir and not engine.readonly:
@@ -428,30 +431,40 @@ class Broker:
         """Record super stream ``name`` without partitions (RabbitMQ's management API declares its
         exchange, then binds partitions one by one); ``cb(created, exc)``: created is False when it
         existed already."""
-        self._call(lambda: self.engine.declare_super_stream(name), cb)
+        self._call(lambda: self.engine.declare_super_stream(name), self._super_changed(name, cb, created=True))
 
     def bind_partition(self, name, partition, binding_key, order, cb):
         """Add existing stream ``partition`` to super stream ``name`` under ``binding_key``, placed by
         ``order`` (int or None: after the ordered ones); ``cb(added, exc)``: added is False when that
         binding existed. StreamNotFound when either is missing."""
-        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order), cb)
+        self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order),
+                   self._super_changed(name, cb))
 
     def unbind_partition(self, name, partition, binding_key, cb):
         """Remove the binding(s) of ``partition`` (with ``binding_key``, or all when None) from super
         stream ``name``; the stream stays. ``cb(removed count, exc)``."""
-        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), cb)
+        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), self._super_changed(name, cb))
 
     def forget_super_stream(self, name, cb):
         """Remove super stream ``name``'s definition, keeping its partition streams (RabbitMQ deleting
         the exchange); ``cb(exc)``."""
-        self._call(lambda: self.engine.forget_super_stream(name), lambda res, exc: cb(exc))
+        self._call(lambda: self.engine.forget_super_stream(name), self._super_changed(name, lambda res, exc: cb(exc)))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
-        """Create the partitions and the definition in one engine transaction; ``cb(exc)``."""
-        if self.cluster is not None:
-            cb = self.cluster.hold_create(list(partitions), cb)
-        self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
-                   lambda res, exc: cb(exc))
+        """Create the partitions and the definition in one engine transaction; ``cb(exc)``. In a cluster,
+        StreamExists also when etcd holds a definition of ``name`` this node has not applied yet."""
+        cluster = self.cluster
+        if cluster is not None:
+            cb = cluster.hold_create(list(partitions), cb)
+
+        def create():
+            self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
+                       self._super_changed(name, lambda res, exc: cb(exc), created=True))
+        if cluster is None or self.engine.super_stream(name) is not None:
+            create()
+            return
+        cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
+            f"super stream {name!r} already exists on the cluster")) if defined else create())
 
     def delete_super_stream(self, name, cb):
         """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the
@@ -459,7 +472,18 @@ class Broker:
         parts = [p for p in (self.partitions(name) or ()) if self.engine.has_stream(p)]
         self._deleting_enter(parts)
         self._call(lambda: self.engine.delete_super_stream(name),
-                   lambda res, exc: self._deleted_then(parts, cb, exc))
+                   self._super_changed(name, lambda res, exc: self._deleted_then(parts, cb, exc)))
+
+    def _super_changed(self, name, cb, created=False):
+        # in a cluster, a definition changed here is written to etcd for every node (shells/cluster/superstreams.py)
+        if self.cluster is None:
+            return cb
+
+        def done(res, exc):
+            if exc is None:
+                self.cluster.superstreams.changed(name, created)
+            cb(res, exc)
+        return done
 
     def _import_legacy_super_streams(self, path):
         # Super streams used to live in a JSON file beside LMDB; adopt them once, then rename the file.
@@ -765,7 +789,14 @@ class Broker:
         what it raised. An error known at once (a closed engine: RiverbedError) goes to ``cb`` too.
 
         ``stage`` may run more than once (a retried transaction when the map grows) and on another
-        thread: it must touch nothing but ``ctx`` and the document store's ``stage_*`` functions."""
+        thread: it must touch nothing but ``ctx`` and the document store's ``stage_*`` functions.
+
+        On a cluster (shells/cluster/docs.py) a transaction of documents is acknowledged once its
+        changelog record is committed and applied here; one of events once a majority of each stream's
+        members holds them, and only on a node that leads every stream it appends to (else NotLeader)."""
+        if self.transactions is not None:
+            self.transactions.transact(stage, cb)
+            return
         self._call(lambda: self.engine.transact(stage), cb)
 
     # ---------------------------------------------------------------------- monitoring (read only)

@@ -176,8 +176,25 @@ class Projections:
         self.docs = docs
         self.running = {}
 
+    def runs_here(self):
+        """Whether projections run on this node: always on a lone node; on a cluster only where the
+        document changelog says (shells/cluster/docs.py: once per cluster)."""
+        gate = getattr(self.broker, "transactions", None)
+        return gate is None or gate.runs_projections()
+
+    def follow_cluster(self):
+        """On a cluster, start and stop the projections as the changelog's leadership comes and goes;
+        else start them now (:meth:`load`)."""
+        gate = getattr(self.broker, "transactions", None)
+        if gate is None:
+            self.load()
+        else:
+            gate.on_projections(lambda on: self.load() if on else self.stop_all(), PROJECTIONS_COLLECTION)
+
     def load(self):
         """Start every stored projection from its stored position (after a restart)."""
+        if not self.runs_here():
+            return
         for name, d in self.docs.scan(PROJECTIONS_COLLECTION):
             try:
                 self._start(normalize_definition(d))
@@ -188,7 +205,7 @@ class Projections:
         return self.docs.get(PROJECTIONS_COLLECTION, name)
 
     def _start(self, d):
-        if d["name"] in self.running:
+        if d["name"] in self.running or not self.runs_here():
             return
         if not self.broker.has_stream(d["channel"]):
             log.warning("projection %r waits for no one: channel %r does not exist", d["name"], d["channel"])
@@ -219,15 +236,26 @@ class Projections:
                 except RiverbedError as e:
                     exc = e
             cb(exc)
+        docs = self.docs
+
+        def define(ctx):
+            # checked again in the write's own transaction: of two CREATEPROJECTIONs of one name racing
+            # (on two nodes of a cluster, say), the first stored wins and the other is refused
+            old = docs.stage_get(ctx, PROJECTIONS_COLLECTION, d["name"])
+            if old is not None:
+                if normalize_definition(old) != d:
+                    raise InvalidArgument(f"projection {d['name']!r} exists with another definition")
+                return False
+            docs.stage_put(ctx, PROJECTIONS_COLLECTION, d["name"], d)
+            return True
         try:
             if self.docs.collection_info(d["binder"]) is None:
                 # the binder exists (empty) from now on; the writer commits this before the definition
                 self.broker.then(self.docs.create_collection(d["binder"]), lambda res, exc: None)
-            fut = self.docs.put(PROJECTIONS_COLLECTION, d["name"], d)
         except RiverbedError as e:
             cb(e)
             return
-        self.broker.then(fut, stored)
+        self.broker.transact(define, stored)
 
     def stop_all(self):
         for p in list(self.running.values()):

@@ -30,8 +30,9 @@ class BsonShell:
         return self._readers.submit(fn)
 
     def start(self):
-        """The listener is bound: run the stored projections."""
-        self.projections.load()
+        """The listener is bound: run the stored projections (on a cluster, where and while the document
+        changelog says)."""
+        self.projections.follow_cluster()
 
     def close(self):
         """The listener stopped (after its drain): stop the projections and the reader threads."""

@@ -38,6 +38,7 @@ from riverbed.shells.cluster import forward_wire, membership, placement, wire
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
+from riverbed.shells.cluster.superstreams import SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -172,6 +173,7 @@ class ClusterNode:
         self.placing = set()              # streams whose placement another node is to lead, in flight
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
+        self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -328,6 +330,7 @@ class ClusterNode:
                     membership.drop_copy(self, name)      # taken off it (delete-replica)
                 continue
             await self._take_role(name, p, rev)
+        await self.superstreams.refresh()
         await self._report_progress()
 
     def _choose_members(self, name=None, leader=None):

@@ -9,6 +9,7 @@ from riverbed.engine.errors import RiverbedError
 from riverbed.shells.ream_text.codec import ReamError
 
 SCHEMA_COLLECTION = "_ream_projections"   # projection schemas (declared fields); never a REAM name
+RESERVED_PREFIX = "_riverbed"             # the server's own collections (mewbase projections, the cluster's)
 
 
 class Aggregates:
@@ -60,7 +61,7 @@ class Aggregates:
         collection), sorted."""
         out = []
         for name in self.docs.list_collections():
-            if name == SCHEMA_COLLECTION:
+            if name == SCHEMA_COLLECTION or name.startswith(RESERVED_PREFIX):
                 continue
             info = self.docs.collection_info(name)
             if info is not None and info.count > 0 and self.docs.get(SCHEMA_COLLECTION, name) is None:

@@ -3,7 +3,6 @@
 killed -9 goes on on another member; the DataFrame has every record once."""
 
 import os
-import shutil
 import socket
 import struct
 import sys
@@ -18,33 +17,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "cluster"))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
 import rawwire  # noqa: E402
+from clusterfixtures import cluster3, etcd  # noqa: E402,F401  (fixtures)
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 STREAM = "orders"
 FRAME_MESSAGES = 2000        # messages per Publish frame
 WINDOW_FRAMES = 8            # frames sent before waiting for their confirms
-
-
-@pytest.fixture
-def etcd(tmp_path):
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
-    from etcdproc import EtcdProcess
-    proc = EtcdProcess(tmp_path / "etcd").start()
-    yield proc
-    proc.stop()
-
-
-@pytest.fixture
-def cluster3(tmp_path, etcd):
-    from clusterproc import Cluster
-    c = Cluster(tmp_path, etcd)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
 
 
 def body(i):

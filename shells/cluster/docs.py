@@ -1,0 +1,592 @@
+"""The document store on a cluster: one replicated changelog, applied in log order on every node.
+
+The promise (issue 25): **a document write acknowledged on any node is readable on every node, and
+survives the loss of any one node of three.** Without ``--etcd`` none of this is imported: the broker's
+``docs`` is the plain :class:`~riverbed.engine.docstore.DocStore` and ``Broker.transact`` goes straight
+to the engine, as before.
+
+How (the design this module implements):
+
+* **One changelog stream**, :data:`CHANGELOG`, replicated like any stream (its leader appends, a majority
+  holds a record before it is confirmed, readers on every node stop at the committed offset). One stream
+  for the whole store, not one per collection: a REAM projection's CREATE writes its schema and its
+  collection together, a mewbase projection its binder and its position, and one log gives every
+  write, unique keys included, one order that every node agrees on.
+* **Every node applies the committed changelog in log order** to its own DocStore (indexes are built
+  locally by the store), in engine transactions that also keep this node's applied position
+  (collection :data:`STATE_COLLECTION`, never logged). The leader applies exactly as the others do: no
+  node's documents ever hold a write that is not committed, so a failover never has to undo one.
+* **A write is planned, logged, then applied.** The shell's staging function (REAM aggregates and
+  projections, a mewbase projection step, CREATEBINDER, ...) runs on this node against its applied
+  state, inside an engine transaction that records what it did and is then rolled back: the record
+  holds the writes as after-images (document bytes put, ids deleted, collections created or dropped,
+  projection positions) and the version (changelog offset + 1 of the last record that wrote it) of
+  every collection the function read or wrote. The record is appended to the changelog through the
+  broker's append API, so a node that does not lead the changelog forwards it to the leader
+  (shells/cluster/forward.py); a record whose leader went away unanswered is sent again (a second copy
+  changes nothing: its versions no longer match). The write is acknowledged once
+  the record is committed and this node has applied it, so the writer reads its own write at once.
+* **Conflicts are decided once, by the log's order.** Applying a record first compares its versions
+  with the node's: the same on every node, since every node applied the same records before it. A
+  record planned against an older state (another write to one of its collections came first) changes
+  nothing anywhere, and its writer plans again against the newer state (at most :data:`MAX_RETRIES`
+  times). So of two nodes racing for one unique key, the first record in the log wins on every node and
+  the other writer, planning again, meets the unique index and gets the protocol's own refusal (REAM
+  ``PROJECTION NON SET``, a BSON RESPONSE with an errCode).
+* **Projections over a stream** (mewbase CREATEPROJECTION) run once per cluster, on the node that leads
+  the changelog (:meth:`DocLog.runs_projections`; it reads the channel from its own replica, committed
+  records only), and write through the changelog like any writer. They start there once that node has
+  applied the committed changelog, from the positions the changelog carried (a projection's position
+  and its documents are one record), and stop on every other node.
+
+Transactions of events (``broker.transact`` with ``ctx.append``: BSON COMMITTX over several channels) are
+not documents: they commit here, on a node that leads every stream they append to (else NotLeader, and
+nothing is stored), and are acknowledged once a majority of each stream's members holds them
+(``ClusterNode.hold``). The events of one channel in one transaction are one chunk when they fit in one,
+so all or nothing of them survives a failover.
+
+Limits: the changelog is never compacted (a node that joins replays it from its first record, so
+retention must not cut it); a read on a node other than the writer's sees the write once that node has
+applied it (tens of milliseconds on loopback; reads do not wait for other nodes); a node's document
+writes take turns (each is planned once the one before it is applied here: one replication round trip
+each); a version is per collection, so concurrent writes to one collection from several nodes plan
+again (slower under contention, never wrong); planning rolls an engine transaction back, which redoes
+the group commit it was in.
+
+Loop thread only, except the staging and applying functions, which run on the engine's writer thread.
+"""
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+import threading
+
+import bson
+
+from riverbed.engine.docstore import DocStore
+from riverbed.engine.dockeys import id_from_key, id_key
+from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.shells.cluster.node import NotLeader, ReplicationTimeout
+
+log = logging.getLogger("riverbed.cluster.docs")
+
+CHANGELOG = "__riverbed_docs"               # the replicated changelog stream of the whole document store
+CHANGELOG_ARGS = {"queue-leader-locator": "client-local"}
+STATE_COLLECTION = "_riverbed_changelog"    # this node's apply position: {"next": offset}; never logged
+VERSIONS_COLLECTION = "_riverbed_versions"  # collection name -> {"v": changelog offset + 1 of its last write}
+APPLIED_ID = "applied"
+RECORD_VERSION = 1
+MAX_RETRIES = 50          # plans of one write, each against a newer state, before it is refused
+APPLY_BATCH = 64          # changelog chunks read per apply transaction
+POLL = 0.2                # seconds between two looks at the changelog when no commit woke the loop
+RETRY_DELAY = 0.2         # seconds before a changelog record whose leader went away is sent again
+try:   # a forwarded append its leader did not confirm (shells/cluster/forward.py): stored or not
+    from riverbed.shells.broker.core import NotLeaderError as _ForwardNotLeader
+except ImportError:
+    _ForwardNotLeader = NotLeader
+RETRY_ERRORS = (NotLeader, ReplicationTimeout, _ForwardNotLeader)
+
+OP_CREATE, OP_DROP, OP_PUT, OP_DELETE, OP_OFFSET = "create", "drop", "put", "del", "offset"
+OUT_OK, OUT_CONFLICT = "ok", "conflict"
+_LOCAL = (STATE_COLLECTION, VERSIONS_COLLECTION)
+
+
+class WriteConflict(RiverbedError):
+    """A document write kept meeting newer writes to its collections: planned MAX_RETRIES times."""
+
+
+class _Planned(RiverbedError):
+    """Raised at the end of a planning transaction so that the engine keeps nothing of it."""
+
+    def __init__(self, result, rec):
+        super().__init__("planned")
+        self.result = result
+        self.rec = rec
+
+
+class _Write:
+    """One document transaction of this node: its staging function, callback and plans so far."""
+
+    __slots__ = ("stage", "cb", "attempts")
+
+    def __init__(self, stage, cb):
+        self.stage = stage
+        self.cb = cb
+        self.attempts = 0
+
+
+class _Recording:
+    """What one staging function did: document writes (after-images), collections touched, appends."""
+
+    __slots__ = ("ops", "touched", "appends")
+
+    def __init__(self):
+        self.ops = []
+        self.touched = {}         # collection -> None (ordered set)
+        self.appends = []         # (stream, deferred append result)
+
+
+class _Ctx:
+    """The WriteContext a staging function sees on a cluster: the engine's, with its stream writes
+    recorded (projection positions go into the changelog record; appends are checked against the
+    leadership of their stream)."""
+
+    __slots__ = ("_ctx", "_rec", "_cluster", "txn", "engine")
+
+    def __init__(self, ctx, rec, cluster):
+        self._ctx = ctx
+        self._rec = rec
+        self._cluster = cluster
+        self.txn = ctx.txn
+        self.engine = ctx.engine
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def store_offset(self, stream, reference, offset):
+        self._ctx.store_offset(stream, reference, offset)       # checks the names, as a single node does
+        self._rec.ops.append([OP_OFFSET, stream, reference, int(offset)])
+
+    def append(self, stream, records):
+        refusal = self._cluster.check_write(stream)
+        if refusal is not None:
+            raise refusal
+        res = self._ctx.append(stream, records)
+        self._rec.appends.append((stream, res))
+        return res
+
+
+class ClusterDocStore(DocStore):
+    """The broker's DocStore on a cluster node: reads as ever (this node's applied state); every write
+    (``put``, ``apply``, ``create_collection``, ...) goes through :meth:`DocLog.submit`, and the
+    writer-thread internals record what a staging function does while :class:`DocLog` plans it."""
+
+    def __init__(self, engine, doclog):
+        super().__init__(engine)
+        self._doclog = doclog
+        self._rec = None          # the recording of the function being planned (writer thread only)
+
+    def _submit(self, fn):
+        return self._doclog.submit(fn)
+
+    def _state(self, ctx):
+        st = super()._state(ctx)
+        st.ctx = ctx              # the recording context when planning (the cached state may hold another)
+        return st
+
+    def _coll_w(self, st, name, create):
+        rec = self._rec
+        if rec is not None and name not in _LOCAL:
+            rec.touched[name] = None
+        return super()._coll_w(st, name, create)
+
+    def _create(self, st, name, indexes, key_field):
+        c = super()._create(st, name, indexes, key_field)
+        if self._rec is not None:
+            self._rec.ops.append([OP_CREATE, name, [[f, bool(u)] for f, u in indexes], key_field])
+        return c
+
+    def _stage_drop(self, st, name):
+        existed = super()._stage_drop(st, name)
+        if existed and self._rec is not None:
+            self._rec.ops.append([OP_DROP, name])
+        return existed
+
+    def _put_raw(self, st, c, doc_id, raw):
+        out = super()._put_raw(st, c, doc_id, raw)
+        if self._rec is not None:
+            self._rec.ops.append([OP_PUT, c.name, out[0], bytes(raw)])
+        return out
+
+    def _delete_raw(self, st, c, idk):
+        existed = super()._delete_raw(st, c, idk)
+        if existed and self._rec is not None:
+            self._rec.ops.append([OP_DELETE, c.name, id_from_key(bytes(idk))])
+        return existed
+
+
+class DocLog:
+    """The changelog of ``broker``'s documents on cluster node ``cluster`` (a ClusterNode). Made after
+    ``cluster.start()`` and before the listeners (it replaces ``broker.docs``); :meth:`start` runs the
+    apply loop, ``await stop()`` ends it. Loop thread only."""
+
+    def __init__(self, broker, cluster):
+        self.broker = broker
+        self.cluster = cluster
+        self.engine = broker.engine
+        self.docs = ClusterDocStore(broker.engine, self)
+        broker.docs = self.docs
+        broker.transactions = self
+        self.applied = 0                   # changelog offset this node's documents reflect up to
+        self.waiting = {}                  # record token -> fn(outcome) of this node's writes
+        self._token = f"{cluster.name}:{os.urandom(6).hex()}:"
+        self._seq = itertools.count(1)
+        self._task = None
+        self._wake = None
+        self._loop_thread = threading.get_ident()
+        self._projection_hooks = []
+        self._projections_on = False
+        self._watched = set()              # collections whose writes the projection hooks hear of
+        self._written = set()              # collections the last apply transaction wrote
+        self._turn = None                  # the _Write of this node being planned, logged and applied
+        self._queue = collections.deque()  # _Writes waiting for their turn, in the order they came
+        self.stats = {"planned": 0, "conflicts": 0, "applied": 0}
+
+    def start(self):
+        doc = self.docs.get(STATE_COLLECTION, APPLIED_ID)
+        self.applied = int(doc["next"]) if doc else 0
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._apply_loop())
+
+    async def stop(self):
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        queued, self._queue = list(self._queue), collections.deque()
+        for w in queued:
+            w.cb(None, RiverbedError("the node is stopping"))
+        for fn in list(self.waiting.values()):
+            fn(RiverbedError("the node is stopping"))
+        self.waiting.clear()
+
+    # ------------------------------------------------------------------------------ writing
+
+    def submit(self, fn):
+        """A DocStore write ``fn(txn state)`` through the changelog: a concurrent Future of its result,
+        completed on the loop thread once this node has applied it (errors through the future)."""
+        import concurrent.futures
+        fut = concurrent.futures.Future()
+
+        def done(res, exc):
+            if exc is None:
+                fut.set_result(res)
+            else:
+                fut.set_exception(exc)
+        docs = self.docs
+        self._on_loop(self.transact, lambda ctx: fn(docs._state(ctx)), done)
+        return fut
+
+    def _on_loop(self, fn, *args):
+        if threading.get_ident() == self._loop_thread:
+            fn(*args)
+        else:
+            self.broker.post(fn, *args)
+
+    def transact(self, stage, cb):
+        """``Broker.transact`` on a cluster node: see the module docstring. ``cb(result, exc)`` on the loop
+        thread: after this node applied the write (documents), or after a majority of every stream
+        appended to holds the events (event transactions).
+
+        This node's document transactions take turns, in the order they came: each is planned once the
+        one before it is applied here, so a write pipelined behind another (a REAM SET behind its
+        PROJECTION CREATE, a REMOVE behind a SET) sees it, as on a lone node. Transactions that touch no
+        document (events, offsets) never wait for a turn."""
+        self._plan(_Write(stage, cb))
+
+    def _plan(self, w):
+        cluster, docs, stage = self.cluster, self.docs, w.stage
+
+        def plan(ctx):
+            rec = _Recording()
+            docs._rec = rec
+            try:
+                result = stage(_Ctx(ctx, rec, cluster))
+            finally:
+                docs._rec = None
+            if not rec.ops or all(op[0] == OP_OFFSET for op in rec.ops) and not rec.touched:
+                # events, offsets, a read of documents or nothing: kept as staged
+                return result, rec.appends, bool(rec.touched)
+            if rec.appends:
+                raise InvalidArgument("a transaction on a cluster writes documents or events, not both")
+            rec.touched = [[name, self._version(ctx, name)] for name in rec.touched]
+            raise _Planned(result, rec)
+        try:
+            fut = self.engine.transact(plan)
+        except RiverbedError as e:
+            self._planned(w, None, e)
+            return
+        self.broker.then(fut, lambda res, exc: self._planned(w, res, exc))
+
+    def _version(self, ctx, name):
+        doc = self.docs.stage_get(ctx, VERSIONS_COLLECTION, name)
+        return int(doc["v"]) if doc else 0
+
+    def _planned(self, w, res, exc):
+        if exc is None and not res[2]:
+            # no document touched: events wait for their majorities, never for a turn
+            result, appends, _ = res
+            if self._turn is w:
+                self._turn = None
+                self._next()
+            self._hold(appends, lambda err: w.cb(result, None) if err is None else w.cb(None, err))
+            return
+        if self._turn is not w and (self._turn is not None or self._queue):
+            self._queue.append(w)          # planned against a state an earlier write here may change
+            return
+        self._turn = w
+        if exc is None:
+            self._finish(w, res[0], None)
+            return
+        if not isinstance(exc, _Planned):
+            self._finish(w, None, exc)
+            return
+        self.stats["planned"] += 1
+        token = self._token + str(next(self._seq))
+        record = bson.encode({"v": RECORD_VERSION, "token": token, "node": self.cluster.name,
+                              "reads": exc.rec.touched, "ops": exc.rec.ops})
+        state = {"done": False, "timer": None}
+
+        def outcome(out):
+            if state["done"]:
+                return
+            state["done"] = True
+            self.waiting.pop(token, None)
+            if state["timer"] is not None:
+                state["timer"].cancel()
+            if out == OUT_OK:
+                self._finish(w, exc.result, None)
+            elif out == OUT_CONFLICT:
+                self.stats["conflicts"] += 1
+                w.attempts += 1
+                if w.attempts >= MAX_RETRIES:
+                    self._finish(w, None, WriteConflict(f"the write met newer writes {MAX_RETRIES} times; try again"))
+                else:
+                    self._plan(w)          # against the newer state, keeping its turn
+            else:
+                self._finish(w, None, out)
+        self.waiting[token] = outcome
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cluster.replication_timeout
+
+        def append():
+            self._ensure_changelog(lambda err: appended(None, err) if err is not None else
+                                   self.broker.append_records(CHANGELOG, [record], appended))
+
+        def appended(res, err):
+            if state["done"]:
+                return             # applied here already (the commit reached this node first)
+            if err is not None:
+                if isinstance(err, RETRY_ERRORS) and loop.time() + RETRY_DELAY < deadline:
+                    # the leader went away (or the node is no leader): the record may be stored or not;
+                    # sent again, a copy logged twice changes nothing the second time (its versions
+                    # no longer match), and this write is answered by whichever copy applies first
+                    loop.call_later(RETRY_DELAY, append)
+                    return
+                outcome(err)
+                return
+            # committed on the cluster: answered once this node has applied it
+            state["timer"] = loop.call_later(
+                self.cluster.replication_timeout, outcome,
+                ReplicationTimeout("the write is stored on the cluster but this node has not applied it in time"))
+            self._wake.set()
+        append()
+
+    def _finish(self, w, res, exc):
+        if self._turn is w:
+            self._turn = None
+        try:
+            w.cb(res, exc)
+        finally:
+            self._next()
+
+    def _next(self):
+        if self._turn is None and self._queue:
+            w = self._queue.popleft()
+            self._turn = w
+            self._plan(w)
+
+    def _ensure_changelog(self, cb):
+        if self.engine.has_stream(CHANGELOG) or CHANGELOG in self.cluster.placements:
+            cb(None)
+            return
+        # the first document write of the cluster makes the changelog; its node leads it (the broker
+        # asks etcd first: StreamExists when another node made it a moment ago)
+        self.broker.create_stream(CHANGELOG, dict(CHANGELOG_ARGS),
+                                  lambda exc: cb(None if exc is None or isinstance(exc, StreamExists) else exc))
+
+    def _hold(self, appends, done):
+        """``done(None)`` once a majority of each stream's members holds what ``appends`` staged, or
+        ``done(exc)`` for the first that fails."""
+        if not appends:
+            done(None)
+            return
+        left = [len(appends)]
+        failed = []
+
+        def one(res, exc):
+            if failed:
+                return
+            if exc is not None:
+                failed.append(exc)
+                done(exc)
+                return
+            left[0] -= 1
+            if left[0] == 0:
+                done(None)
+        for stream, staged in appends:
+            self.cluster.hold(stream, one)(staged.resolve() if hasattr(staged, "resolve") else staged, None)
+
+    # ------------------------------------------------------------------------------ applying
+
+    async def _apply_loop(self):
+        while True:
+            try:
+                progressed = await self._apply_some()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("cluster: applying the document changelog failed")
+                progressed = False
+            self._check_projections()
+            if progressed:
+                continue
+            self._wake.clear()
+            cancel = None
+            try:
+                if self.engine.has_stream(CHANGELOG):
+                    cancel = self.broker.watch(CHANGELOG, self.applied, lambda exc: self._wake.set())
+                await asyncio.wait_for(self._wake.wait(), POLL)
+            except asyncio.TimeoutError:
+                pass
+            except StreamNotFound:
+                await asyncio.sleep(POLL)
+            finally:
+                if cancel is not None:
+                    cancel()
+
+    async def _apply_some(self):
+        if not self.engine.has_stream(CHANGELOG) or self.engine.read_limit(CHANGELOG) is None:
+            # no limit yet (a restarted node before its role is known): its tail may not be committed
+            return False
+        batches, nxt = self.broker.read_records(CHANGELOG, self.applied, APPLY_BATCH)
+        records = [(off, bytes(raw)) for b in batches for off, raw in b]
+        if not records:
+            if nxt > self.applied:
+                self.applied = nxt          # offsets of no record (the log's own chunks)
+            return False
+        try:
+            outcomes = await asyncio.wrap_future(self.engine.transact(
+                lambda ctx: self._apply_records(ctx, records, nxt)))
+        except RiverbedError as e:
+            # one record the store refuses (it never should: every node has the same state) must not
+            # stop the log: apply them one by one, skipping the one that fails, on every node alike
+            log.error("cluster: document changelog batch at %d failed (%s); applying one by one", self.applied, e)
+            outcomes = []
+            for i, (off, raw) in enumerate(records):
+                end = records[i + 1][0] if i + 1 < len(records) else nxt
+                try:
+                    outcomes += await asyncio.wrap_future(self.engine.transact(
+                        lambda ctx, r=[(off, raw)], e=end: self._apply_records(ctx, r, e)))
+                except RiverbedError as e1:
+                    log.error("cluster: document changelog record %d skipped: %s", off, e1)
+                    await asyncio.wrap_future(self.engine.transact(lambda ctx, e=end: self._mark(ctx, e)))
+                    outcomes.append((_token_of(raw), e1))
+        self.applied = nxt
+        self.stats["applied"] += len(records)
+        if self._projections_on and not self._watched.isdisjoint(self._written):
+            self._tell_projections(True)     # a definition made through another node: start it here
+        for token, out in outcomes:
+            fn = self.waiting.get(token)
+            if fn is not None:
+                fn(out)
+        return True
+
+    def _mark(self, ctx, nxt):
+        self.docs.stage_put(ctx, STATE_COLLECTION, APPLIED_ID, {"next": nxt})
+
+    def _apply_records(self, ctx, records, nxt):
+        """Writer thread: apply changelog ``records`` [(offset, BSON)] in order; ``[(token, outcome)]``."""
+        docs = self.docs
+        st = docs._state(ctx)
+        out = []
+        self._written = changed = set()     # read on the loop once this transaction's future is done
+        for off, raw in records:
+            try:
+                rec = bson.decode(raw)
+            except Exception:  # noqa: BLE001 - not a changelog record: nothing to apply
+                log.error("cluster: document changelog record %d is not BSON; skipped", off)
+                continue
+            token = rec.get("token")
+            if any(self._version(ctx, name) != v for name, v in rec.get("reads") or ()):
+                out.append((token, OUT_CONFLICT))
+                continue
+            written = set()
+            for op in rec.get("ops") or ():
+                kind = op[0]
+                if kind == OP_PUT:
+                    docs._put_one(st, op[1], op[2], bytes(op[3]))
+                    written.add(op[1])
+                elif kind == OP_DELETE:
+                    docs._delete_one(st, op[1], id_key(op[2]))
+                    written.add(op[1])
+                elif kind == OP_CREATE:
+                    docs._stage_create(st, op[1], tuple((f, bool(u)) for f, u in op[2]), op[3])
+                    written.add(op[1])
+                elif kind == OP_DROP:
+                    docs._stage_drop(st, op[1])
+                    written.add(op[1])
+                elif kind == OP_OFFSET:
+                    if ctx.has_stream(op[1]):      # a node holding no copy of the channel has no position
+                        ctx.store_offset(op[1], op[2], op[3])
+            for name in written:
+                docs.stage_put(ctx, VERSIONS_COLLECTION, name, {"v": off + 1})
+            changed |= written
+            out.append((token, OUT_OK))
+        self._mark(ctx, nxt)
+        return out
+
+    # ------------------------------------------------------------------------------ projections
+
+    def leads(self):
+        """Whether this node leads the changelog (it takes document writes without forwarding)."""
+        return CHANGELOG in self.cluster.leading
+
+    def runs_projections(self):
+        """Whether stream projections run on this node now (what the :meth:`on_projections` hooks were
+        last told): it leads the changelog and had applied all of it that was committed."""
+        return self._projections_on
+
+    def _projections_ready(self):
+        if not self.leads():
+            return False
+        limit = self.engine.read_limit(CHANGELOG)
+        return limit is None or self.applied >= limit
+
+    def on_projections(self, fn, definitions=None):
+        """``fn(True)`` when projections should start on this node, ``fn(False)`` when they should stop
+        (leadership of the changelog moved); called once now with the current answer, and with True
+        again while they run here whenever collection ``definitions`` (where they are defined) changes."""
+        self._projection_hooks.append(fn)
+        if definitions is not None:
+            self._watched.add(definitions)
+        fn(self._projections_on)
+
+    def _check_projections(self):
+        on = self._projections_ready()
+        if on == self._projections_on:
+            return
+        self._projections_on = on
+        log.info("cluster: stream projections %s on %s", "start" if on else "stop", self.cluster.name)
+        self._tell_projections(on)
+
+    def _tell_projections(self, on):
+        for fn in self._projection_hooks:
+            try:
+                fn(on)
+            except Exception:
+                log.exception("cluster: projection hook failed")
+
+
+def _token_of(raw):
+    try:
+        return bson.decode(raw).get("token")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+__all__ = ["CHANGELOG", "DocLog", "ClusterDocStore", "WriteConflict"]

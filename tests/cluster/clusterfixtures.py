@@ -1,0 +1,31 @@
+"""The cluster fixtures, importable by test folders other than tests/cluster (the Spark cluster tests):
+a private etcd per test (etcdproc.py) and three ``riverbed serve`` nodes joined to it. Every process
+started here is stopped at teardown."""
+
+import shutil
+
+import pytest
+
+from clusterproc import Cluster
+from etcdproc import EtcdProcess
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    """A running etcd of this test alone (Debian's etcd-server: ci/ensure-etcd.sh); skips without it."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
+    proc = EtcdProcess(tmp_path / "etcd").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def cluster3(tmp_path, etcd):
+    """etcd and three nodes (lease TTL 1 s), all stopped at teardown."""
+    c = Cluster(tmp_path, etcd)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()

@@ -5,11 +5,12 @@ a three-server NATS JetStream cluster, both on loopback, started and always stop
   ``--fsync never`` (the headline single node's policy), started by the very helpers the cluster tests use
   (``tests/cluster/etcdproc.py`` and ``clusterproc.py``, imported from there, not copied). The clients
   connect to n1 and create their streams with ``queue-leader-locator=client-local``, so n1 leads and n2,
-  n3 replicate; a confirm means a majority stored the batch. ``pid`` is n1 (RSS sampling); ``pids`` all
-  three, and the clients sum utime+stime of all three (``bench._client --also-server-pid``).
+  n3 replicate; a confirm means a majority stored the batch. ``pid`` is n1; ``pids`` all three: the
+  harness sums their RSS and the clients their utime+stime (``bench._client --also-server-pid``).
 - ``NatsCluster``: three ``nats-server -js`` processes (Debian's package, ``ci/nats.sh install``) joined by
   ``--cluster``/``--routes``, each with its own JetStream store; the NATS client code is ``bench._nats``'s,
-  the ``nats-r3-*`` workloads make their stream with ``num_replicas=3``.
+  the ``nats-r3-*`` workloads make their stream with ``num_replicas=3``. Its CPU and RSS are summed over
+  the three servers likewise.
 
 A three-node RabbitMQ cluster is not started here: the machine has one Debian RabbitMQ 3.10 node (no
 Docker), so the cluster rows have no RabbitMQ column.

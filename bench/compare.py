@@ -134,18 +134,19 @@ class ClientProc:
 
 
 class RssSampler(threading.Thread):
-    def __init__(self, pid, every=0.05):
+    def __init__(self, pids, every=0.05):
         super().__init__(daemon=True)
-        self.pid, self.every = pid, every
+        # a cluster: every node's RSS, summed at each sample
+        self.pids, self.every = list(pids), every
         self.peak_kb = 0
         self.peak_anon_kb = 0
         self.halt = threading.Event()
 
     def sample(self):
-        self.peak_kb = max(self.peak_kb, _procs.rss_kb(self.pid))
+        self.peak_kb = max(self.peak_kb, sum(_procs.rss_kb(p) for p in self.pids))
         # RssAnon: heap and buffers only; VmRSS also counts file pages the server has mapped (Riverbed's
         # LMDB map), which RabbitMQ, reading its segment files with read/sendfile, never has.
-        self.peak_anon_kb = max(self.peak_anon_kb, _procs.rss_kb(self.pid, "RssAnon"))
+        self.peak_anon_kb = max(self.peak_anon_kb, sum(_procs.rss_kb(p, "RssAnon") for p in self.pids))
 
     def run(self):
         while not self.halt.is_set():
@@ -194,7 +195,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             args.memory_streams * 0.1 if sp["kind"] == "memory" else 0)
         for c in clients:
             c.expect("READY", setup_deadline)
-        sampler = RssSampler(broker.pid)
+        sampler = RssSampler(getattr(broker, "pids", None) or [broker.pid])
         sampler.start()
         hwm0 = _procs.rss_kb(broker.pid, "VmHWM")
         if on_go is not None:

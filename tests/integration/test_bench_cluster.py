@@ -57,6 +57,9 @@ def test_bench_compare_cluster_rows_against_one_node(tmp_path):
     # n1 leads (queue-leader-locator=client-local) and n2, n3 did work too: the publish was replicated
     nodes = by[("cluster-publish", "riverbed-cluster")]["server_node_cpu_s"]
     assert len(nodes) == 3 and nodes[0] > 0 and nodes[1] + nodes[2] > 0, nodes
+    # RSS is summed over the three nodes too
+    assert by[("cluster-publish", "riverbed-cluster")]["server_peak_rss_mb"] > 1.5 * by[("cluster-publish", "riverbed")][
+        "server_peak_rss_mb"]
     goals = {(g["workload"], g["metric"]): g for g in doc["cluster_goals"]}
     assert goals[("cluster-publish", "msgs_per_s")]["goals"][0]["ratio"] > 0
     assert "cluster: publish rstream raw" in r.stdout and "[3 nodes, R3]" in r.stdout

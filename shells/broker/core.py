@@ -319,8 +319,9 @@ class Broker:
         """``cb(found)`` with :meth:`has_stream_anywhere`'s answer; in a cluster, a miss is asked of etcd
         first (a stream made on another node a moment ago is placed there before this node's next poll of
         the cluster state sees it). ``cb`` runs on the loop, at once when no lookup is needed."""
-        if self.cluster is None or self.has_stream_anywhere(name):
-            cb(self.has_stream_anywhere(name))
+        found = self.has_stream_anywhere(name)
+        if found or self.cluster is None:
+            cb(found)
             return
         self.cluster.forwarding.lookup(name, lambda placed, exc: cb(bool(placed)))
 

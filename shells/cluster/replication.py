@@ -1,0 +1,298 @@
+"""The replication data plane of a cluster node: the leader serving its members, the members following it.
+
+A leader accepts each member's connection on the replication port (wire.py for the frames), sends the
+chunks of its log as stored (a member checks each CRC), the publisher sequences that cover them, the
+consumer offsets and the committed offset; the member answers with the offset it holds durably. The
+committed offset is the highest one a majority of the members hold (:class:`Leading`); confirms wait for
+it, and every node's readers are limited to it. The control plane (leases, elections, placement) is in
+node.py; :class:`ReplicationPlane` is the part of :class:`~riverbed.shells.cluster.node.ClusterNode` that
+moves bytes.
+
+Loop thread only (the broker's loop), except the engine completions posted back to it.
+"""
+
+import asyncio
+import logging
+import time
+
+from riverbed.engine import core
+from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
+from riverbed.shells.cluster import forward_wire, membership, wire
+
+log = logging.getLogger("riverbed.cluster")
+
+RETRY_DELAY = 0.2          # seconds before a member dials its leader again
+MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
+
+
+class ReplicationTimeout(RiverbedError):
+    """A majority of the stream's members did not hold the chunk within --replication-timeout."""
+
+
+class Leading:
+    """A stream this node leads: member positions, the committed offset, confirms waiting for it."""
+
+    def __init__(self, node, name, epoch, members):
+        self.node = node
+        self.name = name
+        self.epoch = epoch
+        self.members = list(members)
+        self.acked = {}            # member -> next offset it holds durably
+        self.committed = 0
+        self.waiting = []          # [offset, deadline, fn(exc)] in offset order
+        self.since = time.monotonic()
+        self.heard = {}            # member -> monotonic time of its last ack or connection
+        self.connected = {}        # member -> open connections from it
+        self.pokes = set()         # asyncio.Events of the connections serving members
+        self.conns = set()         # their writers, closed on resignation
+        # nodes copying the log that do not count toward the majority yet (membership.py)
+        self.learners = membership.learners_of(node.placements.get(name, ({}, 0))[0])
+        self.frozen = False        # handing leadership over: the committed offset stays where it is
+
+    def local_next(self):
+        try:
+            return self.node.engine._current(self.name).next_offset
+        except StreamNotFound:
+            return 0
+
+    def recompute(self):
+        offsets = sorted([self.local_next()] + [self.acked.get(m, 0) for m in self.members if m != self.node.name],
+                         reverse=True)
+        majority = len(self.members) // 2 + 1
+        committed = offsets[min(majority, len(offsets)) - 1]
+        if committed > self.committed and self.node.lease_valid() and not self.frozen:
+            self.committed = committed
+            self.node.engine.set_read_limit(self.name, committed)
+            self.release()
+            self.poke()
+
+    def release(self):
+        while self.waiting and self.waiting[0][0] <= self.committed:
+            _, _, fn = self.waiting.pop(0)
+            fn(None)
+
+    def wait(self, offset, fn):
+        if offset <= self.committed:
+            fn(None)
+            return
+        entry = [offset, time.monotonic() + self.node.replication_timeout, fn]
+        i = len(self.waiting)
+        while i and self.waiting[i - 1][0] > offset:
+            i -= 1
+        self.waiting.insert(i, entry)
+
+    def expire(self, now):
+        keep = []
+        for entry in self.waiting:
+            if entry[1] <= now:
+                entry[2](ReplicationTimeout(f"no majority of {self.name!r}'s members held the publish in time"))
+            else:
+                keep.append(entry)
+        self.waiting = keep
+
+    def fail_all(self, exc):
+        waiting, self.waiting = self.waiting, []
+        for _, _, fn in waiting:
+            fn(exc)
+
+    def poke(self):
+        for ev in self.pokes:
+            ev.set()
+
+
+class ReplicationPlane:
+    """The replication methods of ClusterNode (a mixin: they use the node's state, ``leading``,
+    ``following``, ``engine``, ...)."""
+
+    # ------------------------------------------------------------------------------ leader side
+    async def _serve_member(self, reader, writer):
+        st = None
+        connected = None
+        ev = asyncio.Event()
+        try:
+            kind, payload = await wire.read_frame(reader)
+            if kind == forward_wire.FWD_HELLO:
+                await self.forwarding.serve(reader, writer, payload)
+                return
+            if kind != wire.HELLO:
+                return
+            hello = wire.decode_hello(payload)
+            name, node = hello["stream"], hello["node"]
+            st = self.leading.get(name)
+            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
+                writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
+                await writer.drain()
+                st = None
+                return
+            pos, last = hello["next"], hello["last"]
+            cut = self._divergence(name, pos, last)
+            if cut is not None:
+                writer.write(wire.u64_frame(wire.TRUNCATE, cut))
+                await writer.drain()
+                st = None
+                return
+            st.pokes.add(ev)
+            st.conns.add(writer)
+            st.acked[node] = pos
+            st.connected[node] = st.connected.get(node, 0) + 1
+            st.heard[node] = time.monotonic()
+            connected = node
+            acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
+            acks.add_done_callback(lambda t: t.cancelled() or t.exception())
+            sent_commit, sent_at = -1, 0.0
+            sent_offsets = {}
+            while not acks.done() and self.leading.get(name) is st:
+                ev.clear()
+                chunks, seqs = self.engine.read_for_replica(name, pos)
+                for i, (chunk_id, raw) in enumerate(chunks):
+                    if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
+                        writer.write(wire.json_frame(wire.SEQS, seqs))
+                    writer.write(wire.frame(wire.CHUNK, raw))
+                    pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+                if st.committed != sent_commit or time.monotonic() - sent_at >= self.ttl / 4:
+                    # also a heartbeat: the member answers every COMMIT with an ACK, so a connection
+                    # gone silent (a partition leaves it open) does not count as hearing from it
+                    sent_commit, sent_at = st.committed, time.monotonic()
+                    writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
+                offsets = self.engine.stored_offsets(name)
+                if offsets != sent_offsets:
+                    # consumer offsets reach the members too, so a consumer resumes after a failover
+                    writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                                if sent_offsets.get(k) != v}))
+                    sent_offsets = offsets
+                await writer.drain()
+                if chunks and seqs is None:
+                    await asyncio.sleep(0)
+                    continue       # more to send at once
+                try:
+                    await asyncio.wait_for(ev.wait(), 0.2)
+                except asyncio.TimeoutError:
+                    pass
+            acks.cancel()
+        except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
+            pass
+        except Exception:
+            log.exception("cluster: serving a member failed")
+        finally:
+            if st is not None:
+                st.pokes.discard(ev)
+                st.conns.discard(writer)
+                if connected is not None:
+                    st.connected[connected] -= 1
+                    st.heard[connected] = time.monotonic()
+            writer.close()
+
+    def _divergence(self, name, pos, last):
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        if not last:
+            return None if pos == 0 else 0
+        chunk_id, epoch, crc = last
+        got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
+        if got and got[0][0] == chunk_id:
+            h = core.read_header(got[0][1])
+            if h[H_EPOCH] == epoch and h[H_CRC] == crc and chunk_id + max(h[H_RECORDS], 1) == pos:
+                return None
+        return chunk_id        # the member's last chunk is not ours: it drops it and asks again
+
+    async def _read_acks(self, reader, st, node):
+        while True:
+            kind, payload = await wire.read_frame(reader)
+            if kind == wire.ACK:
+                st.acked[node] = wire.u64(payload)
+                st.heard[node] = time.monotonic()
+                st.recompute()
+
+    # ------------------------------------------------------------------------------ member side
+
+    async def _follow(self, name, leader, epoch):
+        while not self._stopping:
+            reg = self.nodes.get(leader)
+            if reg is None or self.following.get(name, (None,))[0] != leader:
+                return
+            try:
+                await self._follow_once(name, leader, epoch, reg)
+            except asyncio.CancelledError:
+                raise
+            except ConnectionRefusedError:
+                # nothing listens on the leader's replication port: its process is gone (failover.py);
+                # this member never follows it at this epoch again and elects at the next poll
+                log.info("cluster: %s finds %s gone (leader of %s at epoch %d)", self.name, leader, name, epoch)
+                self.watch.refused(name, leader, epoch)
+                return
+            except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
+                log.debug("cluster: following %s on %s: %s", name, leader, e)
+            except RiverbedError as e:      # a chunk refused (bad CRC, not at the log's end)
+                log.warning("cluster: %s refused a chunk of %s from %s: %s", self.name, name, leader, e)
+            except Exception:
+                log.exception("cluster: following %s on %s failed", name, leader)
+            await asyncio.sleep(RETRY_DELAY)
+
+    async def _follow_once(self, name, leader, epoch, reg):
+        host = reg.get("advertised_host") or "127.0.0.1"
+        reader, writer = await asyncio.open_connection(host, reg["replication_port"])
+        loop = asyncio.get_running_loop()
+        try:
+            s = self.engine._current(name)
+            last = None
+            if s.last_chunk >= 0:
+                raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
+                h = core.read_header(raw)
+                last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
+            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
+                                                      "next": s.next_offset, "last": last}))
+            await writer.drain()
+            durable = [s.next_offset]       # the highest offset acknowledged on this connection
+            seqs = None
+            held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
+            while True:
+                kind, payload = await wire.read_frame(reader)
+                if kind == wire.CHUNK:
+                    h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunk below
+                    if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
+                        # a leader of an older epoch than one this member has seen: refused
+                        raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
+
+                    def stored(res, exc, w=writer):
+                        if exc is None and not w.is_closing():
+                            loop.call_soon_threadsafe(self._ack, w, res, durable)
+                        elif exc is not None:
+                            loop.call_soon_threadsafe(w.close)
+                    if seqs is None and held_bytes + len(payload) <= MAX_UNSEQUENCED:
+                        # held until the publisher sequences that cover it arrive (SEQS comes with the last
+                        # chunk of a batch that reaches the leader's log end): a member whose leader dies
+                        # mid-batch then holds no chunk its dedup state does not count, so re-sent publishes
+                        # are not stored twice if it is elected
+                        held.append(payload)
+                        held_bytes += len(payload)
+                        continue
+                    # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
+                    for raw in held:
+                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                    held, held_bytes = [], 0
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    seqs = None
+                elif kind == wire.SEQS:
+                    seqs = wire.decode_seqs(payload)
+                elif kind == wire.OFFSETS:
+                    for ref, off in wire.decode_offsets(payload).items():
+                        self.engine.store_offset(name, ref, off)
+                elif kind == wire.COMMIT:
+                    self.engine.set_read_limit(name, wire.u64(payload))
+                    self._ack(writer, durable[0], durable)     # the heartbeat's answer
+                elif kind == wire.TRUNCATE:
+                    cut = wire.u64(payload)
+                    log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
+                             leader, epoch)
+                    await asyncio.wrap_future(self.engine.truncate(name, cut))
+                    return
+                elif kind == wire.REFUSE:
+                    return
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _ack(writer, offset, durable):
+        durable[0] = max(durable[0], offset)
+        if not writer.is_closing():
+            writer.write(wire.u64_frame(wire.ACK, offset))

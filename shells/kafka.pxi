@@ -545,6 +545,29 @@ cdef bint k_parse_stored(const unsigned char* b, Py_ssize_t n, KRec* r) noexcept
     return True
 
 
+cdef inline bint k_plain(const unsigned char* b, Py_ssize_t n, int64_t* ts, Py_ssize_t* vp, Py_ssize_t* vlen) noexcept nogil:
+    # to_stored's form of a record with no key and no header: its properties with a creation time, then
+    # one data section; its timestamp and value span, or False for any other form
+    cdef Py_ssize_t p = K_PROPS_LEN + K_PROPS_TS_LEN
+    if (n < p + 5 or b[4] != 0x21 + K_PROPS_TS_LEN or b[5] != 10 or memcmp(b, K_PROPS, 4) != 0
+            or memcmp(b + 6, K_PROPS + 6, K_PROPS_LEN - 6) != 0 or b[K_PROPS_LEN] != 0x40
+            or b[K_PROPS_LEN + 1] != 0x40 or b[K_PROPS_LEN + 2] != 0x83
+            or b[p] != 0x00 or b[p + 1] != 0x53 or b[p + 2] != 0x75):
+        return False
+    if b[p + 3] == 0xA0:
+        vp[0] = p + 5
+        vlen[0] = b[p + 4]
+    elif b[p + 3] == 0xB0 and n >= p + 8:
+        vp[0] = p + 8
+        vlen[0] = <Py_ssize_t>ld_u32(b + p + 4)
+    else:
+        return False
+    if vlen[0] != n - vp[0]:
+        return False
+    ts[0] = <int64_t>ld_u64(b + K_PROPS_LEN + 3)
+    return True
+
+
 cdef int k_batch_record(bytearray out, Py_ssize_t* filled, const unsigned char* b, Py_ssize_t n, object raw,
                         int64_t i, int64_t* base_ts, int64_t* max_ts, int64_t chunk_ts, from_stored) except -1:
     # record ``i`` of a batch (its offset delta) appended at filled[0]: read in place, or handed to
@@ -554,6 +577,26 @@ cdef int k_batch_record(bytearray out, Py_ssize_t* filled, const unsigned char* 
     cdef int64_t ts, delta
     cdef unsigned char* o
     cdef object slow = None
+    cdef Py_ssize_t vp, vlen
+    if k_plain(b, n, &ts, &vp, &vlen):
+        # to_stored's form of a record with a value alone (what Kafka producers mostly send): written
+        # here at once, the same bytes as below
+        if i == 0:
+            base_ts[0] = max_ts[0] = ts
+        elif ts > max_ts[0]:
+            max_ts[0] = ts
+        delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts[0])
+        size = 1 + k_zz_len(delta) + k_zz_len(i) + 1 + k_zz_len(vlen) + vlen + 1
+        o = k_room(out, filled, k_zz_len(size) + size)
+        o = k_put_zz(o, size)
+        o[0] = 0
+        o = k_put_zz(o + 1, delta)
+        o = k_put_zz(o, i)
+        o[0] = 0x01                           # no key
+        o = k_put_zz(o + 1, vlen)
+        memcpy(o, b + vp, vlen)
+        o[vlen] = 0                           # no headers
+        return 0
     if k_parse_stored(b, n, &rec):
         ts = rec.ts if rec.has_ts else chunk_ts
     else:

@@ -10,7 +10,8 @@ Run by ``bench._client`` (same READY/GO handshake, CPU snapshots and RESULT line
 topic is ``--stream`` with one partition (so it is that stream), created untimed and deleted at the end.
 
 - ``kafka-produce``: one Producer, ``acks=all``, idempotent (the engine's publisher sequences), no key,
-  ``--size``-byte values, ``linger.ms`` 5, enqueued by ``produce_batch`` (10,000 a call); the timed window
+  ``--size``-byte values, batches of 5,000 records (``batch.num.messages``, ``linger.ms`` 20) as the
+  RabbitMQ Stream rows send, enqueued by ``produce_batch`` (10,000 a call); the timed window
   runs from the first enqueue to the end of ``flush`` (every record acknowledged).
 - ``kafka-consume``: the topic filled first (untimed, the same producer), then one Consumer assigned the
   partition from offset 0 reads until it has every record.
@@ -19,7 +20,11 @@ topic is ``--stream`` with one partition (so it is that stream), created untimed
 import time
 
 WORKLOADS = ("kafka-produce", "kafka-consume")
-LINGER_MS = 5
+# Produce batches of up to BATCH_RECORDS, the RabbitMQ Stream rows' size (send_batch 5k), so both rows cost
+# the broker about the same requests per record: librdkafka fills one within LINGER_MS from 250k records/s
+# on (with linger 5 ms a run slowed by a loaded machine sent batches of a few hundred)
+LINGER_MS = 20
+BATCH_RECORDS = 5_000
 MAX_BATCH_BYTES = 1 << 20
 CONSUME_BATCH = 10_000
 PRODUCE_BATCH = 10_000
@@ -29,7 +34,7 @@ QUEUE_MESSAGES = 1_000_000
 def _producer(a):
     from confluent_kafka import Producer
     return Producer({"bootstrap.servers": f"{a.host}:{a.port}", "acks": "all", "enable.idempotence": True,
-                     "linger.ms": LINGER_MS, "batch.size": MAX_BATCH_BYTES,
+                     "linger.ms": LINGER_MS, "batch.size": MAX_BATCH_BYTES, "batch.num.messages": BATCH_RECORDS,
                      "queue.buffering.max.messages": QUEUE_MESSAGES, "queue.buffering.max.kbytes": 1 << 20})
 
 

@@ -42,10 +42,15 @@ cdef inline int k_zz(const unsigned char* b, Py_ssize_t* pos, Py_ssize_t end, in
     ints are unbounded). Raises FrameError with the twin's messages."""
     cdef Py_ssize_t p = pos[0]
     cdef uint64_t byte
-    if p < end:                 # one byte: most of a record's varints, read here without a call
+    if p < end:                 # one or two bytes: a record's varints but its timestamp's, read without a call
         byte = b[p]
         if byte < 0x80:
             pos[0] = p + 1
+            out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
+            return 0
+        if p + 1 < end and b[p + 1] < 0x80:
+            byte = (byte & 0x7F) | (<uint64_t>b[p + 1] << 7)
+            pos[0] = p + 2
             out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
             return 0
     return k_zz_long(b, pos, end, out)

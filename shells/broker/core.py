@@ -325,6 +325,40 @@ class Broker:
             return
         self.cluster.forwarding.lookup(name, lambda placed, exc: cb(bool(placed)))
 
+    def needs_copy(self, name):
+        """Whether a reader of ``name`` here must first wait for :meth:`when_readable`: only in a cluster,
+        on a node that holds no copy of it (or a copy still catching up for its first reader). False on a
+        lone node and wherever a copy is there: the read goes on at once, no extra hop."""
+        cluster = self.cluster
+        if cluster is None or not name:
+            return False
+        observers = cluster.observers
+        if self.engine.has_stream(name):
+            return observers.observing(name) and not observers._caught_up(name)
+        return name not in self._creating
+
+    def when_readable(self, name, cb):
+        """``cb(exc)`` on the loop once ``name`` can be read here: at once where :meth:`needs_copy` is
+        false; else after this node made a copy of it, followed its leader and caught up to the
+        committed offset (shells/cluster/remote_read.py: the node observes the stream, no vote), or with
+        StreamNotFound when the cluster has no such stream or no copy was ready within
+        ``--replication-timeout``. Readers then read the local copy, limited to the committed offset."""
+        if not self.needs_copy(name):
+            cb(None)
+            return
+        self.cluster.observers.observe(name, cb)
+
+    def catch_up(self, name, cb):
+        """``cb()`` on the loop once this node's copy of ``name`` holds what its leader has committed now
+        (read-your-writes for a one-shot read, e.g. a WebSocket resend, on a node that does not lead the
+        stream: a client that published through another node sees its write here). At once on a lone
+        node and on the leader; at most ``--replication-timeout`` later elsewhere."""
+        cluster = self.cluster
+        if cluster is None or cluster.check_write(name) is None or not self.engine.has_stream(name):
+            cb()
+            return
+        cluster.observers.catch_up(name, cb)
+
     def creating(self, name):
         """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""
         return name in self._creating

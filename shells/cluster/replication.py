@@ -120,7 +120,9 @@ class ReplicationPlane:
             hello = wire.decode_hello(payload)
             name, node = hello["stream"], hello["node"]
             st = self.leading.get(name)
-            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
+            # an observer (remote_read.py) copies the log for its readers: served, never counted
+            if (st is None or (node not in st.members and node not in st.learners and not hello["observer"])
+                    or hello["epoch"] > st.epoch):
                 writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
                 await writer.drain()
                 st = None
@@ -239,8 +241,10 @@ class ReplicationPlane:
                 raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
                 h = core.read_header(raw)
                 last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
-            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
-                                                      "next": s.next_offset, "last": last}))
+            hello = {"node": self.name, "stream": name, "epoch": epoch, "next": s.next_offset, "last": last}
+            if self.observers.observing(name):
+                hello["observer"] = True
+            writer.write(wire.json_frame(wire.HELLO, hello))
             await writer.drain()
             durable = [s.next_offset]       # the highest offset acknowledged on this connection
             seqs = None
@@ -278,7 +282,9 @@ class ReplicationPlane:
                     for ref, off in wire.decode_offsets(payload).items():
                         self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
-                    self.engine.set_read_limit(name, wire.u64(payload))
+                    commit = wire.u64(payload)
+                    self.engine.set_read_limit(name, commit)
+                    self.observers.heard_commit(name, commit)
                     self._ack(writer, durable[0], durable)     # the heartbeat's answer
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)

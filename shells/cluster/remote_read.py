@@ -1,0 +1,177 @@
+"""Reading a stream on a node that holds no copy of it: the node becomes an *observer* of the stream.
+
+A stream is placed on its members (``initial-cluster-size`` of them, or what ``add-replica`` and
+``delete-replica`` made); any node still serves every listener. When a client on a node outside the
+members subscribes to such a stream (any protocol: RabbitMQ Stream Subscribe, BSON SUBSCRIBE, a ZeroMQ
+SUB, a WebSocket subscribe or resend, a REAM EVENT SUBSCRIBE, ``riverbed tail``), the shell asks the
+broker first (:meth:`~riverbed.shells.broker.core.Broker.needs_copy`,
+:meth:`~riverbed.shells.broker.core.Broker.when_readable`), and the broker asks :class:`Observers`:
+
+* the node makes a local copy of the stream (the same arguments as the placement) and follows the
+  stream's leader over the replication port exactly as a member does, with ``"observer": true`` in its
+  HELLO: the leader sends it every chunk as stored (byte for byte: same offsets, same CRCs) and the
+  committed offset, and never counts its acknowledgements toward a majority; it has no vote and never
+  stands in an election, and no progress key of it is written;
+* the request goes on once the copy holds the committed offset the leader first told it (so an offset
+  spec such as ``next`` or ``last`` resolves as it would on the leader), within ``--replication-timeout``
+  (else the shell answers as for a missing stream);
+* from then on the copy is a local log: the broker's ``Tail``, ``resolve`` and record reads serve it,
+  limited to the committed offset (``Engine.set_read_limit``) like a member's, and a read at an offset the
+  copy has not reached yet waits for it (a tail arms a watch);
+* on a failover the observer follows the next leader (a tail the old leader had not committed is
+  truncated, as on a member); a stream deleted on the cluster is deleted here as on a member; a restart
+  of the node drops its observer copies (they are in no placement), and a node made a member of the
+  stream (``add-replica``) keeps its copy as a member copy.
+
+Publishes on an observer are forwarded to the leader as on any node that does not lead (forward.py).
+Positions are the log's offsets on every node. Loop thread only.
+"""
+
+import asyncio
+import logging
+import time
+
+from riverbed.engine.errors import StreamNotFound
+
+log = logging.getLogger("riverbed.cluster")
+
+READY_POLL = 0.01        # seconds between two looks at a new copy's progress while a request waits
+
+
+class CopyTimeout(StreamNotFound):
+    """No copy of the stream could be made and caught up here within --replication-timeout (its leader
+    is away, or the stream is not placed): the request is answered as for a missing stream."""
+
+
+class Observers:
+    """The streams this node observes (holds a copy of without being a member). One per
+    :class:`~riverbed.shells.cluster.node.ClusterNode`."""
+
+    def __init__(self, node):
+        self.node = node
+        self.streams = {}          # stream -> commit offset last heard from its leader (None: none yet)
+        self._waiting = {}         # stream -> [cb(exc)] of requests waiting for the copy
+        node.broker.on_stream_deleted(self.forget)
+
+    def observing(self, name):
+        return name in self.streams
+
+    def heard_commit(self, name, offset):
+        """The leader sent COMMIT ``offset`` to this node's copy of ``name`` (replication.py hook)."""
+        if name in self.streams:
+            self.streams[name] = offset
+
+    def observe(self, name, cb):
+        """``cb(exc)`` on the loop once this node holds a copy of ``name`` caught up to the committed
+        offset (exc None), or could not within the replication timeout (:class:`CopyTimeout`). A stream
+        no placement names (etcd is asked first) gets CopyTimeout at once."""
+        if self.node.engine.has_stream(name) and (name not in self.streams or self._caught_up(name)):
+            cb(None)
+            return
+        waiting = self._waiting.get(name)
+        if waiting is not None:
+            waiting.append(cb)
+            return
+        self._waiting[name] = [cb]
+        asyncio.get_running_loop().create_task(self._copy(name))
+
+    def _caught_up(self, name):
+        commit = self.streams.get(name)
+        if commit is None:
+            return False
+        try:
+            return self.node.engine._current(name).next_offset >= commit
+        except StreamNotFound:
+            return False
+
+    async def _copy(self, name):
+        node = self.node
+        exc = None
+        try:
+            if name not in node.placements:
+                kv = await node.etcd.get(node.prefix + "streams/" + name)
+                if kv is not None and name not in node.placements:
+                    node.placements[name] = (kv.json(), kv.mod_revision)
+            entry = node.placements.get(name)
+            if entry is None:
+                raise CopyTimeout(f"stream {name!r} does not exist on the cluster")
+            if not node.engine.has_stream(name):
+                log.info("cluster: %s observes %s (no copy here; following its leader)", node.name, name)
+                self.streams[name] = None
+                await node._create_local(name, entry[0].get("arguments") or {})
+                if not node.engine.has_stream(name):
+                    raise CopyTimeout(f"cannot make a copy of {name!r} here")
+                self.follow(name, entry[0])
+            deadline = time.monotonic() + node.replication_timeout
+            while not self._caught_up(name) and name in self.streams:
+                if time.monotonic() >= deadline:
+                    raise CopyTimeout(f"the copy of {name!r} here did not reach its leader's committed offset "
+                                      f"within {node.replication_timeout:g} s")
+                await asyncio.sleep(READY_POLL)
+        except Exception as e:      # etcd away, a refused creation: answered, never raised
+            exc = e if isinstance(e, StreamNotFound) else CopyTimeout(f"no copy of {name!r} here: {e}")
+        for fn in self._waiting.pop(name, ()):
+            try:
+                fn(exc)
+            except Exception:
+                log.exception("a request waiting for the copy of %r failed", name)
+
+    def catch_up(self, name, cb):
+        """``cb()`` on the loop once this node's copy of ``name`` (a member's or an observer's) holds the
+        committed offset its leader has now, asked over the forwarding connection (read_wire.py), or after
+        ``--replication-timeout`` (then the read goes on with what is here). Read-your-writes: a client that
+        published through another node and reads here sees its write."""
+        node = self.node
+        loop = asyncio.get_running_loop()
+        state = {"done": False, "cancel": None, "timer": None}
+
+        def finish(exc=None):
+            if state["done"]:
+                return
+            state["done"] = True
+            if state["cancel"] is not None:
+                state["cancel"]()
+            if state["timer"] is not None:
+                state["timer"].cancel()
+            cb()
+
+        def got(offset, exc):
+            if state["done"]:
+                return
+            if exc is not None or not offset:
+                finish()
+                return
+            state["cancel"] = node.broker.watch(name, offset - 1, finish)
+        state["timer"] = loop.call_later(node.replication_timeout, finish)
+        node.forwarding.committed(name, got)
+
+    def follow(self, name, p):
+        """Follow the leader of placement ``p`` (called on every poll of the cluster state for an observed
+        stream): a new leader or epoch starts a new follower; no live leader, none (the members elect)."""
+        node = self.node
+        leader, epoch = p.get("leader"), p.get("epoch", 0)
+        if epoch < node.max_epoch.get(name, 0):
+            return
+        node.max_epoch[name] = epoch
+        f = node.following.get(name)
+        if not leader or leader == node.name or leader not in node.nodes or node.watch.is_lost(name, leader, epoch):
+            if f is not None:
+                f[2].cancel()
+                node.following.pop(name, None)
+            return
+        if f is not None and f[0] == leader and f[1] == epoch and not f[2].done():
+            return
+        if f is not None:
+            f[2].cancel()
+        if node.engine.read_limit(name) is None:
+            node.engine.set_read_limit(name, 0)
+        task = asyncio.get_running_loop().create_task(node._follow(name, leader, epoch))
+        node.following[name] = (leader, epoch, task)
+
+    def became_member(self, name):
+        """This node is now a member (or learner) of ``name``: its copy is a member copy from now on."""
+        self.streams.pop(name, None)
+
+    def forget(self, name):
+        """Broker deletion hook: the copy is gone."""
+        self.streams.pop(name, None)

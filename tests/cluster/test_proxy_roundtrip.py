@@ -305,18 +305,22 @@ def test_read_your_writes_through_another_node(cluster):
     ``last`` and a resend of the last message: one-shot reads, which wait for the node's copy to reach
     what the leader has committed), including the two nodes holding no copy of a one-member stream."""
     c = cluster
-    make_stream(c, "ryw", 1)
     names = ("n1", "n2", "n3")
-    for i in range(12):
-        via = c.nodes[names[i % 3]]
-        pub = publisher("ream", via, "ryw")
-        assert pub.publish(i)
-        pub.close()
-        for other in names:
-            if c.nodes[other] is via:
-                continue
-            assert rest_last(c.nodes[other], "ryw") == [(i, ("ream", i))], (i, other)
-            assert ws_resend(c.nodes[other], "ryw", 1, resend_last=1) == [(i, ("ream", i))], (i, other)
+    for stream, size in (("ryw1", 1), ("ryw3", 3)):
+        make_stream(c, stream, size)
+        pubs = {name: publisher("ream", c.nodes[name], stream) for name in names}
+        for i in range(30):
+            via = names[i % 3]
+            assert pubs[via].publish(i)
+            for other in names:
+                if other == via:
+                    continue
+                if i % 2:
+                    assert rest_last(c.nodes[other], stream) == [(i, ("ream", i))], (stream, i, other)
+                else:
+                    assert ws_resend(c.nodes[other], stream, 1, resend_last=1) == [(i, ("ream", i))], (stream, i, other)
+        for p in pubs.values():
+            p.close()
 
 
 def test_a_subscription_on_a_node_without_a_copy_of_a_missing_stream_is_answered_as_before(cluster):

@@ -12,6 +12,8 @@ import re
 import shutil
 import socket
 import struct
+import subprocess
+import sys
 import time
 import urllib.request
 
@@ -298,6 +300,13 @@ def test_five_protocols_publish_through_every_node_and_read_on_every_node(cluste
         assert live[name].result() == expected, (name, "live WebSocket")
     # the node outside the members observes the stream: no vote, its copy equal to the members'
     assert outside not in {m["node"] for m in stream_of(c.status(), "rt")["members"]}
+    # `riverbed tail` pointed at the node outside the members
+    srv = c.nodes[outside]
+    r = subprocess.run([sys.executable, "-m", "riverbed.shells.cli", "tail", "rt", "--from", "first", "--format",
+                        "raw", "--uri", f"rabbitmq-stream://guest:guest@127.0.0.1:{srv.port}"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert [(o, marker(line)) for o, line in enumerate(r.stdout.splitlines())] == expected
 
 
 def test_read_your_writes_through_another_node(cluster):

@@ -32,6 +32,7 @@ import logging
 import time
 
 from riverbed.engine.errors import StreamNotFound
+from riverbed.shells.cluster import membership
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -95,14 +96,20 @@ class Observers:
             entry = node.placements.get(name)
             if entry is None:
                 raise CopyTimeout(f"stream {name!r} does not exist on the cluster")
-            if not node.engine.has_stream(name):
+            deadline = time.monotonic() + node.replication_timeout
+            if membership.take_part(node, name, entry[0]):
+                # a member (or learner) whose copy is being made by the control loop: wait for it
+                while not node.engine.has_stream(name):
+                    if time.monotonic() >= deadline:
+                        raise CopyTimeout(f"this node's member copy of {name!r} is not there yet")
+                    await asyncio.sleep(READY_POLL)
+            elif not node.engine.has_stream(name):
                 log.info("cluster: %s observes %s (no copy here; following its leader)", node.name, name)
                 self.streams[name] = None
                 await node._create_local(name, entry[0].get("arguments") or {})
                 if not node.engine.has_stream(name):
                     raise CopyTimeout(f"cannot make a copy of {name!r} here")
                 self.follow(name, entry[0])
-            deadline = time.monotonic() + node.replication_timeout
             while not self._caught_up(name) and name in self.streams:
                 if time.monotonic() >= deadline:
                     raise CopyTimeout(f"the copy of {name!r} here did not reach its leader's committed offset "
@@ -110,6 +117,8 @@ class Observers:
                 await asyncio.sleep(READY_POLL)
         except Exception as e:      # etcd away, a refused creation: answered, never raised
             exc = e if isinstance(e, StreamNotFound) else CopyTimeout(f"no copy of {name!r} here: {e}")
+            if not node.engine.has_stream(name):
+                self.streams.pop(name, None)
         for fn in self._waiting.pop(name, ()):
             try:
                 fn(exc)

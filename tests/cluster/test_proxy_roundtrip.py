@@ -344,3 +344,32 @@ def test_a_subscription_on_a_node_without_a_copy_of_a_missing_stream_is_answered
     finally:
         cl.close()
     assert ws_resend(srv, "nowhere", 0) == []       # no_resend
+
+
+def test_an_observer_follows_the_next_leader(cluster):
+    """Kill -9 (and restart) the leader of a two-member stream: the node outside its members, serving a
+    live subscription from its copy, follows the next leader, takes no part in the election, and the
+    subscription goes on at the log's offsets. Last in the module: it restarts a node."""
+    c = cluster
+    members = make_stream(c, "fo", 2)
+    outside = ({"n1", "n2", "n3"} - members).pop()
+    st = c.status()
+    leader, epoch = stream_of(st, "fo")["leader"], stream_of(st, "fo")["epoch"]
+    live = WsLive(c.nodes[outside], "fo", 20)
+    pub = publisher("bson", c.nodes[outside], "fo")        # forwarded from the observer to the leader
+    for i in range(10):
+        assert pub.publish(i), i
+    pub.close()
+    c.restart(leader)
+    st = c.wait(lambda st: stream_of(st, "fo")["epoch"] > epoch and stream_of(st, "fo")["leader"] and any(
+        n["up"] and n["name"] == stream_of(st, "fo")["leader"] for n in st["nodes"]), timeout=30,
+        what="a new leader of fo")
+    assert {m["node"] for m in stream_of(st, "fo")["members"]} == members
+    pub = publisher("ream", c.nodes[outside], "fo")
+    for i in range(10):
+        assert pub.publish(i), i
+    pub.close()
+    expected = [(o, m) for o, m in enumerate([("bson", i) for i in range(10)] + [("ream", i) for i in range(10)])]
+    assert live.result() == expected
+    for name in ("n1", "n2", "n3"):
+        assert rmq_read(c.nodes[name], "fo", 20) == expected, name

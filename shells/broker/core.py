@@ -101,6 +101,7 @@ class Broker:
         self.clock = clock
         self.wall_clock = wall_clock or (lambda: int(time.time() * 1000))
         self.sessions = set()
+        self.readers = {}          # stream -> open Tails (tail.py): a cluster drops an idle observer copy
         self._closed = False
         self._offset_writes = {}   # (stream, reference) -> [in-flight count, waiting callbacks]
         self._seq_writes = {}      # (stream, publisher) -> [in-flight count, waiting callbacks]
@@ -332,9 +333,8 @@ class Broker:
         cluster = self.cluster
         if cluster is None or not name:
             return False
-        observers = cluster.observers
         if self.engine.has_stream(name):
-            return observers.observing(name) and not observers._caught_up(name)
+            return not cluster.observers.ready(name)
         return name not in self._creating
 
     def when_readable(self, name, cb):

@@ -21,7 +21,16 @@ broker first (:meth:`~riverbed.shells.broker.core.Broker.needs_copy`,
 * on a failover the observer follows the next leader (a tail the old leader had not committed is
   truncated, as on a member); a stream deleted on the cluster is deleted here as on a member; a restart
   of the node drops its observer copies (they are in no placement), and a node made a member of the
-  stream (``add-replica``) keeps its copy as a member copy.
+  stream (``add-replica``) keeps its copy as a member copy;
+* a copy no reader used for ``IDLE_DROP`` seconds (no open tail: ``Broker.readers``, no request in
+  flight; default 60, ``RIVERBED_OBSERVER_IDLE_SECONDS``) is deleted here (the cluster's stream stays);
+  the next reader makes a new one. A ZeroMQ subscription holds it until its client DISCONNECTs or its
+  TTL expires (a DEALER that goes away says nothing).
+
+Read-your-writes for one-shot reads (:meth:`Observers.catch_up`, ``Broker.catch_up``): a WebSocket
+resend, a REST read, the HTTP API's stream stats and records on a node that does not lead the stream
+first ask the leader its committed offset (read_wire.py, on the forwarding connection) and wait until
+the local copy holds it. A subscription needs no such step: its tail waits for offsets not here yet.
 
 Publishes on an observer are forwarded to the leader as on any node that does not lead (forward.py).
 Positions are the log's offsets on every node. Loop thread only.
@@ -29,6 +38,7 @@ Positions are the log's offsets on every node. Loop thread only.
 
 import asyncio
 import logging
+import os
 import time
 
 from riverbed.engine.errors import StreamNotFound
@@ -37,6 +47,8 @@ from riverbed.shells.cluster import membership
 log = logging.getLogger("riverbed.cluster")
 
 READY_POLL = 0.01        # seconds between two looks at a new copy's progress while a request waits
+# seconds an observer copy is kept with no reader (no open tail, no request) before it is dropped
+IDLE_DROP = float(os.environ.get("RIVERBED_OBSERVER_IDLE_SECONDS", "60"))
 
 
 class CopyTimeout(StreamNotFound):
@@ -52,10 +64,19 @@ class Observers:
         self.node = node
         self.streams = {}          # stream -> commit offset last heard from its leader (None: none yet)
         self._waiting = {}         # stream -> [cb(exc)] of requests waiting for the copy
+        self._used = {}            # stream -> monotonic time a reader last used (or held) the copy
+        self._busy = {}            # stream -> catch_up calls in flight
         node.broker.on_stream_deleted(self.forget)
 
     def observing(self, name):
         return name in self.streams
+
+    def ready(self, name):
+        """Whether the local copy of ``name`` (which exists) may be read now: a member's always; an
+        observer's once caught up, and not while it is being dropped."""
+        if name in self.node._member_deleting:
+            return False
+        return name not in self.streams or self._caught_up(name)
 
     def heard_commit(self, name, offset):
         """The leader sent COMMIT ``offset`` to this node's copy of ``name`` (replication.py hook)."""
@@ -66,7 +87,8 @@ class Observers:
         """``cb(exc)`` on the loop once this node holds a copy of ``name`` caught up to the committed
         offset (exc None), or could not within the replication timeout (:class:`CopyTimeout`). A stream
         no placement names (etcd is asked first) gets CopyTimeout at once."""
-        if self.node.engine.has_stream(name) and (name not in self.streams or self._caught_up(name)):
+        self._used[name] = time.monotonic()
+        if self.node.engine.has_stream(name) and self.ready(name):
             cb(None)
             return
         waiting = self._waiting.get(name)
@@ -89,6 +111,11 @@ class Observers:
         node = self.node
         exc = None
         try:
+            deadline = time.monotonic() + node.replication_timeout
+            while name in node._member_deleting:       # an idle copy being dropped: made again after
+                if time.monotonic() >= deadline:
+                    raise CopyTimeout(f"the copy of {name!r} here is still being deleted")
+                await asyncio.sleep(READY_POLL)
             if name not in node.placements:
                 kv = await node.etcd.get(node.prefix + "streams/" + name)
                 if kv is not None and name not in node.placements:
@@ -96,7 +123,6 @@ class Observers:
             entry = node.placements.get(name)
             if entry is None:
                 raise CopyTimeout(f"stream {name!r} does not exist on the cluster")
-            deadline = time.monotonic() + node.replication_timeout
             if membership.take_part(node, name, entry[0]):
                 # a member (or learner) whose copy is being made by the control loop: wait for it
                 while not node.engine.has_stream(name):
@@ -119,6 +145,7 @@ class Observers:
             exc = e if isinstance(e, StreamNotFound) else CopyTimeout(f"no copy of {name!r} here: {e}")
             if not node.engine.has_stream(name):
                 self.streams.pop(name, None)
+        self._used[name] = time.monotonic()        # its readers open their tails from now on
         for fn in self._waiting.pop(name, ()):
             try:
                 fn(exc)
@@ -133,11 +160,19 @@ class Observers:
         node = self.node
         loop = asyncio.get_running_loop()
         state = {"done": False, "cancel": None, "timer": None}
+        self._used[name] = time.monotonic()
+        self._busy[name] = self._busy.get(name, 0) + 1      # the copy is not dropped under a read
 
         def finish(exc=None):
             if state["done"]:
                 return
             state["done"] = True
+            self._used[name] = time.monotonic()
+            left = self._busy.get(name, 0) - 1
+            if left > 0:
+                self._busy[name] = left
+            else:
+                self._busy.pop(name, None)
             if state["cancel"] is not None:
                 state["cancel"]()
             if state["timer"] is not None:
@@ -158,6 +193,9 @@ class Observers:
         """Follow the leader of placement ``p`` (called on every poll of the cluster state for an observed
         stream): a new leader or epoch starts a new follower; no live leader, none (the members elect)."""
         node = self.node
+        if self._idle(name):
+            self._drop(name)
+            return
         leader, epoch = p.get("leader"), p.get("epoch", 0)
         if epoch < node.max_epoch.get(name, 0):
             return
@@ -177,10 +215,37 @@ class Observers:
         task = asyncio.get_running_loop().create_task(node._follow(name, leader, epoch))
         node.following[name] = (leader, epoch, task)
 
+    def _idle(self, name):
+        now = time.monotonic()
+        if (self.node.broker.readers.get(name) or name in self._waiting or name in self._busy
+                or not self.node.engine.has_stream(name)):
+            self._used[name] = now
+            return False
+        return now - self._used.setdefault(name, now) >= IDLE_DROP
+
+    def _drop(self, name):
+        """Delete the observer copy of ``name`` (no reader for IDLE_DROP seconds); the cluster's stream
+        stays (the deletion hook knows this one is a copy of this node only). A later reader makes a new one."""
+        node = self.node
+        log.info("cluster: %s drops its observer copy of %s (no reader for %g s)", node.name, name, IDLE_DROP)
+        self.streams.pop(name, None)
+        self._used.pop(name, None)
+        f = node.following.pop(name, None)
+        if f is not None:
+            f[2].cancel()
+        node._member_deleting.add(name)
+
+        def deleted(exc):
+            if exc is not None:
+                node._member_deleting.discard(name)
+        node.broker.delete_stream(name, deleted)
+
     def became_member(self, name):
         """This node is now a member (or learner) of ``name``: its copy is a member copy from now on."""
         self.streams.pop(name, None)
+        self._used.pop(name, None)
 
     def forget(self, name):
         """Broker deletion hook: the copy is gone."""
         self.streams.pop(name, None)
+        self._used.pop(name, None)

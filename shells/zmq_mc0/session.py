@@ -392,7 +392,8 @@ class McSession(SessionKernel):
                 entry[0] = True
                 self.advance()
         for name in names:
-            self.broker.when_readable(name, self._later(ready))
+            # not _later: the entry counts in this session's pending_ops until it has run
+            self.broker.when_readable(name, ready)
         return True
 
     def in_order(self, fn):

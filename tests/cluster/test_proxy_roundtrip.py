@@ -40,6 +40,7 @@ MARK = re.compile(r"(rmq|bson|zmq|ws|ream)-(\d+)")
 KEY_SUBSCRIBE, KEY_DELIVER, KEY_CREDIT = 0x07, 0x08, 0x09
 OFFSET_FIRST = 1
 ROUNDS = 8
+IDLE = 2.0          # seconds (RIVERBED_OBSERVER_IDLE_SECONDS of the nodes)
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +50,16 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("proxy")
     etcd = EtcdProcess(tmp / "etcd").start()
     c = Cluster(tmp, etcd, extra=ALL_LISTENERS)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        etcd.stop()
+    with pytest.MonkeyPatch.context() as mp:
+        # observer copies unread for this long are dropped (a new reader makes one again): short here, so
+        # that the tests below also read through copies made again
+        mp.setenv("RIVERBED_OBSERVER_IDLE_SECONDS", str(IDLE))
+        try:
+            c.start()
+            yield c
+        finally:
+            c.stop()
+            etcd.stop()
 
 
 def marker(text):
@@ -145,9 +150,12 @@ def zmq_read(srv, stream, n, timeout=20):
                 out.append((offset, marker(msg[-1].decode("utf-8", "replace"))))
             else:
                 assert msg[1] == b"OK", msg
+        # a DEALER that goes away says nothing to the server: the subscription would live on (and hold
+        # the node's copy of the stream) until a TTL expires; DISCONNECT ends it
+        sock.send_multipart([b"", b"DISCONNECT"])
         return out
     finally:
-        sock.close(linger=0)
+        sock.close(linger=1000)
 
 
 def ream_read(srv, stream, n, timeout=20):
@@ -344,6 +352,39 @@ def test_a_subscription_on_a_node_without_a_copy_of_a_missing_stream_is_answered
     finally:
         cl.close()
     assert ws_resend(srv, "nowhere", 0) == []       # no_resend
+
+
+def local_streams(srv):
+    req = urllib.request.Request(f"http://127.0.0.1:{srv.ports['http']}/api/queues",
+                                 headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return {q["name"] for q in json.loads(r.read())}
+
+
+def test_an_idle_observer_copy_is_dropped_and_made_again(cluster):
+    """A copy made for readers is deleted once no reader used it for a while (not the cluster's stream:
+    the members keep theirs); the next reader makes a new one, at the same offsets."""
+    c = cluster
+    (member,) = make_stream(c, "idle", 1)
+    outside = c.nodes[next(n for n in ("n1", "n2", "n3") if n != member)]
+    pub = publisher("ream", c.nodes[member], "idle")
+    for i in range(3):
+        assert pub.publish(i)
+    expected = [(i, ("ream", i)) for i in range(3)]
+    # each protocol in turn makes the copy on a node holding none (each shell's own path to it)
+    for proto, read in READERS.items():
+        assert read(outside, "idle", 3) == expected, proto
+        assert "idle" in local_streams(outside)
+        deadline = time.monotonic() + IDLE + 10
+        while "idle" in local_streams(outside):
+            assert time.monotonic() < deadline, ("the idle observer copy was not dropped", proto)
+            time.sleep(0.1)
+        assert "idle" in local_streams(c.nodes[member])
+        assert stream_of(c.status(), "idle") is not None            # the cluster's stream stays
+    assert rest_last(outside, "idle") == expected[-1:]
+    assert pub.publish(3)
+    pub.close()
+    assert bson_read(outside, "idle", 4) == expected + [(3, ("ream", 3))]
 
 
 def test_an_observer_follows_the_next_leader(cluster):

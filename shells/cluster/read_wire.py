@@ -5,14 +5,15 @@ FWD_HELLO) and is answered with a FWD_RESULT whose ``first`` is the offset::
     READ_COMMITTED  node -> leader   rid u64 | stream str (len u16 | UTF-8): the leader's committed
                                      offset of ``stream`` (the next offset a majority holds)
 
-Type numbers from 48, apart from the replication (1, ...) and forwarding (32, ...) frames.
+Type numbers from 64, apart from the replication (1, ...), forwarding (32, ...) and single active
+consumer (48, ...) frames.
 """
 
 import struct
 
 from riverbed.shells.cluster.wire import WireError, frame
 
-READ_COMMITTED = 48
+READ_COMMITTED = 64
 
 _U16 = struct.Struct(">H")
 _U64 = struct.Struct(">Q")

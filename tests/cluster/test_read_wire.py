@@ -57,5 +57,12 @@ def test_hello_observer_flag():
 
 
 def test_frame_types_do_not_meet_the_other_wire_modules():
-    from riverbed.shells.cluster import forward_wire
-    assert not set(rw.DECODERS) & (set(wire.DECODERS) | set(forward_wire.DECODERS))
+    import importlib
+    import pkgutil
+
+    import riverbed.shells.cluster as pkg
+    others = set()
+    for m in pkgutil.iter_modules(pkg.__path__):
+        if m.name.endswith("wire") and m.name != "read_wire":
+            others |= set(getattr(importlib.import_module(f"riverbed.shells.cluster.{m.name}"), "DECODERS", {}))
+    assert others and not set(rw.DECODERS) & others

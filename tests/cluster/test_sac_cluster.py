@@ -1,0 +1,276 @@
+"""Single active consumer across the nodes of a cluster (issue 25, shells/cluster/sac.py): the consumers
+of one group, connected to different nodes, see exactly one active consumer cluster-wide (for a super
+stream, one per partition, spread by RabbitMQ's partition-index rule), and when the active consumer's node
+is killed -9 another node's consumer becomes active within the lease TTL + 2 s and resumes at the stored
+offset + 1. Real etcd and three ``riverbed serve`` nodes (one cluster for the module), RabbitMQ Stream
+consumers on the project's raw client (each pinned to the node it dials, which rstream's Consumer is not:
+it picks a replica from Metadata)."""
+
+import socket
+import struct
+import time
+
+import pytest
+
+import rawwire
+from clusterproc import Cluster
+from etcdproc import EtcdProcess
+from test_replication import connect, leader_of, publish_batches, wait_placed
+
+pytestmark = pytest.mark.integration
+
+KEY_SUBSCRIBE, KEY_DELIVER, KEY_CREDIT, KEY_STORE_OFFSET, KEY_QUERY_OFFSET = 0x07, 0x08, 0x09, 0x0A, 0x0B
+KEY_CREATE_SUPER, KEY_CONSUMER_UPDATE = 0x1D, 0x1A
+OFFSET_FIRST, OFFSET_OFFSET = 1, 4
+LEASE_TTL = 1.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    import shutil
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
+    tmp = tmp_path_factory.mktemp("sac")
+    etcd = EtcdProcess(tmp / "etcd").start()
+    c = Cluster(tmp, etcd, lease_ttl=LEASE_TTL)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        etcd.stop()
+
+
+class SacConsumer:
+    """One RabbitMQ Stream connection to one node, its SAC subscriptions and what reached them:
+    ``updates`` [(sub id, active, correlation id, monotonic time)], ``chunks`` {sub id: [(first offset,
+    records, monotonic time)]}. Blocking; the test drives it with :meth:`pump`."""
+
+    def __init__(self, port, label):
+        self.label = label
+        self.c = connect(port)
+        self.updates = []
+        self.chunks = {}
+        self.taken = set()       # correlation ids of the updates wait_update returned
+
+    def subscribe(self, sub_id, stream, group, super_stream=None, credit=100):
+        props = {"single-active-consumer": "true", "name": group}
+        if super_stream:
+            props["super-stream"] = super_stream
+        body = (struct.pack(">B", sub_id) + rawwire.s(stream) + struct.pack(">HH", OFFSET_FIRST, credit)
+                + rawwire.props(props))
+        code, _ = self.c.request(KEY_SUBSCRIBE, body)
+        assert code == rawwire.OK, (self.label, stream, code)
+        self.chunks.setdefault(sub_id, [])
+
+    def pump(self, seconds):
+        """Read for ``seconds``: ConsumerUpdates are recorded (answered by :meth:`answer`), Delivers
+        recorded and given their credit back."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.c.pushed:
+                f = self.c.pushed.pop(0)
+            else:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                try:
+                    f = self.c.recv_frame(left)
+                except socket.timeout:
+                    return
+            assert f is not None, f"{self.label}: connection closed"
+            key, _, body = f
+            now = time.monotonic()
+            if key == KEY_CONSUMER_UPDATE:
+                corr, sub_id, active = struct.unpack_from(">IBB", body)
+                self.updates.append((sub_id, active, corr, now))
+            elif key == KEY_DELIVER:
+                sub_id = body[0]
+                records, = struct.unpack_from(">I", body, 1 + 4)
+                first, = struct.unpack_from(">Q", body, 1 + 24)
+                self.chunks.setdefault(sub_id, []).append((first, records, now))
+                self.c.send(rawwire.frame(KEY_CREDIT, struct.pack(">BH", sub_id, 1)))
+
+    def answer(self, corr, offset=None):
+        """Answer a ConsumerUpdate: start at ``offset`` (None: as subscribed, FIRST)."""
+        spec = struct.pack(">HQ", OFFSET_OFFSET, offset) if offset is not None else struct.pack(">HQ", OFFSET_FIRST, 0)
+        self.c.send(rawwire.frame(KEY_CONSUMER_UPDATE | 0x8000, struct.pack(">IH", corr, rawwire.OK) + spec))
+
+    def store_offset(self, reference, stream, offset):
+        self.c.send(rawwire.frame(KEY_STORE_OFFSET, rawwire.s(reference) + rawwire.s(stream) + struct.pack(">Q", offset)))
+
+    def query_offset(self, reference, stream):
+        code, rest = self.c.request(KEY_QUERY_OFFSET, rawwire.s(reference) + rawwire.s(stream))
+        return struct.unpack_from(">Q", rest)[0] if code == rawwire.OK else None
+
+    def active_subs(self):
+        """{sub id: the last ConsumerUpdate's active flag}."""
+        out = {}
+        for sub_id, active, _, _ in self.updates:
+            out[sub_id] = active
+        return out
+
+    def close(self):
+        self.c.close()
+
+
+def pump_all(consumers, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for c in consumers:
+            c.pump(0.02)
+
+
+def wait_update(consumers, what, timeout=10.0):
+    """Pump until some consumer has a ConsumerUpdate not returned before that matches ``what(update)``;
+    returns (consumer, update)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for c in consumers:
+            for u in c.updates:
+                if u[2] not in c.taken and what(u):
+                    c.taken.add(u[2])
+                    return c, u
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"no ConsumerUpdate as expected within {timeout} s: "
+                                 f"{[(c.label, c.updates) for c in consumers]}")
+        for c in consumers:
+            c.pump(0.02)
+
+
+def create_super_stream(port, name, partitions, keys):
+    c = connect(port)
+    try:
+        body = (rawwire.s(name) + struct.pack(">i", len(partitions)) + b"".join(rawwire.s(p) for p in partitions)
+                + struct.pack(">i", len(keys)) + b"".join(rawwire.s(k) for k in keys) + struct.pack(">i", 0))
+        assert c.request(KEY_CREATE_SUPER, body)[0] == rawwire.OK
+    finally:
+        c.close()
+
+
+def test_super_stream_group_one_active_per_partition_across_nodes(cluster):
+    names = sorted(cluster.nodes)
+    parts = ["ss-0", "ss-1", "ss-2"]
+    create_super_stream(cluster.nodes["n1"].port, "ss", parts, ["0", "1", "2"])
+    for p in parts:
+        wait_placed(cluster, p)
+    leaders = {p: leader_of(cluster, p) for p in parts}
+    assert len(set(leaders.values())) > 1, f"partition leaders not spread: {leaders}"   # several coordinators
+    consumers = {n: SacConsumer(cluster.nodes[n].port, n) for n in names}
+    answered = set()
+    try:
+        # the three join one after the other, each on every partition, each through its own node: by the
+        # partition-index rule partition i ends on the i-th to join, each move a step-down (answered)
+        # before the activation
+        for n in names:
+            for i, p in enumerate(parts):
+                consumers[n].subscribe(i, p, "app", super_stream="ss")
+            for _ in range(6):
+                pump_all(consumers.values(), 0.3)
+                for c in consumers.values():
+                    for sub_id, active, corr, _ in c.updates:
+                        if (c.label, sub_id, corr) not in answered:
+                            answered.add((c.label, sub_id, corr))
+                            c.answer(corr)
+        pump_all(consumers.values(), 0.5)
+        final = {n: c.active_subs() for n, c in consumers.items()}
+        for i, p in enumerate(parts):
+            active_on = [n for n in names if final[n].get(i) == 1]
+            assert active_on == [names[i]], f"partition {p}: active on {active_on}; updates {final}"
+        # what is published to each partition reaches its one active consumer only
+        for p in parts:
+            confirmed, _ = publish_batches(cluster.nodes[leaders[p]].port, p, 0, 30, batch=30)
+            assert len(confirmed) == 30
+        pump_all(consumers.values(), 1.5)
+        for i, p in enumerate(parts):
+            got = {n: sum(r for _, r, _ in consumers[n].chunks.get(i, [])) for n in names}
+            assert got == {n: (30 if n == names[i] else 0) for n in names}, f"{p}: {got}"
+    finally:
+        for c in consumers.values():
+            c.close()
+
+
+
+def test_active_consumers_node_killed_another_node_takes_over_from_the_stored_offset(cluster):
+    """Two groups, both with their active consumer on n1: ``a`` on a stream n1 leads (the coordinator dies
+    with the consumer: the new leader rebuilds the group from the other nodes' re-registrations) and
+    ``b`` on a stream n2 leads (the coordinator sees n1's connection end). Kill -9 n1: in each group one
+    consumer on n2 or n3 becomes active within TTL + 2 s and is delivered from the stored offset + 1."""
+    n = 1000
+    stored = 499
+    specs = {"a": ("n1", "sac-a"), "b": ("n2", "sac-b")}
+    for via, stream in specs.values():
+        cl = connect(cluster.nodes[via].port)
+        try:
+            code = cl.create(stream, {"queue-leader-locator": "client-local"})
+            assert code == rawwire.OK
+        finally:
+            cl.close()
+    for group, (via, stream) in specs.items():
+        wait_placed(cluster, stream)
+        assert leader_of(cluster, stream) == via
+        confirmed, _ = publish_batches(cluster.nodes[via].port, stream, 0, n, batch=100)
+        assert len(confirmed) == n
+    consumers = {n_: SacConsumer(cluster.nodes[n_].port, n_) for n_ in ("n1", "n2", "n3")}
+    try:
+        first = consumers["n1"]
+        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
+            first.subscribe(sub_id, stream, group)
+        for sub_id in range(len(specs)):
+            c, (_, active, corr, _) = wait_update([first], lambda u, s=sub_id: u[0] == s)
+            assert active == 1
+            first.answer(corr)             # nothing stored yet: from the first offset
+        for other in ("n2", "n3"):
+            for sub_id, (group, (_, stream)) in enumerate(specs.items()):
+                consumers[other].subscribe(sub_id, stream, group)
+        # exactly one active per group: the first, on n1; the others wait (no update, no delivery)
+        deadline = time.monotonic() + 20
+        while any(sum(r for _, r, _ in first.chunks[s]) < n for s in range(len(specs))):
+            assert time.monotonic() < deadline, first.chunks
+            pump_all(consumers.values(), 0.1)
+        pump_all(consumers.values(), 1.0)
+        for other in ("n2", "n3"):
+            assert consumers[other].updates == [] and all(not v for v in consumers[other].chunks.values()), \
+                (other, consumers[other].updates, consumers[other].chunks)
+        # n1's consumer processed up to ``stored`` and stores it; it reaches every node with the log
+        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
+            first.store_offset(group, stream, stored)
+        for node in ("n2", "n3"):
+            for group, (_, stream) in specs.items():
+                deadline = time.monotonic() + 10
+                while consumers[node].query_offset(group, stream) != stored:
+                    assert time.monotonic() < deadline, f"{node} never had the stored offset of {stream}"
+                    time.sleep(0.05)
+        first.close()
+        cluster.nodes["n1"].kill()
+        killed = time.monotonic()
+        rest = [consumers["n2"], consumers["n3"]]
+        took = {}
+        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
+            c, (_, active, corr, at) = wait_update(rest, lambda u, s=sub_id: u[0] == s and u[1] == 1,
+                                                   timeout=LEASE_TTL + 2 + 5)
+            took[group] = (c, at - killed)
+            offset = c.query_offset(group, stream)
+            assert offset == stored
+            c.answer(corr, offset + 1)     # RabbitMQ's meaning: the stored offset is the last processed
+        deadline = time.monotonic() + 20
+        while any(sum(r for _, r, _ in took[g][0].chunks[s]) < n - stored - 1 for s, g in enumerate(specs)):
+            assert time.monotonic() < deadline, {g: took[g][0].chunks for g in took}
+            pump_all(rest, 0.1)
+        pump_all(rest, 0.5)
+        for sub_id, group in enumerate(specs):
+            c, seconds = took[group]
+            assert seconds <= LEASE_TTL + 2, f"group {group}: {c.label} became active {seconds:.2f} s after the kill"
+            chunks = c.chunks[sub_id]
+            first_chunk, records, _ = chunks[0]
+            assert first_chunk <= stored + 1 < first_chunk + records, chunks
+            ends = [f + r for f, r, _ in chunks]
+            assert ends[-1] == n and [f for f, _, _ in chunks[1:]] == ends[:-1], chunks   # in order, no gap
+            loser = next(x for x in rest if x is not c)
+            assert [u for u in loser.updates if u[0] == sub_id] == [] and not loser.chunks.get(sub_id), \
+                (group, loser.label, loser.updates)
+            print(f"group {group}: {c.label} active {seconds:.2f} s after kill -9 n1, first chunk {first_chunk} "
+                  f"(stored {stored})")
+    finally:
+        for c in consumers.values():
+            c.close()

@@ -52,6 +52,8 @@ class SacConsumer:
         self.updates = []
         self.chunks = {}
         self.taken = set()       # correlation ids of the updates wait_update returned
+        self.answered = set()    # correlation ids of the updates answered
+        self.answers = []        # [(sub id, active, monotonic time)] of the answers sent
 
     def subscribe(self, sub_id, stream, group, super_stream=None, credit=100):
         props = {"single-active-consumer": "true", "name": group}
@@ -91,13 +93,16 @@ class SacConsumer:
                 self.chunks.setdefault(sub_id, []).append((first, records, now))
                 self.c.send(rawwire.frame(KEY_CREDIT, struct.pack(">BH", sub_id, 1)))
 
-    def answer(self, corr, offset=None):
+    def answer(self, corr, offset=None, sub_id=None, active=None):
         """Answer a ConsumerUpdate: start at ``offset`` (None: as subscribed, FIRST)."""
+        self.answered.add(corr)
+        self.answers.append((sub_id, active, time.monotonic()))
         spec = struct.pack(">HQ", OFFSET_OFFSET, offset) if offset is not None else struct.pack(">HQ", OFFSET_FIRST, 0)
         self.c.send(rawwire.frame(KEY_CONSUMER_UPDATE | 0x8000, struct.pack(">IH", corr, rawwire.OK) + spec))
 
     def store_offset(self, reference, stream, offset):
-        self.c.send(rawwire.frame(KEY_STORE_OFFSET, rawwire.s(reference) + rawwire.s(stream) + struct.pack(">Q", offset)))
+        body = rawwire.s(reference) + rawwire.s(stream) + struct.pack(">Q", offset)
+        self.c.send(rawwire.frame(KEY_STORE_OFFSET, body))
 
     def query_offset(self, reference, stream):
         code, rest = self.c.request(KEY_QUERY_OFFSET, rawwire.s(reference) + rawwire.s(stream))
@@ -109,6 +114,17 @@ class SacConsumer:
         for sub_id, active, _, _ in self.updates:
             out[sub_id] = active
         return out
+
+    def active_at(self, sub_id, t):
+        """Whether ``sub_id`` was active at monotonic time ``t``: activated before it, and not yet stepped
+        down by then (a step-down counts once this client answered it)."""
+        state = False
+        events = [(at, 1) for (sid, a, _, at) in self.updates if sid == sub_id and a == 1]
+        events += [(at, 0) for (sid, a, at) in self.answers if sid == sub_id and a == 0]
+        for at, a in sorted(events):
+            if at < t:
+                state = bool(a)
+        return state
 
     def close(self):
         self.c.close()
@@ -157,26 +173,37 @@ def test_super_stream_group_one_active_per_partition_across_nodes(cluster):
     leaders = {p: leader_of(cluster, p) for p in parts}
     assert len(set(leaders.values())) > 1, f"partition leaders not spread: {leaders}"   # several coordinators
     consumers = {n: SacConsumer(cluster.nodes[n].port, n) for n in names}
-    answered = set()
     try:
-        # the three join one after the other, each on every partition, each through its own node: by the
-        # partition-index rule partition i ends on the i-th to join, each move a step-down (answered)
-        # before the activation
-        for n in names:
+        # the three join one after the other, each on every partition, each through its own node: with k
+        # members, partition i is active on the (i mod k)-th to join (RabbitMQ's partition-index rule);
+        # each move is a step-down, answered, before the activation elsewhere
+        for k, n in enumerate(names, 1):
             for i, p in enumerate(parts):
                 consumers[n].subscribe(i, p, "app", super_stream="ss")
-            for _ in range(6):
-                pump_all(consumers.values(), 0.3)
+            want = {i: [names[i % k]] for i in range(len(parts))}
+            deadline = time.monotonic() + 15
+            while True:
                 for c in consumers.values():
+                    c.pump(0.02)
                     for sub_id, active, corr, _ in c.updates:
-                        if (c.label, sub_id, corr) not in answered:
-                            answered.add((c.label, sub_id, corr))
-                            c.answer(corr)
+                        if corr not in c.answered:
+                            c.answer(corr, sub_id=sub_id, active=active)
+                now = {i: [m for m in names if consumers[m].active_subs().get(i) == 1] for i in want}
+                if now == want:
+                    break
+                assert time.monotonic() < deadline, f"after {n} joined: active {now}, want {want}"
         pump_all(consumers.values(), 0.5)
+        assert all(u[2] in c.answered for c in consumers.values() for u in c.updates)    # nothing more came
         final = {n: c.active_subs() for n, c in consumers.items()}
         for i, p in enumerate(parts):
             active_on = [n for n in names if final[n].get(i) == 1]
             assert active_on == [names[i]], f"partition {p}: active on {active_on}; updates {final}"
+            # never two active at once: each activation came after the step-down before it was answered
+            timeline = sorted((t, n, a) for n in names for (sub_id, a, _, t) in consumers[n].updates if sub_id == i)
+            for (t, n, a) in timeline:
+                if a == 1:
+                    holders = [m for m in names if m != n and consumers[m].active_at(i, t)]
+                    assert holders == [], f"{p}: {n} activated at {t} while {holders} active"
         # what is published to each partition reaches its one active consumer only
         for p in parts:
             confirmed, _ = publish_batches(cluster.nodes[leaders[p]].port, p, 0, 30, batch=30)
@@ -191,85 +218,111 @@ def test_super_stream_group_one_active_per_partition_across_nodes(cluster):
 
 
 
+def consumed(c, sub_id):
+    return sum(r for _, r, _ in c.chunks.get(sub_id, []))
+
+
 def test_active_consumers_node_killed_another_node_takes_over_from_the_stored_offset(cluster):
-    """Two groups, both with their active consumer on n1: ``a`` on a stream n1 leads (the coordinator dies
-    with the consumer: the new leader rebuilds the group from the other nodes' re-registrations) and
-    ``b`` on a stream n2 leads (the coordinator sees n1's connection end). Kill -9 n1: in each group one
-    consumer on n2 or n3 becomes active within TTL + 2 s and is delivered from the stored offset + 1."""
+    """Three groups, each with a consumer on every node, then n1 is killed -9:
+
+    * ``a``: on a stream n1 leads, active on n1: the coordinator dies with the consumer; the new leader
+      rebuilds the group from the other nodes' registrations and activates the next consumer;
+    * ``b``: on a stream n2 leads, active on n1: the coordinator sees n1's connection end;
+    * ``c``: on a stream n1 leads, active on n2: the coordinator dies, the active consumer lives; it stays
+      the active one (nobody gets a ConsumerUpdate) and is delivered what is published after the failover.
+
+    For ``a`` and ``b``, one consumer on n2 or n3 becomes active within TTL + 2 s and is delivered from
+    the stored offset + 1 (RabbitMQ's meaning: the stored offset is the last one processed), in order,
+    to the end; the other consumer gets nothing."""
     n = 1000
     stored = 499
-    specs = {"a": ("n1", "sac-a"), "b": ("n2", "sac-b")}
-    for via, stream in specs.values():
-        cl = connect(cluster.nodes[via].port)
+    # group: (its stream's leader, its stream, the node of its first (active) consumer)
+    groups = {"a": ("n1", "sac-a", "n1"), "b": ("n2", "sac-b", "n1"), "c": ("n1", "sac-c", "n2")}
+    sub_of = {g: i for i, g in enumerate(groups)}
+    for leader, stream, _ in groups.values():
+        cl = connect(cluster.nodes[leader].port)
         try:
-            code = cl.create(stream, {"queue-leader-locator": "client-local"})
-            assert code == rawwire.OK
+            assert cl.create(stream, {"queue-leader-locator": "client-local"}) == rawwire.OK
         finally:
             cl.close()
-    for group, (via, stream) in specs.items():
+    for leader, stream, _ in groups.values():
         wait_placed(cluster, stream)
-        assert leader_of(cluster, stream) == via
-        confirmed, _ = publish_batches(cluster.nodes[via].port, stream, 0, n, batch=100)
+        assert leader_of(cluster, stream) == leader
+        confirmed, _ = publish_batches(cluster.nodes[leader].port, stream, 0, n, batch=100)
         assert len(confirmed) == n
     consumers = {n_: SacConsumer(cluster.nodes[n_].port, n_) for n_ in ("n1", "n2", "n3")}
     try:
-        first = consumers["n1"]
-        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
-            first.subscribe(sub_id, stream, group)
-        for sub_id in range(len(specs)):
-            c, (_, active, corr, _) = wait_update([first], lambda u, s=sub_id: u[0] == s)
+        # the designated first consumer of each group joins first and is activated (nothing stored yet:
+        # it starts from the first offset); then the consumers of the other two nodes join
+        for g, (_, stream, first) in groups.items():
+            consumers[first].subscribe(sub_of[g], stream, g)
+            _, (_, active, corr, _) = wait_update([consumers[first]], lambda u, s=sub_of[g]: u[0] == s)
             assert active == 1
-            first.answer(corr)             # nothing stored yet: from the first offset
-        for other in ("n2", "n3"):
-            for sub_id, (group, (_, stream)) in enumerate(specs.items()):
-                consumers[other].subscribe(sub_id, stream, group)
-        # exactly one active per group: the first, on n1; the others wait (no update, no delivery)
+            consumers[first].answer(corr)
+        for g, (_, stream, first) in groups.items():
+            for other in consumers:
+                if other != first:
+                    consumers[other].subscribe(sub_of[g], stream, g)
         deadline = time.monotonic() + 20
-        while any(sum(r for _, r, _ in first.chunks[s]) < n for s in range(len(specs))):
-            assert time.monotonic() < deadline, first.chunks
+        while any(consumed(consumers[first], sub_of[g]) < n for g, (_, _, first) in groups.items()):
+            assert time.monotonic() < deadline, {c.label: c.chunks for c in consumers.values()}
             pump_all(consumers.values(), 0.1)
         pump_all(consumers.values(), 1.0)
-        for other in ("n2", "n3"):
-            assert consumers[other].updates == [] and all(not v for v in consumers[other].chunks.values()), \
-                (other, consumers[other].updates, consumers[other].chunks)
-        # n1's consumer processed up to ``stored`` and stores it; it reaches every node with the log
-        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
-            first.store_offset(group, stream, stored)
+        # exactly one active per group: its first; the others waited (no update, no delivery)
+        for g, (_, _, first) in groups.items():
+            for other, c in consumers.items():
+                if other != first:
+                    assert [u for u in c.updates if u[0] == sub_of[g]] == [] and not c.chunks[sub_of[g]], \
+                        (g, other, c.updates, c.chunks)
+        # the active consumers of a and b processed up to ``stored`` and store it; it reaches every node
+        for g in ("a", "b"):
+            consumers["n1"].store_offset(g, groups[g][1], stored)
         for node in ("n2", "n3"):
-            for group, (_, stream) in specs.items():
+            for g in ("a", "b"):
                 deadline = time.monotonic() + 10
-                while consumers[node].query_offset(group, stream) != stored:
-                    assert time.monotonic() < deadline, f"{node} never had the stored offset of {stream}"
+                while consumers[node].query_offset(g, groups[g][1]) != stored:
+                    assert time.monotonic() < deadline, f"{node} never had the stored offset of {g}"
                     time.sleep(0.05)
-        first.close()
+        consumers.pop("n1").close()
         cluster.nodes["n1"].kill()
         killed = time.monotonic()
         rest = [consumers["n2"], consumers["n3"]]
         took = {}
-        for sub_id, (group, (_, stream)) in enumerate(specs.items()):
-            c, (_, active, corr, at) = wait_update(rest, lambda u, s=sub_id: u[0] == s and u[1] == 1,
-                                                   timeout=LEASE_TTL + 2 + 5)
-            took[group] = (c, at - killed)
-            offset = c.query_offset(group, stream)
+        for g in ("a", "b"):
+            c, (_, _, corr, at) = wait_update(rest, lambda u, s=sub_of[g]: u[0] == s and u[1] == 1,
+                                              timeout=LEASE_TTL + 2 + 5)
+            took[g] = (c, at - killed)
+            offset = c.query_offset(g, groups[g][1])
             assert offset == stored
-            c.answer(corr, offset + 1)     # RabbitMQ's meaning: the stored offset is the last processed
+            c.answer(corr, offset + 1)     # RabbitMQ's meaning: the stored offset is the last one processed
         deadline = time.monotonic() + 20
-        while any(sum(r for _, r, _ in took[g][0].chunks[s]) < n - stored - 1 for s, g in enumerate(specs)):
+        while any(consumed(took[g][0], sub_of[g]) < n - stored - 1 for g in took):
             assert time.monotonic() < deadline, {g: took[g][0].chunks for g in took}
             pump_all(rest, 0.1)
+        # c: its new leader has gathered and decided by now; its active consumer on n2 was told nothing
+        new_leader = leader_of(cluster, "sac-c", not_this="n1")
+        pump_all(rest, 1.0)
+        confirmed, _ = publish_batches(cluster.nodes[new_leader].port, "sac-c", n, 100, batch=100)
+        assert len(confirmed) == 100
+        deadline = time.monotonic() + 10
+        while consumed(consumers["n2"], sub_of["c"]) < n + 100:
+            assert time.monotonic() < deadline, consumers["n2"].chunks[sub_of["c"]]
+            pump_all(rest, 0.1)
         pump_all(rest, 0.5)
-        for sub_id, group in enumerate(specs):
-            c, seconds = took[group]
-            assert seconds <= LEASE_TTL + 2, f"group {group}: {c.label} became active {seconds:.2f} s after the kill"
-            chunks = c.chunks[sub_id]
+        for c in rest:
+            assert [u for u in c.updates if u[0] == sub_of["c"] and u[3] > killed] == [], (c.label, c.updates)
+        assert consumed(consumers["n3"], sub_of["c"]) == 0
+        for g, (c, seconds) in took.items():
+            assert seconds <= LEASE_TTL + 2, f"group {g}: {c.label} became active {seconds:.2f} s after the kill"
+            chunks = c.chunks[sub_of[g]]
             first_chunk, records, _ = chunks[0]
             assert first_chunk <= stored + 1 < first_chunk + records, chunks
             ends = [f + r for f, r, _ in chunks]
             assert ends[-1] == n and [f for f, _, _ in chunks[1:]] == ends[:-1], chunks   # in order, no gap
             loser = next(x for x in rest if x is not c)
-            assert [u for u in loser.updates if u[0] == sub_id] == [] and not loser.chunks.get(sub_id), \
-                (group, loser.label, loser.updates)
-            print(f"group {group}: {c.label} active {seconds:.2f} s after kill -9 n1, first chunk {first_chunk} "
+            assert [u for u in loser.updates if u[0] == sub_of[g]] == [] and not loser.chunks[sub_of[g]], \
+                (g, loser.label, loser.updates)
+            print(f"group {g}: {c.label} active {seconds:.2f} s after kill -9 n1, first chunk {first_chunk} "
                   f"(stored {stored})")
     finally:
         for c in consumers.values():

@@ -238,14 +238,16 @@ class ClusterSac:
                 self._held_streams.add(rec.stream)
             rec.order = self.groups.register(rec.stream, rec.name, rec.sub, rec.index, rec.order, state)
             return
+        try:
+            frame = sw.encode_register(rec.id, rec.order, rec.index, state, rec.stream, rec.name)
+        except ValueError as e:          # a name over 65535 bytes (the protocol's strings cannot be)
+            log.warning("cluster: cannot register SAC member of %r: %s", rec.stream, e)
+            return
         link = self.links.get(leader)
         if link is None or link.closed:
             link = self.links[leader] = _Link(self, leader)
         rec.via = link
-        try:
-            link.send(sw.encode_register(rec.id, rec.order, rec.index, state, rec.stream, rec.name))
-        except ValueError as e:          # a name over 65535 bytes: it stays unregistered (waiting)
-            log.warning("cluster: cannot register SAC member of %r: %s", rec.stream, e)
+        link.send(frame)
 
     def _command(self, link, kind, payload):
         """A leader's frame on ``link``."""

@@ -218,6 +218,52 @@ def test_super_stream_group_one_active_per_partition_across_nodes(cluster):
 
 
 
+def test_paused_nodes_active_consumer_replaced_on_its_lease_and_stepped_down_when_it_resumes(cluster):
+    """SIGSTOP of the node holding the active consumer (its connections stay open): once its etcd key
+    expires the leader drops its members and activates the next consumer; when it resumes, its consumer,
+    which still believes it is active, registers again and is told to step down (ConsumerUpdate
+    inactive) while the other one stays active."""
+    import os
+    import signal
+    cl = connect(cluster.nodes["n1"].port)
+    try:
+        assert cl.create("sac-p", {"queue-leader-locator": "client-local"}) == rawwire.OK
+    finally:
+        cl.close()
+    wait_placed(cluster, "sac-p")
+    assert leader_of(cluster, "sac-p") == "n1"
+    paused, other = SacConsumer(cluster.nodes["n3"].port, "n3"), SacConsumer(cluster.nodes["n2"].port, "n2")
+    try:
+        paused.subscribe(0, "sac-p", "p")
+        _, (_, active, corr, _) = wait_update([paused], lambda u: u[0] == 0)
+        assert active == 1
+        paused.answer(corr)
+        other.subscribe(0, "sac-p", "p")
+        pump_all([paused, other], 0.5)
+        assert other.updates == []
+        os.kill(cluster.nodes["n3"].pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            _, (_, active, corr, at) = wait_update([other], lambda u: u[0] == 0, timeout=15)
+            assert active == 1
+            other.answer(corr)
+            replaced = at - stopped
+        finally:
+            os.kill(cluster.nodes["n3"].pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        _, (_, active, corr, at) = wait_update([paused, other], lambda u: True, timeout=15)
+        assert (active, at > resumed) == (0, True) and (0, 0, corr, at) in paused.updates, (paused.updates,
+                                                                                            other.updates)
+        paused.answer(corr)
+        pump_all([paused, other], 1.0)
+        assert [u[1] for u in other.updates] == [1] and [u[1] for u in paused.updates] == [1, 0]
+        print(f"SIGSTOP: the other consumer active {replaced:.2f} s after the pause; the paused one told to "
+              f"step down {at - resumed:.2f} s after SIGCONT")
+    finally:
+        paused.close()
+        other.close()
+
+
 def consumed(c, sub_id):
     return sum(r for _, r, _ in c.chunks.get(sub_id, []))
 

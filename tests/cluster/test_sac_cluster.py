@@ -264,6 +264,86 @@ def test_paused_nodes_active_consumer_replaced_on_its_lease_and_stepped_down_whe
         other.close()
 
 
+def test_rstream_consumers_on_the_replicas_one_active_then_the_next_from_the_stored_offset(cluster):
+    """rstream 1.1.1 consumers, bootstrapped from the three nodes, each connect to a replica of their own
+    choosing (Metadata): none is on the leader, so every registration crosses nodes. Exactly one of the
+    three is delivered to; when it closes, another takes over at the stored offset + 1."""
+    import asyncio
+
+    from rstream import Consumer, OffsetNotFound, OffsetSpecification, OffsetType
+
+    creds = dict(username="guest", password="guest")
+    n, stored, group = 1000, 499, "rs"
+    cl = connect(cluster.nodes["n1"].port)
+    try:
+        assert cl.create("sac-r", {"queue-leader-locator": "client-local"}) == rawwire.OK
+    finally:
+        cl.close()
+    wait_placed(cluster, "sac-r")
+    assert leader_of(cluster, "sac-r") == "n1"
+    confirmed, _ = publish_batches(cluster.nodes["n1"].port, "sac-r", 0, n, batch=100)
+    assert len(confirmed) == n
+    props = {"single-active-consumer": "true", "name": group}
+
+    async def scenario():
+        got = {}
+        half, done = asyncio.Event(), asyncio.Event()
+
+        async def listener(is_active, ctx):
+            try:
+                offset = await ctx.consumer.query_offset(ctx.stream, ctx.reference)
+            except OffsetNotFound:
+                return OffsetSpecification(OffsetType.FIRST, 0)
+            return OffsetSpecification(OffsetType.OFFSET, offset + 1)
+
+        def on_message_of(name, first):
+            async def on_message(msg, ctx):
+                if first and half.is_set():
+                    return                          # stopped processing; not acknowledged
+                got.setdefault(name, []).append(ctx.offset)
+                if first and ctx.offset == stored:
+                    await ctx.consumer.store_offset(ctx.stream, group, ctx.offset)
+                    half.set()
+                if ctx.offset == n - 1:
+                    done.set()
+            return on_message
+
+        consumers = {name: Consumer("127.0.0.1", cluster.nodes[name].port, **creds) for name in ("n1", "n2", "n3")}
+        for c in consumers.values():
+            await c.start()
+        try:
+            for name, c in consumers.items():
+                await c.subscribe("sac-r", on_message_of(name, name == "n1"), properties=props,
+                                  subscriber_name=group, consumer_update_listener=listener)
+                if name == "n1":
+                    await asyncio.wait_for(half.wait(), 20)
+            await asyncio.sleep(1.0)
+            assert list(got) == ["n1"], {k: len(v) for k, v in got.items()}
+            # the stored offset reaches every replica before the active consumer leaves
+            deadline = time.monotonic() + 10
+            for node in ("n2", "n3"):
+                q = SacConsumer(cluster.nodes[node].port, node)
+                try:
+                    while q.query_offset(group, "sac-r") != stored:
+                        assert time.monotonic() < deadline, f"{node} never had the stored offset"
+                        await asyncio.sleep(0.05)
+                finally:
+                    q.close()
+            await consumers.pop("n1").close()
+            await asyncio.wait_for(done.wait(), 20)
+            await asyncio.sleep(0.5)
+            # (taken before the others close: closing the active one activates the last, as it should)
+            return {k: list(v) for k, v in got.items()}
+        finally:
+            for c in consumers.values():
+                await c.close()
+
+    got = asyncio.run(asyncio.wait_for(scenario(), 90))
+    assert got["n1"] == list(range(stored + 1))
+    takers = [k for k in got if k != "n1"]
+    assert len(takers) == 1 and got[takers[0]] == list(range(stored + 1, n)), {k: v[:3] for k, v in got.items()}
+
+
 def consumed(c, sub_id):
     return sum(r for _, r, _ in c.chunks.get(sub_id, []))
 

@@ -37,7 +37,10 @@ server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's o
 (/proc/stat busy minus server, client and harness). The ``memory-streams`` workload (Riverbed and
 RabbitMQ) creates ``--memory-streams`` streams, gives each a publisher and a consumer over
 ``--memory-connections`` connection pairs, publishes ``--memory-msgs`` to each, waits for every delivery
-and reports the server's RSS then (and its peak), against the 150 MB goal. After the table, each Kafka
+and reports the server's RSS then (and its peak), against the 150 MB goal. After the table come the floors
+(``bench._floors``: a bare uvloop echo server, a bare LMDB fsync commit and the engine's in-process append,
+each measured once a round in the same run, ``--no-floors`` to skip) and issue 26's goals judged against
+them (``_floors.FLOOR_GOALS``); then each Kafka
 row's server CPU per record is set beside the RabbitMQ Stream shell's on the same Riverbed
 (``_workloads.SAME_LOG``), against issue 24's 1.5× goal.
 """
@@ -55,7 +58,7 @@ import sys
 import threading
 import time
 
-from bench import _procs
+from bench import _floors, _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
@@ -321,6 +324,13 @@ def parse_args(argv=None):
     ap.add_argument("--memory-connections", type=int, default=10,
                     help="memory-streams: rstream Producer + Consumer connection pairs (default 10)")
     ap.add_argument("--memory-msgs", type=int, default=10, help="memory-streams: messages per stream (default 10)")
+    ap.add_argument("--floors", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the floors (bench._floors: uvloop echo, LMDB fsync, engine append) once a "
+                         "round and judge issue 26's floor goals (default on)")
+    ap.add_argument("--floor-messages", type=int, default=20000, help="loop floor: round trips (default 20,000)")
+    ap.add_argument("--floor-commits", type=int, default=2000, help="fsync floor: synced commits (default 2,000)")
+    ap.add_argument("--floor-records", type=int, default=1_000_000,
+                    help="append floor: records appended in process (default 1,000,000)")
     ap.add_argument("--rabbitmq-port", type=int, default=5552)
     ap.add_argument("--keep-rabbitmq", action="store_true", help="leave RabbitMQ running at the end")
     ap.add_argument("--out", help="results path without extension (default bench/results/<date>-<host>)")
@@ -408,6 +418,7 @@ def main(argv=None):
     replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
     started = []
     runs = []
+    floor_samples = []
     json_path, png_path = out_paths(args)
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(),
@@ -477,7 +488,19 @@ def main(argv=None):
         log(f"{len(plan)} runs: {len(args.workload_list)} workloads × brokers × {args.rounds} rounds, "
             f"N = {args.n:,} × {args.size} B; load average now {os.getloadavg()[0]:.2f}")
         bar = tqdm(total=len(plan), unit="run", dynamic_ncols=True, file=sys.stderr)
+        floor_round = 0
         for rnd, wname, b in plan:
+            if args.floors and rnd != floor_round:
+                # the floors of this round, measured while no broker is busy (bench._floors)
+                floor_round = rnd
+                bar.set_postfix_str(f"round {rnd} floors")
+                wait_quiet(args, args.quiet_wait)
+                try:
+                    floor_samples.append(_floors.measure(rnd, args.floor_messages, args.floor_commits,
+                                                         args.floor_records, _floors.data_fs_dir()))
+                except Exception as e:   # a floor that cannot run costs its goals, not the run
+                    log(f"floors: could not measure them ({e}); their goals are not judged")
+                    args.floors = False
             bar.set_postfix_str(f"round {rnd} {wname} @ {b.label}")
             others = [o for o in brokers if o is not b]
             tries = []
@@ -555,7 +578,10 @@ def main(argv=None):
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
     cluster_goals = cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name) if want_cluster else []
+    floors = _floors.medians(floor_samples) if floor_samples else {}
+    floor_goals = _floors.floor_goal_lines(summary, floors, durable.name if durable else "") if floors else []
     doc = {"meta": meta, "runs": runs, "same_log": same_log, "cluster_goals": cluster_goals,
+           "floor_samples": floor_samples, "floors": floors, "floor_goals": floor_goals,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
            "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
@@ -581,6 +607,13 @@ def main(argv=None):
           + f", {args.rounds} round(s); median (min–max)")
     print_table(lines)
     print()
+    if floors:
+        print(f"Floors (bench/_floors.py; median (min–max) of {len(floor_samples)} sample(s), one a round, µs):")
+        for line in _floors.floor_text(floors):
+            print("  " + line)
+        print("Issue 26's goals against the floors (medians):")
+        for g in floor_goals:
+            print("  " + g["text"])
     for s in same_log:
         print(f"{W[s['workload']]['label']}: server CPU {s['kafka_us']:.2f} µs/record vs {s['rmq_us']:.2f} over "
               f"RabbitMQ Stream ({s['rmq_workload']}) on the same Riverbed: {s['ratio']:.2f}× "

@@ -62,7 +62,7 @@ from bench import _floors, _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
-                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, W, spec)
+                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, SCALEUP_WORKLOADS, W, spec)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -179,8 +179,10 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
            "clients": nprocs, "size": args.size, "started": dt.datetime.now().isoformat(timespec="seconds")}
     try:
         for i in range(nprocs):
+            port = (broker.kafka_port if sp.get("protocol") == "kafka"
+                    else broker.client_port(i) if hasattr(broker, "client_port") else broker.port)
             argv = [sys.executable, "-m", "bench._client", sp["client"], "--host", "127.0.0.1",
-                    "--port", str(broker.kafka_port if sp.get("protocol") == "kafka" else broker.port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
+                    "--port", str(port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
                     "--n", str(n), "--size", str(args.size), "--batch", str(args.batch),
                     "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
                     "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
@@ -416,6 +418,8 @@ def main(argv=None):
     from bench._cluster import NatsCluster, RiverbedCluster
     rb_cluster = RiverbedCluster(log=log) if want_cluster else None
     replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
+    from bench._scaleup import RiverbedPair, scaleup_goal_lines
+    rb_pair = RiverbedPair(log=log) if any(w in SCALEUP_WORKLOADS for w in args.workload_list) else None
     started = []
     runs = []
     floor_samples = []
@@ -450,6 +454,14 @@ def main(argv=None):
                 meta["skipped_cluster"] = " ".join(str(e).strip().splitlines()[-3:])[:500]
                 log(f"skipping the 3-node Riverbed cluster: {meta['skipped_cluster']}")
                 rb_cluster = None
+        if rb_pair is not None:
+            try:
+                rb_pair.start()
+                started.append(rb_pair)
+            except Exception as e:   # no etcd here: the scale-up row keeps only its single-node half
+                meta["skipped_pair"] = " ".join(str(e).strip().splitlines()[-3:])[:500]
+                log(f"skipping the 2-node Riverbed: {meta['skipped_pair']}")
+                rb_pair = None
         for name, srv in list(replicated.items()):
             try:
                 srv.start()
@@ -462,7 +474,8 @@ def main(argv=None):
             started.append(srv)
         rabbit = peers.get("rabbitmq")
         brokers = (list(peers.values()) + [headline] + ([durable] if durable else [])
-                   + ([rb_cluster] if rb_cluster else []) + list(replicated.values()))
+                   + ([rb_cluster] if rb_cluster else []) + ([rb_pair] if rb_pair else [])
+                   + list(replicated.values()))
         meta["brokers"] = {b.name: {"label": b.label, "port": b.port, "pid": b.pid, "version": b.version}
                            for b in brokers}
         plan = []
@@ -476,6 +489,8 @@ def main(argv=None):
                     plan.append((rnd, wname, b))
                 if W[wname].get("cluster") and rb_cluster is not None:
                     plan.append((rnd, wname, rb_cluster))
+                if W[wname].get("scaleup") and rb_pair is not None:
+                    plan.append((rnd, wname, rb_pair))
                 for name, srv in peers.items():
                     pw = PEER_MAP.get(wname, {}).get(name)
                     if pw and PEER_W[pw].get("server"):    # a replicated peer: its own cluster of servers
@@ -568,6 +583,12 @@ def main(argv=None):
             rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
                          "label": W[wname]["label"] + " [3 nodes, R3]"})
             continue
+        if W[wname].get("scaleup"):
+            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+                         "cols": {}})
+            rows.append({"workload": wname, "riverbed": RiverbedPair.name, "cols": {},
+                         "label": W[wname]["label"] + " [2 nodes]"})
+            continue
         cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
         cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
         rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
@@ -578,10 +599,12 @@ def main(argv=None):
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
     cluster_goals = cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name) if want_cluster else []
+    scaleup_goals = scaleup_goal_lines(summary)
     floors = _floors.medians(floor_samples) if floor_samples else {}
     floor_goals = _floors.floor_goal_lines(summary, floors, durable.name if durable else "") if floors else []
     doc = {"meta": meta, "runs": runs, "same_log": same_log, "cluster_goals": cluster_goals,
            "floor_samples": floor_samples, "floors": floors, "floor_goals": floor_goals,
+           "scaleup_goals": scaleup_goals,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
            "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
@@ -614,6 +637,10 @@ def main(argv=None):
         print("Issue 26's goals against the floors (medians):")
         for g in floor_goals:
             print("  " + g["text"])
+    for g in scaleup_goals:
+        print("Scale-up (issue 26, one node per core): " + g["text"])
+    if meta.get("skipped_pair"):
+        print(f"Scale-up: the 2-node Riverbed was not started ({meta['skipped_pair']})")
     for s in same_log:
         print(f"{W[s['workload']]['label']}: server CPU {s['kafka_us']:.2f} µs/record vs {s['rmq_us']:.2f} over "
               f"RabbitMQ Stream ({s['rmq_workload']}) on the same Riverbed: {s['ratio']:.2f}× "

@@ -22,10 +22,16 @@ nodes whenever the leader changes.
 * **The leader changes.** The old leader's groups are forgotten (by itself on its next poll, or with the
   process). Every node re-registers its members with the new leader (on the poll that shows it), each
   with the ``order`` it had and its state: an active consumer stays active, a step-down still awaited is
-  awaited. For :data:`GATHER` seconds after it began leading at epoch > 1, the new leader activates no one,
-  so that an active consumer's re-registration is not overtaken by a waiting one's; then it decides.
+  awaited. For :func:`gather_seconds` (three polls, at least 0.5 s) after it began leading at epoch > 1,
+  the new leader activates no one, so that an active consumer's re-registration is not overtaken by a
+  waiting one's; then it decides. Should two members still both report being active, the later yields
+  (it is told to step down).
 * **Stale commands.** A node acts on a leader's command only when the member is registered over that very
   connection (never one from a former leader that has not noticed yet).
+
+The SAC connection is a connection of its own on the replication port, not the forwarding link
+(forward.py), because its life is the node's membership: a dropped forwarding link keeps its requests for
+the next leader, a dropped SAC connection makes the leader drop that node's members at once.
 
 What it does not guarantee: a node paused (SIGSTOP) with an active consumer keeps it delivering when it
 resumes until its re-registration at the current leader tells it to step down; the leader had activated
@@ -46,14 +52,15 @@ from riverbed.shells.cluster import wire
 log = logging.getLogger("riverbed.cluster.sac")
 
 CONNECT_TIMEOUT = 2.0        # seconds to open a SAC connection to a leader
-GATHER_MIN = 0.5             # seconds a new leader waits for re-registrations at least (see GATHER)
+GATHER_MIN = 0.5             # seconds a new leader waits for re-registrations, at least
 POLLS_GATHERED = 3           # ... and at least this many of the nodes' polls of etcd
 
 _LOCAL = "local"             # a member registered with this node's own groups (this node leads its stream)
 
 
 def gather_seconds(ttl, poll_max):
-    """GATHER: how long a new leader activates no one (three polls of the other nodes, at least 0.5 s)."""
+    """Seconds a new leader activates no one: three polls of the other nodes (each ``min(ttl / 6,
+    poll_max)`` apart, as node.py polls), at least GATHER_MIN."""
     return max(GATHER_MIN, POLLS_GATHERED * min(ttl / 6, poll_max))
 
 

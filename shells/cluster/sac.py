@@ -68,7 +68,7 @@ class _Local:
     """A member on this node (a RabbitMQ Stream subscription) and where it is registered: ``via`` is None
     (waiting for a leader), ``_LOCAL`` or the :class:`_Link` to the leader."""
 
-    __slots__ = ("id", "stream", "name", "index", "sub", "order", "via")
+    __slots__ = ("id", "stream", "name", "index", "sub", "order", "via", "epoch")
 
     def __init__(self, member_id, stream, name, index, sub):
         self.id = member_id
@@ -78,18 +78,20 @@ class _Local:
         self.sub = sub
         self.order = 0           # 0 until a leader gave it its place
         self.via = None
+        self.epoch = None        # the stream's epoch when it was registered over ``via``
 
 
 class _Remote:
     """Leader side: a member on another node, as its group sees it."""
 
-    __slots__ = ("conn", "id", "stream", "name")
+    __slots__ = ("conn", "id", "stream", "name", "order")
 
     def __init__(self, conn, member_id, stream, name):
         self.conn = conn
         self.id = member_id
         self.stream = stream
         self.name = name
+        self.order = 0
 
     def sac_activate(self):
         self.conn.send(sw.encode_activate(self.id))
@@ -254,7 +256,12 @@ class ClusterSac:
         if link is None or link.closed:
             link = self.links[leader] = _Link(self, leader)
         rec.via = link
+        rec.epoch = self._epoch_of(rec.stream)
         link.send(frame)
+
+    def _epoch_of(self, stream):
+        p = self.node.placements.get(stream)
+        return p[0].get("epoch") if p is not None else None
 
     def _command(self, link, kind, payload):
         """A leader's frame on ``link``."""
@@ -345,14 +352,19 @@ class ClusterSac:
         if stream not in self.node.leading:
             conn.send(sw.encode_registered(member, 0, sw.CODE_NOT_LEADER))
             return
-        old = conn.members.pop(member, None)
+        old = conn.members.get(member)
+        if old is not None and (old.stream, old.name) == (stream, name):
+            # registered again at a new epoch of the same leader, which kept its groups: as it was
+            conn.send(sw.encode_registered(member, old.order))
+            return
         if old is not None:
+            del conn.members[member]
             self.groups.unregister(old.stream, old.name, old)
         h = conn.members[member] = _Remote(conn, member, stream, name)
         if self._held(stream):
             self._held_streams.add(stream)
-        order = self.groups.register(stream, name, h, index, order, state)
-        conn.send(sw.encode_registered(member, order))
+        h.order = self.groups.register(stream, name, h, index, order, state)
+        conn.send(sw.encode_registered(member, h.order))
 
     # ------------------------------------------------------------------------------ every poll
 
@@ -384,7 +396,10 @@ class ClusterSac:
                 now = _LOCAL
             else:
                 now = rec.via.node if rec.via is not None and not rec.via.closed else None
-            if leader is not None and leader != now:
+            # a new leader, or the same one at a new epoch (it may have stepped down and forgotten its
+            # groups in between, while the connection stayed open)
+            moved = leader != now or (now is not _LOCAL and rec.epoch != self._epoch_of(rec.stream))
+            if leader is not None and moved:
                 self._register(rec)
 
     def close(self):

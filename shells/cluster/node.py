@@ -40,6 +40,7 @@ from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
+from riverbed.shells.cluster.sac import ClusterSac
 from riverbed.shells.cluster.superstreams import SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
@@ -100,6 +101,7 @@ class ClusterNode(ReplicationPlane):
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
         self.observers = Observers(self)   # streams copied here for readers, without being a member (remote_read.py)
+        self.sac = ClusterSac(self, POLL_MAX)     # single-active-consumer groups across the nodes (sac.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -138,6 +140,7 @@ class ClusterNode(ReplicationPlane):
         for t in self._tasks:
             t.cancel()
         self.forwarding.close()
+        self.sac.close()
         for _, _, task in list(self.following.values()):
             task.cancel()
         for st in list(self.leading.values()):
@@ -211,6 +214,10 @@ class ClusterNode(ReplicationPlane):
             except Exception:
                 log.exception("cluster: control loop failed")
             self.forwarding.route_changed()
+            try:
+                self.sac.tick()
+            except Exception:
+                log.exception("cluster: single-active-consumer upkeep failed")
 
     # ------------------------------------------------------------------------------ etcd state
 

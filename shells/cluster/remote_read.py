@@ -43,6 +43,7 @@ import time
 
 from riverbed.engine.errors import StreamNotFound
 from riverbed.shells.cluster import membership
+from riverbed.shells.cluster.etcd import EtcdError
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -116,9 +117,19 @@ class Observers:
                 if time.monotonic() >= deadline:
                     raise CopyTimeout(f"the copy of {name!r} here is still being deleted")
                 await asyncio.sleep(READY_POLL)
-            if name not in node.placements:
-                kv = await node.etcd.get(node.prefix + "streams/" + name)
-                if kv is not None and name not in node.placements:
+            while name not in node.placements:
+                # placed a moment ago (this node's next poll would see it): asked of etcd, again while
+                # etcd does not answer (a busy etcd must not make a stream look missing)
+                try:
+                    kv = await node.etcd.get(node.prefix + "streams/" + name)
+                except EtcdError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await asyncio.sleep(0.1)
+                    continue
+                if kv is None:
+                    break
+                if name not in node.placements:
                     node.placements[name] = (kv.json(), kv.mod_revision)
             entry = node.placements.get(name)
             if entry is None:

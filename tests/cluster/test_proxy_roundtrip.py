@@ -40,7 +40,7 @@ MARK = re.compile(r"(rmq|bson|zmq|ws|ream)-(\d+)")
 KEY_SUBSCRIBE, KEY_DELIVER, KEY_CREDIT = 0x07, 0x08, 0x09
 OFFSET_FIRST = 1
 ROUNDS = 8
-IDLE = 2.0          # seconds (RIVERBED_OBSERVER_IDLE_SECONDS of the nodes)
+IDLE = 3.0          # seconds (RIVERBED_OBSERVER_IDLE_SECONDS of the nodes)
 
 
 @pytest.fixture(scope="module")

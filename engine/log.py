@@ -58,7 +58,7 @@ from riverbed.engine.stats import EngineStats
 from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
-    _OP_SYNC, _OP_TXN, _OP_REPLICA, _OP_TRUNCATE, Done, WriteContext, _Append, _Writer,
+    _OP_SYNC, _OP_TXN, _OP_REPLICA, _OP_TRUNCATE, _OP_TRIM, Done, WriteContext, _Append, _Writer,
 )
 
 log = logging.getLogger("riverbed.engine")
@@ -506,6 +506,14 @@ class Engine(SuperStreamBindings):
         unconfirmed tail of an older epoch before following a new leader. Future of the new next
         offset."""
         return self._submit(_OP_TRUNCATE, stream, int(offset))
+
+    def trim_head(self, stream, offset):
+        """Remove every whole chunk of ``stream`` that ends at or before ``offset``, always keeping the last
+        chunk: what retention does, at a point the caller chose (the document changelog drops what a
+        snapshot covers, shells/cluster/compaction.py). Readers asking for a removed offset get the first
+        chunk after it, as after retention. Future of the stream's first chunk id after it; raises
+        StreamNotFound."""
+        return self._submit(_OP_TRIM, stream, int(offset))
 
     def read_chunks(self, name, from_offset, max_chunks=1, *, limited=True):
         """Up to ``max_chunks`` committed chunks, in order, as ``(chunk_id, bytes)`` pairs: first the

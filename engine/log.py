@@ -441,14 +441,16 @@ class Engine(SuperStreamBindings):
                 import logging
                 logging.getLogger("riverbed.engine").exception("commit waiter failed")
 
-    def replicate_chunk(self, stream, chunk, *, sequences=None, on_done=None):
+    def replicate_chunk(self, stream, chunk, *, sequences=None, on_done=None, start=False):
         """Store ``chunk`` (bytes: a whole chunk as the leader stored it, header and CRC included) at its
         own chunk id, unchanged: a cluster member copying its leader. The chunk id must be the stream's
         next offset (ChunkError otherwise: a gap or an overlap); its CRC is checked here.
         ``sequences`` ({publisher: last publishing id}) are stored in the same transaction, so dedup
-        survives a failover. Future (or ``on_done``) of the stream's next offset after it."""
+        survives a failover. With ``start``, a copy holding no chunk takes this one wherever it is (its
+        leader's log starts there now: retention or compaction removed what came before). Future (or
+        ``on_done``) of the stream's next offset after it."""
         h = core.check_chunk(chunk)
-        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, on_done=on_done)
+        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
         """``(chunks, sequences)`` read in one transaction, past any read limit: up to ``max_chunks``

@@ -983,7 +983,7 @@ class _Staged:
         s.last_ts = ts
         self.dirty = True
 
-    def replicate(self, name, chunk, h, sequences):
+    def replicate(self, name, chunk, h, sequences, start=False):
         """Store a leader's chunk unchanged at its own id (Engine.replicate_chunk), with the publisher
         sequences it carries. Returns the stream's next offset after it."""
         s = self.stream(name)
@@ -991,7 +991,7 @@ class _Staged:
         if p is not None:
             self._flush(s, p)
         chunk_id = h[H_CHUNK_ID]
-        if s.chunks == 0 and s.last_chunk < 0:
+        if start and s.chunks == 0 and s.last_chunk < 0:
             # an empty copy starts wherever its leader's log starts now (retention or compaction may
             # have removed the leader's first chunks): it holds a suffix of the leader's log, never a gap
             s.next_offset = chunk_id

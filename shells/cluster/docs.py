@@ -579,6 +579,7 @@ class DocLog:
             try:
                 base, colls = await asyncio.to_thread(_compaction.read_state, self.docs, ())
                 token, records = _compaction.snapshot_records(base, colls, self.cluster.name)
+                log.info("cluster: taking document snapshot %s at changelog offset %d", token, base)
                 fut = asyncio.get_running_loop().create_future()
                 self.broker.append_records(CHANGELOG, records,
                                            lambda res, exc: fut.done() or fut.set_result(exc))

@@ -250,6 +250,7 @@ class ReplicationPlane:
                                                       "next": s.next_offset, "last": last}))
             await writer.drain()
             durable = [s.next_offset]       # the highest offset acknowledged on this connection
+            start = [last is None]          # an empty copy starts at the first chunk its leader sends
             seqs = None
             held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
             while True:
@@ -275,9 +276,11 @@ class ReplicationPlane:
                         continue
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
                     for raw in held:
-                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                        self.engine.replicate_chunk(name, raw, on_done=stored, start=start[0])
+                        start[0] = False
                     held, held_bytes = [], 0
-                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored, start=start[0])
+                    start[0] = False
                     seqs = None
                 elif kind == wire.SEQS:
                     seqs = wire.decode_seqs(payload)

@@ -34,10 +34,20 @@ How (the design this module implements):
   the other writer, planning again, meets the unique index and gets the protocol's own refusal (REAM
   ``PROJECTION NON SET``, a BSON RESPONSE with an errCode).
 * **Projections over a stream** (mewbase CREATEPROJECTION) run once per cluster, on the node that leads
-  the changelog (:meth:`DocLog.runs_projections`; it reads the channel from its own replica, committed
+  their channel (:meth:`DocLog.runs_projection`; it reads the channel from its own log, committed
   records only), and write through the changelog like any writer. They start there once that node has
   applied the committed changelog, from the positions the changelog carried (a projection's position
-  and its documents are one record), and stop on every other node.
+  and its documents are one record), stop on every other node, and move with the channel's leadership.
+  Two runners for a moment (the old leader's last step still in flight) change nothing twice: each step
+  is refused (PositionMoved) unless the stored position is still the one it continues from, and of two
+  steps planned against one state the second in the log conflicts and is planned again, so refused.
+* **Compaction** (compaction.py): the changelog's leader appends a snapshot of the applied documents
+  every ``--docs-snapshot-every`` records; once one is whole and committed, every node drops the head
+  of its copy before it, and a node whose copy starts after its applied position loads it.
+* **Read your writes.** A write is answered once this node has applied it, so the connection that
+  wrote it (one connection is one node) reads it on its next request. Another node answers from what
+  it has applied: usually within milliseconds on loopback, but a read there does not wait for the
+  writer's position (a client wanting that reads through the node it wrote through).
 
 Transactions of events (``broker.transact`` with ``ctx.append``: BSON COMMITTX over several channels) are
 not documents: they commit here, on a node that leads every stream they append to (else NotLeader, and
@@ -45,9 +55,7 @@ nothing is stored), and are acknowledged once a majority of each stream's member
 (``ClusterNode.hold``). The events of one channel in one transaction are one chunk when they fit in one,
 so all or nothing of them survives a failover.
 
-Limits: the changelog is never compacted (a node that joins replays it from its first record, so
-retention must not cut it); a read on a node other than the writer's sees the write once that node has
-applied it (tens of milliseconds on loopback; reads do not wait for other nodes); a node's document
+Limits: a node's document
 writes take turns (each is planned once the one before it is applied here: one replication round trip
 each); a version is per collection, so concurrent writes to one collection from several nodes plan
 again (slower under contention, never wrong); planning rolls an engine transaction back, which redoes
@@ -229,6 +237,7 @@ class DocLog:
         self._loop_thread = threading.get_ident()
         self._projection_hooks = []
         self._projections_on = False
+        self._led = frozenset()            # the streams this node led when the hooks were last told
         self._watched = set()              # collections whose writes the projection hooks hear of
         self._written = set()              # collections the last apply transaction wrote
         self._turn = None                  # the _Write of this node being planned, logged and applied
@@ -662,21 +671,26 @@ class DocLog:
         """Whether this node leads the changelog (it takes document writes without forwarding)."""
         return CHANGELOG in self.cluster.leading
 
-    def runs_projections(self):
-        """Whether stream projections run on this node now (what the :meth:`on_projections` hooks were
-        last told): it leads the changelog and had applied all of it that was committed."""
-        return self._projections_on
+    def runs_projection(self, channel):
+        """Whether a projection over stream ``channel`` runs on this node now: this node leads the
+        channel (it reads it from its own log, and a leadership change moves the projection with it) and
+        has applied all of the changelog that it knows committed (so it goes on from the position the
+        last runner logged)."""
+        return self._projections_on and channel in self._led
 
     def _projections_ready(self):
-        if not self.leads():
-            return False
+        if not self.engine.has_stream(CHANGELOG):
+            return True                 # no document written yet: no position to catch up with
         limit = self.engine.read_limit(CHANGELOG)
-        return limit is None or self.applied >= limit
+        if limit is None:
+            return self.leads()         # a restarted member does not know what is committed yet
+        return self.applied >= limit
 
     def on_projections(self, fn, definitions=None):
-        """``fn(True)`` when projections should start on this node, ``fn(False)`` when they should stop
-        (leadership of the changelog moved); called once now with the current answer, and with True
-        again while they run here whenever collection ``definitions`` (where they are defined) changes."""
+        """``fn(ready)`` whenever what :meth:`runs_projection` answers may have changed (this node caught
+        up with the changelog or fell behind, the streams it leads changed); called once now, and again
+        while it is caught up whenever collection ``definitions`` (where projections are defined)
+        changes."""
         self._projection_hooks.append(fn)
         if definitions is not None:
             self._watched.add(definitions)
@@ -684,10 +698,10 @@ class DocLog:
 
     def _check_projections(self):
         on = self._projections_ready()
-        if on == self._projections_on:
+        led = frozenset(self.cluster.leading) if on else frozenset()
+        if on == self._projections_on and led == self._led:
             return
-        self._projections_on = on
-        log.info("cluster: stream projections %s on %s", "start" if on else "stop", self.cluster.name)
+        self._projections_on, self._led = on, led
         self._tell_projections(on)
 
     def _tell_projections(self, on):

@@ -61,7 +61,11 @@ def test_a_projection_runs_on_its_channels_leader_only_and_moves_with_it(docs3):
 
     async def define():
         async with await BsonClient.connect("127.0.0.1", c.nodes["n3"].ports["bson"]) as cl:
+            # read your writes on one connection: n3 leads nothing, yet its next request sees the binder
+            await cl.create_binder("own")
+            assert "own" in await cl.list_binders()
             await cl.create_projection("views", channel="clicks", binder="clicks_view", doc_id="id", mode="replace")
+            assert "clicks_view" in await cl.list_binders()
     run(define())
     publish(c, "n1", [{"id": i, "v": i} for i in range(10)])
     want = [(i, i) for i in range(10)]

@@ -463,7 +463,11 @@ class DocLog:
             cancel = None
             try:
                 if self.engine.has_stream(CHANGELOG):
-                    cancel = self.broker.watch(CHANGELOG, self.applied, lambda exc: self._wake.set())
+                    # woken by the next record past what was read: while loading a snapshot that is
+                    # past the applied position (compaction.py), else the loop would spin
+                    scan = self.compaction.scan
+                    cancel = self.broker.watch(CHANGELOG, self.applied if scan is None else scan,
+                                               lambda exc: self._wake.set())
                 await asyncio.wait_for(self._wake.wait(), POLL)
             except asyncio.TimeoutError:
                 pass

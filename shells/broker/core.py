@@ -52,6 +52,7 @@ from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, Str
 from riverbed.engine.format import LEN_CHUNK_HEADER
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.internal import is_internal
 from riverbed.shells.broker import records as _records
 from riverbed.shells.broker.stats import BrokerStats
 
@@ -256,7 +257,9 @@ class Broker:
         return bool(name) and self.engine.has_stream(name)
 
     def list_streams(self):
-        return self.engine.list_streams()
+        """The streams a client may see: every stream of this node but the server's own
+        (internal.py)."""
+        return [n for n in self.engine.list_streams() if not is_internal(n)]
 
     def stream_info(self, name):
         """Committed statistics (engine StreamInfo). Raises StreamNotFound, ChunkError."""

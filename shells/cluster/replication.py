@@ -131,6 +131,8 @@ class ReplicationPlane:
                 st = None
                 return
             pos, last = hello["next"], hello["last"]
+            if not last:
+                pos = 0        # an empty copy holds nothing: it gets the log from wherever it starts here
             cut = self._divergence(name, pos, last)
             if cut is not None:
                 writer.write(wire.u64_frame(wire.TRUNCATE, cut))
@@ -189,10 +191,15 @@ class ReplicationPlane:
             writer.close()
 
     def _divergence(self, name, pos, last):
-        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at
+        (wire.CUT_ALL when all of it ends before this log's first chunk: retention or the document
+        changelog's compaction removed what it would continue, so it starts again from here)."""
         if not last:
-            return None if pos == 0 else 0
+            return None
         chunk_id, epoch, crc = last
+        first = self.engine._current(name).first_chunk
+        if first >= 0 and chunk_id < first:
+            return wire.CUT_ALL
         got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
         if got and got[0][0] == chunk_id:
             h = core.read_header(got[0][1])
@@ -250,6 +257,7 @@ class ReplicationPlane:
             writer.write(wire.json_frame(wire.HELLO, hello))
             await writer.drain()
             durable = [s.next_offset]       # the highest offset acknowledged on this connection
+            start = [last is None]          # an empty copy starts at the first chunk its leader sends
             seqs = None
             held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
             while True:
@@ -275,9 +283,11 @@ class ReplicationPlane:
                         continue
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
                     for raw in held:
-                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                        self.engine.replicate_chunk(name, raw, on_done=stored, start=start[0])
+                        start[0] = False
                     held, held_bytes = [], 0
-                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored, start=start[0])
+                    start[0] = False
                     seqs = None
                 elif kind == wire.SEQS:
                     seqs = wire.decode_seqs(payload)
@@ -291,6 +301,8 @@ class ReplicationPlane:
                     self._ack(writer, durable[0], durable)     # the heartbeat's answer
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)
+                    if cut == wire.CUT_ALL:
+                        cut = max(self.engine._current(name).first_chunk, 0)
                     log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
                              leader, epoch)
                     await asyncio.wrap_future(self.engine.truncate(name, cut))

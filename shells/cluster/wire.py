@@ -13,7 +13,8 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
                                  again every lease TTL / 4 as a heartbeat
     ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy; also
                                  the answer to every COMMIT, so the leader knows who still hears it
-    TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail)
+    TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail);
+                                 CUT_ALL: drop the whole copy (it ends before the leader's log starts)
     REFUSE    leader -> member   JSON {"reason"}: not (or no longer) the leader of that stream at that epoch
     OFFSETS   leader -> member   JSON {reference: offset}: consumer offsets (StoreOffset) that changed
 """
@@ -22,6 +23,7 @@ import json
 import struct
 
 HELLO, CHUNK, SEQS, COMMIT, ACK, TRUNCATE, REFUSE, OFFSETS = range(1, 9)
+CUT_ALL = (1 << 64) - 1    # TRUNCATE's offset for "every chunk you hold"
 LEN_FRAME_HEADER = 5
 MAX_FRAME = 256 << 20        # a chunk is at most the stream's chunk size; this bounds a hostile length
 _HEAD = struct.Struct(">IB")

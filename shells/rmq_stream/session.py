@@ -63,6 +63,7 @@ import logging
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ
+from riverbed.shells.broker.internal import is_internal
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, commands
 from riverbed.shells.rmq_stream.codec import (
@@ -496,7 +497,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         streams = r.strings()
         r.done()
         host, port = self._advertised()
-        has = self.broker.has_stream
+        visible = self.broker.has_stream
+        # the server's own streams (broker/internal.py) are answered as not existing
+        has = lambda name: visible(name) and not is_internal(name)   # noqa: E731
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
             # a cluster member: each stream's leader and replicas with their advertised addresses, also

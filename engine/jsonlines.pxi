@@ -154,11 +154,39 @@ cdef Py_ssize_t c_jl_scan(const unsigned char* p, Py_ssize_t n, unsigned char* o
     return n if done else -1
 
 
+# What encode_record writes for a JSON payload with no creation time and no application properties:
+# properties (7 fields, content-type sym8 "application/json"), then a data section. A record that starts
+# with exactly these bytes and holds one data section to its end is taken without the section walk.
+cdef bytes JL_SHELL_PREFIX = b"\x00\x53\x73\xc0\x19\x07" + b"\x40" * 6 + b"\xa3\x10application/json\x00\x53\x75"
+
+
+cdef inline bint c_jl_shell_json(const unsigned char* b, Py_ssize_t end, Py_ssize_t* ps,
+                                 Py_ssize_t* pe) noexcept:
+    cdef Py_ssize_t k = len(JL_SHELL_PREFIX), head
+    if end < k + 2 or memcmp(b, PyBytes_AS_STRING(JL_SHELL_PREFIX), k) != 0:
+        return False
+    if b[k] == REC_VBIN8:
+        head = k + 2
+        if b[k + 1] != end - head:
+            return False
+    elif b[k] == REC_VBIN32 and end >= k + 5:
+        head = k + 5
+        if <Py_ssize_t>ld_u32(b + k + 1) != end - head:
+            return False
+    else:
+        return False
+    ps[0] = head
+    pe[0] = end
+    return True
+
+
 cdef int c_jl_message(const unsigned char* b, Py_ssize_t end, Py_ssize_t* ps, Py_ssize_t* pe) except -2:
     # _pyjsonlines.message_payload: 1 with the payload in [*ps, *pe) for a message c_decode_message reads
     # as one data section labeled JSON, 2 for the same with a content-type that leaves the payload to be
     # sniffed, 0 for anything else.
     cdef Py_ssize_t pos = 0, p, stop, q, nxt
+    if c_jl_shell_json(b, end, ps, pe):
+        return 1
     cdef int code, value, stage = 0, body = 0, new, field, data_sections = 0, label = 2
     cdef uint32_t count, i
     cdef bint repeat

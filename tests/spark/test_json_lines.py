@@ -215,3 +215,14 @@ def test_unsupported_types_are_not_taken():
     assert jsonbatch.supported(FIELDS)
     assert not jsonbatch.supported([pa.field("t", pa.timestamp("us", tz="UTC"))])
     assert not jsonbatch.supported([pa.field("l", pa.list_(pa.float32()))])
+
+
+def test_the_shells_own_json_form_is_taken_as_the_section_walk_takes_it():
+    long_doc = b'{"name":"' + b"x" * 300 + b'"}'
+    shell = record.from_json_text(long_doc)
+    assert shell[33] == 0xB0                                          # 00 53 75 b0 <u32 length>: vbin32
+    records = [shell, record.from_json_text(b'{"a":1}'), record.from_json_text(b'{"a":1}') + b"\x00",
+               record.from_json_text(b'{"a":1}')[:-1], record.from_json_text(b'{"a":1}', 5)]
+    _, vo, data = buffers(records)
+    lines, rows, _ = both(_core, _pyjsonlines, "json_lines", vo, data)[1]
+    assert struct.unpack("<3q", rows) == (0, 1, 4) and lines.startswith(long_doc + b"\n")

@@ -224,6 +224,7 @@ class Engine(SuperStreamBindings):
         # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
         self.epochs = {}
         self._read_limits = {}
+        self.offsets_version = 0    # raised after every commit that stores or deletes a consumer offset
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None
@@ -447,8 +448,16 @@ class Engine(SuperStreamBindings):
         next offset (ChunkError otherwise: a gap or an overlap); its CRC is checked here.
         ``sequences`` ({publisher: last publishing id}) are stored in the same transaction, so dedup
         survives a failover. Future (or ``on_done``) of the stream's next offset after it."""
-        h = core.check_chunk(chunk)
-        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, on_done=on_done)
+        return self.replicate_chunks(stream, [chunk], sequences=sequences, on_done=on_done)
+
+    def replicate_chunks(self, stream, chunks, *, sequences=None, on_done=None):
+        """:meth:`replicate_chunk` for several consecutive chunks in ONE write transaction (one commit, one
+        sync under the stream's fsync policy, one completion): every CRC is checked here (ChunkError
+        before anything is queued), every chunk id against the log's end in the writer (a gap refuses
+        the whole batch: nothing of it is stored). ``sequences`` cover the whole batch. Future (or
+        ``on_done``) of the stream's next offset after the last chunk."""
+        checked = [(bytes(c), core.check_chunk(c)) for c in chunks]
+        return self._submit(_OP_REPLICA, stream, checked, sequences or {}, on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
         """``(chunks, sequences)`` read in one transaction, past any read limit: up to ``max_chunks``

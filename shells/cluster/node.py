@@ -39,7 +39,7 @@ from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
-from riverbed.shells.cluster.superstreams import SuperStreams
+from riverbed.shells.cluster.superstreams import KEY_DIR as SUPERSTREAMS_DIR, SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -216,10 +216,11 @@ class ClusterNode(ReplicationPlane):
 
     async def _refresh(self):
         """Read nodes and placements from etcd and take the role each stream gives this node."""
-        # three directories in one request (most of an idle node's CPU was these calls); the super stream
-        # definitions are read by superstreams.refresh itself, after this node's own writes of them
-        node_kvs, stream_kvs, deleted_kvs = await self.etcd.get_prefixes(
-            [self.prefix + d for d in ("nodes/", "streams/", "deleted/")])
+        # the four directories in one request (most of an idle node's CPU was these calls); the super
+        # stream definitions are read again by superstreams.refresh if this node changed one meanwhile
+        generation = self.superstreams.generation
+        node_kvs, stream_kvs, deleted_kvs, super_kvs = await self.etcd.get_prefixes(
+            [self.prefix + d for d in ("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR)])
         nodes = {}
         for kv in node_kvs:
             try:
@@ -260,7 +261,7 @@ class ClusterNode(ReplicationPlane):
                     membership.drop_copy(self, name)      # taken off it (delete-replica)
                 continue
             await self._take_role(name, p, rev)
-        await self.superstreams.refresh()
+        await self.superstreams.refresh(super_kvs, generation)
         await self._report_progress()
 
     def _choose_members(self, name=None, leader=None):

@@ -19,7 +19,7 @@ import time
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
-from riverbed.shells.cluster import forward_wire, membership, wire
+from riverbed.shells.cluster import forward_wire, membership, sac_wire, wire
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -117,12 +117,17 @@ class ReplicationPlane:
             if kind == forward_wire.FWD_HELLO:
                 await self.forwarding.serve(reader, writer, payload)
                 return
+            if kind == sac_wire.SAC_HELLO:
+                await self.sac.serve(reader, writer, payload)       # single active consumer (sac.py)
+                return
             if kind != wire.HELLO:
                 return
             hello = wire.decode_hello(payload)
             name, node = hello["stream"], hello["node"]
             st = self.leading.get(name)
-            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
+            # an observer (remote_read.py) copies the log for its readers: served, never counted
+            if (st is None or (node not in st.members and node not in st.learners and not hello["observer"])
+                    or hello["epoch"] > st.epoch):
                 writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
                 await writer.drain()
                 st = None
@@ -249,8 +254,10 @@ class ReplicationPlane:
                 raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
                 h = core.read_header(raw)
                 last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
-            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
-                                                      "next": s.next_offset, "last": last}))
+            hello = {"node": self.name, "stream": name, "epoch": epoch, "next": s.next_offset, "last": last}
+            if self.observers.observing(name):
+                hello["observer"] = True
+            writer.write(wire.json_frame(wire.HELLO, hello))
             await writer.drain()
             # the highest offset acknowledged on this connection, and when the last ACK went out
             durable = [s.next_offset, 0.0]
@@ -300,7 +307,9 @@ class ReplicationPlane:
                     for ref, off in wire.decode_offsets(payload).items():
                         self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
-                    self.engine.set_read_limit(name, wire.u64(payload))
+                    commit = wire.u64(payload)
+                    self.engine.set_read_limit(name, commit)
+                    self.observers.heard_commit(name, commit)
                     if time.monotonic() - durable[1] >= ACK_QUIET:
                         # the heartbeat's answer; a member that acknowledged a chunk a moment ago was
                         # heard already (each publish moves the committed offset: answering every

@@ -2,7 +2,9 @@
 
 Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts type and payload)::
 
-    HELLO     member -> leader   JSON {"node", "stream", "epoch", "next", "last": [chunk id, epoch, crc] | null}
+    HELLO     member -> leader   JSON {"node", "stream", "epoch", "next", "last": [chunk id, epoch, crc] | null,
+                                 "observer": true when a node that is no member copies it for its readers
+                                 (remote_read.py; optional, default false)}
     CHUNK     leader -> member   one whole chunk as the leader stores it (header, bloom, data)
     SEQS      leader -> member   JSON {publisher: last id}: stored with the next CHUNK (dedup survives failover);
                                  before the last chunk of every batch that reaches the log end (the member
@@ -114,15 +116,18 @@ def _text(obj, key):
 
 def decode_hello(payload):
     """HELLO as ``{"node": str, "stream": str, "epoch": int, "next": int, "last": None | [chunk id,
-    epoch, crc]}`` (integers 0..2**64-1). Raises WireError."""
+    epoch, crc], "observer": bool}`` (integers 0..2**64-1). Raises WireError."""
     obj = parse_json(payload)
     last = obj.get("last")
     if last is not None:
         if not isinstance(last, list) or len(last) != 3:
             raise WireError("'last' must be null or [chunk id, epoch, crc]")
         last = [_count({"last": v}, "last") for v in last]
+    observer = obj.get("observer", False)
+    if not isinstance(observer, bool):
+        raise WireError("'observer' must be true or false")
     return {"node": _text(obj, "node"), "stream": _text(obj, "stream"), "epoch": _count(obj, "epoch", 0),
-            "next": _count(obj, "next", 0), "last": last}
+            "next": _count(obj, "next", 0), "last": last, "observer": observer}
 
 
 def _counts_by_name(payload):

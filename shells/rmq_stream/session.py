@@ -499,8 +499,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         has = self.broker.has_stream
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
-            # a cluster member: each stream's leader and replicas with their advertised addresses
-            brokers, entries = cluster.rmq_metadata(streams, has, (host, port))
+            # a cluster member: each stream's leader and replicas with their advertised addresses, also
+            # for a stream this node holds no copy of (a client routes itself to its members)
+            brokers, entries = cluster.rmq_metadata(streams, self.broker.has_stream_anywhere, (host, port))
             self._send(encode_metadata_response(corr, brokers, entries))
             return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])

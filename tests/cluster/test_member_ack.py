@@ -12,6 +12,7 @@ from riverbed.engine import Engine, core
 from riverbed.engine.format import H_CHUNK_ID, H_RECORDS
 from riverbed.engine.layout import _CHUNK_KEY
 from riverbed.shells.cluster import wire
+from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import ReplicationPlane
 
 SYNC_DELAY = 0.1      # seconds each fsync of the member takes here: an early ACK lands inside it
@@ -44,12 +45,19 @@ class SlowSyncEnv:
 
 
 class Member(ReplicationPlane):
-    """Just what the follow loop reads of a ClusterNode."""
+    """Just what the follow loop reads of a ClusterNode: a member (no observed streams) with no broker
+    (nothing here deletes a stream, the one thing Observers asks the broker about)."""
+
+    class _NoDeletes:
+        def on_stream_deleted(self, fn):
+            pass
 
     def __init__(self, engine):
         self.engine = engine
         self.name = "member"
         self.max_epoch = {}
+        self.broker = self._NoDeletes()
+        self.observers = Observers(self)
 
 
 @pytest.fixture

@@ -697,6 +697,8 @@ class Engine(SuperStreamBindings):
             items = self._waiters.get(sid)
             if items and entry in items:
                 items.remove(entry)
+                if not items:
+                    del self._waiters[sid]
 
     def wait(self, name, offset):
         """An asyncio future (of the running loop) that resolves once a committed chunk holds

@@ -450,6 +450,7 @@ class Runner:
             from contextlib import AsyncExitStack
             self.wait_go()
             self.start()
+            t1 = time.monotonic()
             async with AsyncExitStack() as stack:
                 pairs = []
                 for group in groups:
@@ -467,10 +468,13 @@ class Runner:
 
                 await asyncio.gather(*(one(*pair) for pair in pairs))
                 await asyncio.wait_for(asyncio.gather(all_confirmed.wait(), all_got.wait()), 300)
+                self.result["attach_s"] = time.monotonic() - t1    # connect, subscribe, publish, deliver
                 await asyncio.sleep(0.5)   # let the server settle (freed buffers) before reading its memory
                 self.result["server_rss_kb"] = rss_kb(a.server_pid)
                 self.result["server_anon_kb"] = rss_kb(a.server_pid, "RssAnon")
                 self.stop()
+                t2 = time.monotonic()
+            self.result["detach_s"] = time.monotonic() - t2        # rstream closes each subscription in turn
         finally:
             if not a.keep_stream:
                 await each_stream("delete_stream")

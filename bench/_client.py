@@ -27,11 +27,13 @@ Workloads (bodies are ``--size`` bytes, default 100):
 - ``latency-rstream``: rstream ``send_wait`` one message at a time: ``--warmup`` (100) untimed, then
   ``--timed`` (5,000) timed, each from the call to the confirm.
 - ``latency-rbfly``: the same with rbfly ``PublisherBin.send``.
-- ``memory-rstream``: ``--streams`` (1,000) streams created (untimed), then, over ``--connections`` (10)
-  rstream ``Producer`` + ``Consumer`` pairs (each connection holding ``--streams``/``--connections``
-  publishers or consumers), one consumer from ``first`` and one publisher per stream, ``--n`` messages
-  published to each and every one delivered; then, with all of them still connected, the server's
-  VmRSS and RssAnon (process tree) go into the RESULT (``server_rss_kb``, ``server_anon_kb``).
+- ``memory-rstream``: ``--streams`` (1,000) streams created on one connection, 64 requests in flight
+  (``setup_s``, untimed), then, over ``--connections`` (10; more when needed, at most 200 streams per
+  connection, rstream's limit) rstream ``Producer`` + ``Consumer`` pairs, one consumer from ``first`` and
+  one publisher per stream, ``--n`` messages published to each and every one delivered (``attach_s``);
+  then, with all of them still connected, the server's VmRSS and RssAnon (process tree) go into the
+  RESULT (``server_rss_kb``, ``server_anon_kb``); ``detach_s``: closing them (rstream unsubscribes one at a
+  time).
 
 The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``, and the
 server-bound load generator (``loadgen-publish``, ``loadgen-consume``: pre-encoded frames on a plain

@@ -39,6 +39,7 @@ from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
+from riverbed.shells.cluster.sac import ClusterSac
 from riverbed.shells.cluster.superstreams import SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
@@ -98,6 +99,7 @@ class ClusterNode(ReplicationPlane):
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
+        self.sac = ClusterSac(self, POLL_MAX)     # single-active-consumer groups across the nodes (sac.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -136,6 +138,7 @@ class ClusterNode(ReplicationPlane):
         for t in self._tasks:
             t.cancel()
         self.forwarding.close()
+        self.sac.close()
         for _, _, task in list(self.following.values()):
             task.cancel()
         for st in list(self.leading.values()):
@@ -209,6 +212,10 @@ class ClusterNode(ReplicationPlane):
             except Exception:
                 log.exception("cluster: control loop failed")
             self.forwarding.route_changed()
+            try:
+                self.sac.tick()
+            except Exception:
+                log.exception("cluster: single-active-consumer upkeep failed")
 
     # ------------------------------------------------------------------------------ etcd state
 

@@ -18,7 +18,7 @@ import time
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
-from riverbed.shells.cluster import forward_wire, membership, wire
+from riverbed.shells.cluster import forward_wire, membership, sac_wire, wire
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -114,6 +114,9 @@ class ReplicationPlane:
             kind, payload = await wire.read_frame(reader)
             if kind == forward_wire.FWD_HELLO:
                 await self.forwarding.serve(reader, writer, payload)
+                return
+            if kind == sac_wire.SAC_HELLO:
+                await self.sac.serve(reader, writer, payload)       # single active consumer (sac.py)
                 return
             if kind != wire.HELLO:
                 return

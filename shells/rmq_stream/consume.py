@@ -15,6 +15,7 @@ import struct
 from riverbed.engine import core
 from riverbed.engine.errors import ChunkError, RiverbedError, StreamNotFound
 from riverbed.shells.broker import READ
+from riverbed.shells.broker import sac as sac_groups
 from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 from riverbed.shells.rmq_stream.codec import (
     _CREDIT, DecodeError, Reader, decode_offset_spec, deliver_parts, encode_consumer_update,
@@ -58,6 +59,21 @@ class Subscription(BrokerSubscription):
     @property
     def offset(self):
         return self.tail.offset
+
+    # as a member of a single-active-consumer group (shells/broker/sac.py, shells/cluster/sac.py)
+
+    def sac_activate(self):
+        self.session.sac_activate(self)
+
+    def sac_step_down(self):
+        self.session.sac_step_down(self)
+
+    def sac_state(self):
+        """This member's state for its group's coordinator: ACTIVE while activating or delivering,
+        STEPPING_DOWN while its step-down is unanswered, else WAITING."""
+        if self.sac in (SAC_ACTIVATING, SAC_ACTIVE):
+            return sac_groups.ACTIVE
+        return sac_groups.STEPPING_DOWN if self.sac == SAC_STEPPING_DOWN else sac_groups.WAITING
 
 
 def _truthy(v):

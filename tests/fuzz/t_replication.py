@@ -1,7 +1,8 @@
 """The cluster's replication port (shells/cluster/wire.py): its frame splitter, the asyncio frame reader
 the nodes use, and the decoder of every frame type on that port: the ``DECODERS`` of every
-``shells/cluster/*wire.py`` module (wire.py's replication frames and, where it exists, forward_wire.py's
-forwarding frames), found at import so that a module adding frames is fuzzed without editing this file.
+``shells/cluster/*wire.py`` module (wire.py's replication frames, forward_wire.py's forwarding frames,
+sac_wire.py's single-active-consumer frames), found at import so that a module adding frames is fuzzed
+without editing this file; a module's ``sample_frames()``, where it has one, adds seeds.
 
 Input: flag byte, then bytes as a peer would send them on the replication port. Without FLAG_PRELUDE
 they are split into frames (both by ``split_frames`` and by ``read_frame`` over a StreamReader fed in
@@ -169,4 +170,6 @@ def _other_seeds():
                 out.append(bytes(enc["encode_result"](7, 0, 0, 1, [3], "ok")))
         except TypeError:       # an encoder whose signature changed: its frames come from mutation only
             pass
+        if callable(getattr(m, "sample_frames", None)):     # a module that names its own examples
+            out += [bytes(f) for f in m.sample_frames()]
     return out

@@ -27,11 +27,13 @@ Workloads (bodies are ``--size`` bytes, default 100):
 - ``latency-rstream``: rstream ``send_wait`` one message at a time: ``--warmup`` (100) untimed, then
   ``--timed`` (5,000) timed, each from the call to the confirm.
 - ``latency-rbfly``: the same with rbfly ``PublisherBin.send``.
-- ``memory-rstream``: ``--streams`` (1,000) streams created (untimed), then, over ``--connections`` (10)
-  rstream ``Producer`` + ``Consumer`` pairs (each connection holding ``--streams``/``--connections``
-  publishers or consumers), one consumer from ``first`` and one publisher per stream, ``--n`` messages
-  published to each and every one delivered; then, with all of them still connected, the server's
-  VmRSS and RssAnon (process tree) go into the RESULT (``server_rss_kb``, ``server_anon_kb``).
+- ``memory-rstream``: ``--streams`` (1,000) streams created on one connection, 64 requests in flight
+  (``setup_s``, untimed), then, over ``--connections`` (10; more when needed, at most 200 streams per
+  connection, rstream's limit) rstream ``Producer`` + ``Consumer`` pairs, one consumer from ``first`` and
+  one publisher per stream, ``--n`` messages published to each and every one delivered (``attach_s``);
+  then, with all of them still connected, the server's VmRSS and RssAnon (process tree) go into the
+  RESULT (``server_rss_kb``, ``server_anon_kb``); ``detach_s``: closing them (rstream unsubscribes one at a
+  time).
 
 The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``, and the
 server-bound load generator (``loadgen-publish``, ``loadgen-consume``: pre-encoded frames on a plain
@@ -48,6 +50,8 @@ import sys
 import time
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+MEMORY_PER_CONNECTION = 200     # memory-rstream: rstream's limit of publishers (subscribers) per connection
+MEMORY_CREATE_INFLIGHT = 64     # memory-rstream: create/delete requests in flight on the setup connection
 
 WORKLOADS = ("rstream-raw", "rbfly-raw", "rbfly-amqp", "rbfly-amqp-batch", "consume-rstream",
              "consume-rbfly-raw", "consume-rbfly-amqp", "latency-rstream", "latency-rbfly", "memory-rstream")
@@ -403,10 +407,9 @@ class Runner:
         from bench._procs import rss_kb
         a = self.a
         names = [f"{a.stream}-{i}" for i in range(a.streams)]
-        groups = [names[g::a.connections] for g in range(a.connections)]
-        per_conn = max(len(g) for g in groups)
-        if per_conn > 200:   # rstream's limit of publishers (subscribers) per connection
-            raise SystemExit(f"--streams/--connections must be at most 200 per connection, not {per_conn}")
+        # rstream takes at most 200 publishers (subscribers) per connection: more streams, more connections
+        conns = max(a.connections, -(-a.streams // MEMORY_PER_CONNECTION))
+        groups = [names[g::conns] for g in range(conns)]
         expect = a.n * a.streams
         state = {"confirmed": 0, "got": 0, "bytes": 0}
         all_confirmed, all_got = asyncio.Event(), asyncio.Event()
@@ -427,21 +430,29 @@ class Runner:
 
         async def each_stream(op):
             # On one connection kept open: Producer.create_stream/delete_stream open and close a locator
-            # connection per call (~200 ms each here), which would make 1,000 streams take minutes.
+            # connection per call (~200 ms each here), which would make 1,000 streams take minutes. Up to
+            # MEMORY_CREATE_INFLIGHT requests are in flight at a time (rstream matches answers by
+            # correlation id), as an application creating many streams at start would send them; both
+            # brokers get the same requests the same way.
             async with producer() as p:
                 client = await p.default_client
-                for s in names:
-                    await getattr(client, op)(s)
+                room = asyncio.Semaphore(MEMORY_CREATE_INFLIGHT)
+
+                async def one(s):
+                    async with room:
+                        await getattr(client, op)(s)
+                await asyncio.gather(*(one(s) for s in names))
 
         t0 = time.monotonic()
         await each_stream("create_stream")   # setup, untimed (reported as setup_s)
         self.result["setup_s"] = time.monotonic() - t0
         self.result["streams"] = a.streams
-        self.result["connections"] = a.connections
+        self.result["connections"] = conns
         try:
             from contextlib import AsyncExitStack
             self.wait_go()
             self.start()
+            t1 = time.monotonic()
             async with AsyncExitStack() as stack:
                 pairs = []
                 for group in groups:
@@ -459,10 +470,13 @@ class Runner:
 
                 await asyncio.gather(*(one(*pair) for pair in pairs))
                 await asyncio.wait_for(asyncio.gather(all_confirmed.wait(), all_got.wait()), 300)
+                self.result["attach_s"] = time.monotonic() - t1    # connect, subscribe, publish, deliver
                 await asyncio.sleep(0.5)   # let the server settle (freed buffers) before reading its memory
                 self.result["server_rss_kb"] = rss_kb(a.server_pid)
                 self.result["server_anon_kb"] = rss_kb(a.server_pid, "RssAnon")
                 self.stop()
+                t2 = time.monotonic()
+            self.result["detach_s"] = time.monotonic() - t2        # rstream closes each subscription in turn
         finally:
             if not a.keep_stream:
                 await each_stream("delete_stream")

@@ -35,9 +35,11 @@ Per run it measures msgs/s and MB/s (bodies), the server's CPU seconds per milli
 (utime+stime of the server's process tree from /proc over the timed window), the client's CPU, the
 server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's other busy CPU
 (/proc/stat busy minus server, client and harness). The ``memory-streams`` workload (Riverbed and
-RabbitMQ) creates ``--memory-streams`` streams, gives each a publisher and a consumer over
-``--memory-connections`` connection pairs, publishes ``--memory-msgs`` to each, waits for every delivery
-and reports the server's RSS then (and its peak), against the 150 MB goal. After the table come the floors
+RabbitMQ) creates ``--memory-streams`` streams (RabbitMQ: at most ``--memory-peer-streams``, 1,000), gives
+each a publisher and a consumer over ``--memory-connections`` connection pairs (one more per 200 streams
+past that), publishes ``--memory-msgs`` to each, waits for every delivery and reports the server's RSS
+then (and its peak) and the setup time, against the 150 MB goal at 1,000 streams, and at 10,000 against
+issue 26's (``_workloads.use_memory_streams``). After the table come the floors
 (``bench._floors``: a bare uvloop echo server, a bare LMDB fsync commit and the engine's in-process append,
 each measured once a round in the same run, ``--no-floors`` to skip) and issue 26's goals judged against
 them (``_floors.FLOOR_GOALS``); then each Kafka
@@ -62,7 +64,8 @@ from bench import _floors, _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
-                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, SCALEUP_WORKLOADS, W, spec)
+                              PEER_MEMORY_STREAMS, use_memory_streams, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W,
+                              SAME_LOG, SCALEUP_WORKLOADS, W, spec)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -186,7 +189,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
                     "--n", str(n), "--size", str(args.size), "--batch", str(args.batch),
                     "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
                     "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
-                    "--streams", str(args.memory_streams), "--connections", str(args.memory_connections)]
+                    "--streams", str(memory_streams(args, broker)), "--connections", str(args.memory_connections)]
             # a cluster's other nodes count as the server (their CPU summed in: bench._cluster)
             argv += broker.client_args() if hasattr(broker, "client_args") else []
             for o in others:
@@ -197,7 +200,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             ACTIVE.add(c)
         # Setup (connect, create, fill) is untimed; every client says READY, then all GO at once.
         setup_deadline = time.monotonic() + 120 + (n / 5_000 if sp["kind"] == "consume" else 0) + (
-            args.memory_streams * 0.1 if sp["kind"] == "memory" else 0)
+            memory_streams(args, broker) * 0.1 if sp["kind"] == "memory" else 0)
         for c in clients:
             c.expect("READY", setup_deadline)
         sampler = RssSampler(getattr(broker, "pids", None) or [broker.pid])
@@ -207,7 +210,9 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             on_go()
         for c in clients:
             c.go()
-        run_deadline = time.monotonic() + args.run_timeout + n / 1000
+        # the memory row: rstream subscribes and closes its subscriptions one at a time (~10 ms each here)
+        run_deadline = time.monotonic() + args.run_timeout + n / 1000 + (
+            memory_streams(args, broker) * 0.1 if sp["kind"] == "memory" else 0)
         results = []
         try:
             for c in clients:
@@ -234,6 +239,14 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             c.kill()
             ACTIVE.discard(c)
     return rec
+
+
+def memory_streams(args, broker):
+    """Streams of the memory row on ``broker``: ``--memory-streams`` on Riverbed, at most
+    ``--memory-peer-streams`` on RabbitMQ (issue 26 judges Riverbed at 10,000 against RabbitMQ at 1,000)."""
+    if broker.name == "rabbitmq":
+        return min(args.memory_streams, args.memory_peer_streams)
+    return args.memory_streams
 
 
 def derive(results, kind, size, peak_kb):
@@ -324,7 +337,11 @@ def parse_args(argv=None):
     ap.add_argument("--memory-streams", type=int, default=1000,
                     help="memory-streams: streams, each with a publisher and a consumer (default 1,000)")
     ap.add_argument("--memory-connections", type=int, default=10,
-                    help="memory-streams: rstream Producer + Consumer connection pairs (default 10)")
+                    help="memory-streams: rstream Producer + Consumer connection pairs, at least (default 10; "
+                         "one more pair per 200 streams past that, rstream's limit per connection)")
+    ap.add_argument("--memory-peer-streams", type=int, default=PEER_MEMORY_STREAMS,
+                    help="memory-streams: RabbitMQ runs the row with at most this many streams (default "
+                         "%(default)s; issue 26's goal: Riverbed at 10,000 against RabbitMQ at 1,000)")
     ap.add_argument("--memory-msgs", type=int, default=10, help="memory-streams: messages per stream (default 10)")
     ap.add_argument("--floors", action=argparse.BooleanOptionalAction, default=True,
                     help="measure the floors (bench._floors: uvloop echo, LMDB fsync, engine append) once a "
@@ -353,9 +370,9 @@ def parse_args(argv=None):
     if bad:
         ap.error(f"unknown peers {bad}; choose from {', '.join(PEER_NAMES)} (or none)")
     a.peer_list = [p for p in PEER_NAMES if p in a.peer_list]   # column order
-    if a.memory_connections < 1 or a.memory_streams < a.memory_connections or \
-            -(-a.memory_streams // a.memory_connections) > 200:
-        ap.error("--memory-streams must be between --memory-connections and 200 × --memory-connections")
+    if a.memory_connections < 1 or min(a.memory_streams, a.memory_peer_streams) < a.memory_connections:
+        ap.error("--memory-streams and --memory-peer-streams must be at least --memory-connections (>= 1)")
+    use_memory_streams(a.memory_streams, a.memory_peer_streams)
     a.durable_list = [] if a.durable_fsync == "none" else [
         w.strip() for w in a.durable_workloads.split(",") if w.strip() in a.workload_list]
     return a

@@ -50,6 +50,7 @@ consumer offsets in its own LMDB table, and the trailer is never sent to clients
 chunk without a bloom is header + data, contiguous. The epoch is 1, as Osiris writes for a new stream.
 """
 
+import importlib.util
 import struct
 import zlib
 
@@ -122,6 +123,10 @@ def _gzip_pieces(body, limit, piece):
 
 
 def _zstd_pieces(body, limit, piece):
+    global _ZSTD
+    if _ZSTD is None:
+        import zstandard
+        _ZSTD = zstandard.ZstdDecompressor()
     reader = _ZSTD.stream_reader(body, read_across_frames=True)
     while True:
         out = reader.read(piece)
@@ -131,6 +136,10 @@ def _zstd_pieces(body, limit, piece):
 
 
 def _lz4_pieces(body, limit, piece):
+    global _LZ4F
+    if _LZ4F is None:
+        import lz4.frame
+        _LZ4F = lz4.frame
     d = _LZ4F.LZ4FrameDecompressor()
     out = d.decompress(body, max_length=piece)
     while True:
@@ -151,6 +160,10 @@ def _snappy_pieces(body, limit, piece):
     # Framed snappy (Java, rbfly; xerial framing too) is a run of chunks of at most 64 KiB uncompressed.
     # cramjam has no streamed decompression with an output bound, so each data chunk goes through it on its
     # own (as a one-chunk stream: cramjam checks its CRC) into a 64 KiB buffer: one chunk at a time.
+    global _CRAMJAM
+    if _CRAMJAM is None:
+        import cramjam
+        _CRAMJAM = cramjam
     cramjam = _CRAMJAM
     mv = memoryview(body)
     if bytes(mv[:len(SNAPPY_STREAM_ID)]) != SNAPPY_STREAM_ID:
@@ -253,26 +266,14 @@ _ZSTD = _LZ4F = _CRAMJAM = None
 
 def _register_optional_codecs():
     # The well-kept codec libraries are dependencies; registering them here means every reader of a
-    # sub-batch (RabbitMQ Deliver decode, Spark, dump) understands every codec a client can send.
-    global _ZSTD, _LZ4F, _CRAMJAM
-    try:
-        import zstandard
-        _ZSTD = zstandard.ZstdDecompressor()
-        register_codec(COMPRESSION_ZSTD, _zstd_pieces)
-    except ImportError:  # pragma: no cover - dependency missing
-        pass
-    try:
-        import lz4.frame
-        _LZ4F = lz4.frame
-        register_codec(COMPRESSION_LZ4, _lz4_pieces)
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        import cramjam
-        _CRAMJAM = cramjam
-        register_codec(COMPRESSION_SNAPPY, _snappy_pieces)
-    except ImportError:  # pragma: no cover
-        pass
+    # sub-batch (RabbitMQ Deliver decode, Spark, dump) understands every codec a client can send. Each
+    # library is imported on the first body of its codec, not here: cramjam alone maps ~3 MB of code into
+    # every broker process, and most never see a compressed sub-batch (issue 26, broker memory).
+    for code, module, pieces in ((COMPRESSION_ZSTD, "zstandard", _zstd_pieces),
+                                 (COMPRESSION_LZ4, "lz4", _lz4_pieces),
+                                 (COMPRESSION_SNAPPY, "cramjam", _snappy_pieces)):
+        if importlib.util.find_spec(module) is not None:
+            register_codec(code, pieces)
 
 
 _register_optional_codecs()

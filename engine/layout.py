@@ -161,8 +161,12 @@ def _check_name(name, what="stream name"):
 # per-stream state
 
 
+_NO_ARGS_JSON = b"{}"
+
+
 class _Stream:
-    """Committed (or, inside the writer, staged) state of one stream."""
+    """Committed (or, inside the writer, staged) state of one stream. ``args`` is never changed in place
+    (copies share it)."""
 
     __slots__ = ("name", "sid", "args", "next_offset", "first_chunk", "last_chunk", "bytes", "records",
                  "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "chunk_max_records", "bloom_size",
@@ -184,8 +188,9 @@ class _Stream:
         self.chunk_max = int(args.get("chunk-max-bytes", DEFAULT_CHUNK_MAX_BYTES))
         self.chunk_max_records = int(args.get("chunk-max-records", DEFAULT_CHUNK_MAX_RECORDS))
         self.bloom_size = int(args.get("stream-filter-size-bytes", BLOOM_DEFAULT_SIZE))
-        # the arguments never change, and the state is rewritten at every commit: encode them once
-        self.args_json = json.dumps(args).encode()
+        # the arguments never change, and the state is rewritten at every commit: encode them once (most
+        # streams have none: they share one encoding, 10,000 streams being issue 26's memory row)
+        self.args_json = json.dumps(args).encode() if args else _NO_ARGS_JSON
 
     @classmethod
     def decode(cls, name, raw):

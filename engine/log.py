@@ -36,6 +36,7 @@ stream's policy), so a stream can be replicated and fsynced.
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from collections import namedtuple
@@ -248,7 +249,7 @@ class Engine(SuperStreamBindings):
             if txn.get(b"format", db=self._db_meta) not in (None, _SID.pack(FORMAT_VERSION)):
                 raise RiverbedError(f"{self.path}: unknown data format version")
             for key, raw in txn.cursor(db=self._db_streams):
-                name = bytes(key).decode()
+                name = sys.intern(bytes(key).decode())
                 s = self._streams[name] = _Stream.decode(name, raw)
                 self._trusted_from[s.sid] = s.next_offset
 
@@ -717,6 +718,8 @@ class Engine(SuperStreamBindings):
             items = self._waiters.get(sid)
             if items and entry in items:
                 items.remove(entry)
+                if not items:
+                    del self._waiters[sid]
 
     def wait(self, name, offset):
         """An asyncio future (of the running loop) that resolves once a committed chunk holds
@@ -799,7 +802,9 @@ class Engine(SuperStreamBindings):
         Returns a Future of None. Raises (through the future) StreamExists if the name is taken and
         InvalidArgument for a bad name or argument (the latter two also directly)."""
         _check_name(name)
-        return self._submit(_OP_CREATE, name, normalize_arguments(arguments))
+        # interned: the sessions' subscriptions and publishers of the stream intern their copies of the
+        # name too, so 10,000 streams hold one string each, not one per holder (issue 26)
+        return self._submit(_OP_CREATE, sys.intern(name), normalize_arguments(arguments))
 
     def delete_stream(self, name):
         """Delete ``name`` and all of its records and tracking. Future of None; StreamNotFound."""

@@ -416,7 +416,10 @@ class _Writer(threading.Thread):
                             wake.append((entry[1], None))
                         else:
                             keep.append(entry)
-                    eng._waiters[s.sid] = keep
+                    if keep:
+                        eng._waiters[s.sid] = keep
+                    else:    # an idle stream keeps no empty list (10,000 streams: issue 26)
+                        del eng._waiters[s.sid]
             listeners = list(eng._delete_listeners) if staged.deleted else ()
             created = [n for n in staged.created if n in eng._streams] if staged.created else ()
             create_listeners = list(eng._create_listeners) if created else ()

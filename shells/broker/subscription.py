@@ -19,6 +19,8 @@ its rendering (the callback it gives :meth:`open_tail`), its own flow state (Rab
 consumer, ZeroMQ's held batch). Loop-thread only, like the session.
 """
 
+import sys
+
 from riverbed.shells.broker.tail import Tail
 
 
@@ -30,7 +32,8 @@ class Subscription:
 
     def __init__(self, session, stream, start=0):
         self.session = session
-        self.stream = stream
+        # the engine interns stream names: one string per stream however many subscribe (issue 26)
+        self.stream = sys.intern(stream) if type(stream) is str else stream
         self.start = start
         self.tail = None
         self.closed = False

@@ -8,6 +8,7 @@ Duplicates (named publishers) are confirmed, as in RabbitMQ. Confirms go out aft
 """
 
 import logging
+import sys
 
 from riverbed.engine import PublishingIds
 from riverbed.engine import format as fmt
@@ -37,7 +38,7 @@ class Publisher:
 
     def __init__(self, publisher_id, stream, reference):
         self.publisher_id = publisher_id
-        self.stream = stream
+        self.stream = sys.intern(stream) if type(stream) is str else stream   # one string per stream (engine too)
         self.reference = reference or None     # "" = unnamed: no deduplication
         self.stream_gone = False               # deleted under it: Publish gets 0x02
 

@@ -72,7 +72,23 @@ def test_peers_flag_picks_orders_and_rejects():
         compare.parse_args(["--peers", "rabbitmq,kafka"])
     assert e.value.code == 2
     with pytest.raises(SystemExit):
-        compare.parse_args(["--memory-streams", "1000", "--memory-connections", "2"])   # 500 per connection
+        compare.parse_args(["--memory-streams", "1000", "--memory-connections", "0"])
+    with pytest.raises(SystemExit):
+        compare.parse_args(["--memory-streams", "5", "--memory-connections", "10"])
+
+
+def test_memory_row_at_10k_streams_is_judged_against_rabbitmq_at_1k():
+    from bench._workloads import GOALS
+    a = compare.parse_args(["--memory-streams", "10000", "--memory-connections", "2"])
+    rb, rabbit = compare._procs.Riverbed(), compare._procs.RabbitMQ()
+    assert (compare.memory_streams(a, rb), compare.memory_streams(a, rabbit)) == (10_000, 1_000)
+    assert GOALS[("memory-streams", "server_peak_rss_mb")] == ("ratio", "<=", 0.1)
+    assert GOALS[("memory-streams", "setup_s")] == ("abs", "<=", 5.0)
+    assert "10,000 streams" in W["memory-streams"]["label"] and "RabbitMQ: 1,000" in W["memory-streams"]["label"]
+    a = compare.parse_args([])     # back to the 1,000-stream row and its 150 MB goal
+    assert compare.memory_streams(a, rabbit) == 1_000
+    assert GOALS[("memory-streams", "server_peak_rss_mb")] == ("abs", "<=", 150.0)
+    assert ("memory-streams", "setup_s") not in GOALS
 
 
 def test_every_mapping_pairs_workloads_of_one_kind_that_a_client_can_run():

@@ -1,6 +1,8 @@
 """The engine over real LMDB files: streams, appends, seeks, retention, dedup, tracking, waiting."""
 
 import asyncio
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -410,6 +412,29 @@ def test_watch_callback_and_cancel(eng):
     assert seen == []
     eng.watch("s", 0, seen.append)
     assert seen == [None]
+
+
+def test_an_idle_stream_keeps_no_waiter_list_and_one_name_string(eng):
+    # issue 26 (10,000 streams): a woken or cancelled watch leaves nothing behind for its stream, and the
+    # engine's name is the interned one every subscription and publisher shares
+    name = "".join(["stream-", "interned"])     # built at run time: not a constant the compiler interned
+    eng.create_stream(name).result()
+    seen = []
+    eng.watch(name, 0, seen.append)
+    eng.append(name, [b"a"]).result()
+    assert seen == [None]
+    cancel = eng.watch(name, 1, seen.append)
+    cancel()
+    assert eng._waiters == {}
+    assert next(n for n in eng._streams if n == name) is sys.intern("stream-interned")
+
+
+def test_importing_the_engine_maps_no_compression_library():
+    # cramjam alone maps ~3 MB into every broker; the codecs are imported on their first body
+    code = ("import sys, riverbed.engine, riverbed.engine.format as f; "
+            "assert not {'cramjam', 'lz4', 'zstandard'} & set(sys.modules), sorted(sys.modules); "
+            "assert {f.COMPRESSION_LZ4, f.COMPRESSION_ZSTD, f.COMPRESSION_SNAPPY} <= set(f.SUB_BATCH_CODECS)")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_delete_listener_is_called(eng):

@@ -16,6 +16,7 @@ import crc32c as _crc32c
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.engine.format import CHUNK_MAGIC_VERSION, CHUNK_USER, HEADER_STRUCT
 from riverbed.shells._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
+from riverbed.shells._pyream import ream_publish_run  # noqa: F401  (ream.pxi is its compiled twin)
 
 COMPILED = False
 

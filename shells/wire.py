@@ -32,3 +32,4 @@ publish_chunk = impl.publish_chunk          # RabbitMQ Stream Publish v1 -> a se
 bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised without decoding it
 kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -> stored records (chunk entries)
 kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2
+ream_publish_run = impl.ream_publish_run  # REAM: a run of plain pipelined EVENT PUBLISH requests

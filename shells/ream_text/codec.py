@@ -33,6 +33,7 @@ log = logging.getLogger("riverbed.ream")
 BANNER = b"REAM 1.0\n"
 PING = b"PING\n"
 PONG = b"PONG\n"
+PUBLISH_PREFIX = b"EVENT PUBLISH "     # the request the publish-run fast path looks for (wire.ream_publish_run)
 
 DEFAULT_MAX_PAYLOAD = 4 << 20     # bytes: the default --ream-max-payload
 MAX_LINE = 64 << 10               # bytes: a request line longer than this closes the connection
@@ -274,6 +275,12 @@ def parse_json_object(payload):
     if not isinstance(value, dict):
         raise ReamError("Invalid JSON: not an object")
     return value
+
+
+def check_json_object(payload):
+    """Raise as :func:`parse_json_object` unless ``payload`` (bytes) is a JSON object; accepts exactly
+    what it accepts, without building the value where a faster check can tell."""
+    parse_json_object(payload)
 
 
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}

@@ -32,14 +32,41 @@ class EventRequests:
         if not self.broker.has_stream(stream):
             self._allow("configure", stream)     # the first publish creates the stream
         payload = payloads[0]
-        C.parse_json_object(payload)
-        record = encode_record(payload, CT_JSON)
-        if self.batch is not None and self.batch[0] != stream:
+        C.check_json_object(payload)
+        self._batch_add(stream, [req.slot], [encode_record(payload, CT_JSON)])
+
+    def _publish_allowed(self, stream):
+        """Whether this user may publish to ``stream`` now (write; configure too when the publish would
+        create it): :meth:`_on_event_publish`'s checks, without refusing."""
+        broker, user = self.broker, self.user
+        if not broker.allowed(user, "write", stream):
+            return False
+        return broker.has_stream(stream) or broker.allowed(user, "configure", stream)
+
+    def _json_records(self, payloads):
+        """The stored records of the leading payloads that :func:`codec.check_json_object` accepts, up
+        to the first it refuses."""
+        records = []
+        check = C.check_json_object
+        for payload in payloads:
+            try:
+                check(payload)
+            except ReamError:
+                break
+            records.append(encode_record(payload, CT_JSON))
+        return records
+
+    def _batch_add(self, stream, slots, records):
+        """Add publishes (reply slots and records) to this read's batch: one engine append per run of
+        one stream, submitted when another stream or request comes (or the read ends)."""
+        batch = self.batch
+        if batch is not None and batch[0] != stream:
             self._submit_batch()
-        if self.batch is None:
-            self.batch = (stream, [], [])
-        self.batch[1].append(req.slot)
-        self.batch[2].append(record)
+            batch = None
+        if batch is None:
+            batch = self.batch = (stream, [], [])
+        batch[1].extend(slots)
+        batch[2].extend(records)
 
     def _submit_batch(self):
         batch = self.batch

@@ -6,6 +6,8 @@ fast path must answer any pipelined mix of good and bad requests, in one buffer 
 exactly the bytes (and store exactly the events) of the per-request path.
 """
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -236,3 +238,54 @@ def test_any_mix_matches_per_request_path(tmp_path_factory, requests, step):
     chunks = [data[i:i + step] for i in range(0, len(data), step)]
     tmp = tmp_path_factory.mktemp("mix")
     assert replies(tmp, chunks, True) == replies(tmp, chunks, False)
+
+
+# ---- the JSON check: exactly parse_json_object's verdicts ---------------------------------------------
+
+def verdict(fn, payload):
+    try:
+        fn(payload)
+        return None
+    except C.ReamError as e:
+        return (e.reason, e.rejected)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12)
+JSON_CHARS = st.text(alphabet='{}[]":,0123456789.eE+-tfnrulsaINfy \t\r\\u\x00\x1f\x7f\ud800\udc00é€𝄞',
+                     max_size=40)
+
+
+def mutate(text, data):
+    """Byte-level damage to a JSON text: a slice removed, a byte replaced, text spliced in."""
+    raw = text.encode("utf-8", "surrogatepass")
+    i = data.draw(st.integers(0, len(raw)))
+    j = data.draw(st.integers(i, len(raw)))
+    return raw[:i] + data.draw(st.sampled_from([b"", b"\xff", b"\\", b'"', b"]", b"}", b"[", b"1e999",
+                                                b"\\ud800", b"NaN", b",", b" "])) + raw[j:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_json_check_gives_parse_json_objects_verdicts(data):
+    kind = data.draw(st.integers(0, 3))
+    if kind == 0:
+        payload = json.dumps(data.draw(JSON_VALUES), ensure_ascii=data.draw(st.booleans())).encode()
+    elif kind == 1:
+        payload = mutate(json.dumps(data.draw(JSON_VALUES)), data)
+    elif kind == 2:
+        payload = data.draw(JSON_CHARS).encode("utf-8", "surrogatepass")
+    else:
+        payload = data.draw(st.binary(max_size=40))
+    assert verdict(C.check_json_object, payload) == verdict(C.parse_json_object, payload)
+
+
+@pytest.mark.parametrize("payload", [
+    b'{"a":1}', b'{"s":"\\ud800"}', b'{"a":1e999}', b'{"a":NaN}', b"\xef\xbb\xbf{}", b'{"a":"\x01"}', b" {} ",
+    b"{}\r", b'{"a":' + b"1" * 4300 + b"}", b'{"a":' + b"1" * 4301 + b"}", b'{"a":"\xff"}', b"[]", b"",
+    b'{"d":' + b"[" * 200 + b"]" * 200 + b"}", b'{"a":1,"a":2}', b'{"a":-0.0e-0}',
+])
+def test_json_check_edges(payload):
+    assert verdict(C.check_json_object, payload) == verdict(C.parse_json_object, payload)

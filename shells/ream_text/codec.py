@@ -296,6 +296,29 @@ def check_json_object(payload):
         parse_json_object(payload)
 
 
+def leading_json_objects(payloads):
+    """How many of ``payloads`` (bytes), from the first, :func:`check_json_object` accepts: the count
+    before the first it refuses. The loop of a pipelined run, without a call per payload where
+    msgspec and the length tell (a text of at most 2 x limit + 1 bytes cannot nest deeper than the limit)."""
+    decode = _FAST_OBJECT.decode
+    shallow = 2 * max_depth() + 1
+    fails = (msgspec.DecodeError, ValueError, RecursionError)
+    count = 0
+    for payload in payloads:
+        try:
+            decode(payload)
+        except fails:
+            try:
+                parse_json_object(payload)
+            except ReamError:
+                return count
+        else:
+            if len(payload) > shallow and not json_within_depth(payload):
+                return count
+        count += 1
+    return count
+
+
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}
 
 

@@ -6,6 +6,7 @@ Loop-thread only; see session.py for the output queue and the ordering of effect
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.core import encode_message
 from riverbed.engine.record import CT_JSON, encode_record, to_json_text
 from riverbed.shells.broker import MODE_WINDOW
 from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
@@ -46,15 +47,8 @@ class EventRequests:
     def _json_records(self, payloads):
         """The stored records of the leading payloads that :func:`codec.check_json_object` accepts, up
         to the first it refuses."""
-        records = []
-        check = C.check_json_object
-        for payload in payloads:
-            try:
-                check(payload)
-            except ReamError:
-                break
-            records.append(encode_record(payload, CT_JSON))
-        return records
+        encode = encode_message
+        return [encode((payload,), CT_JSON) for payload in payloads[:C.leading_json_objects(payloads)]]
 
     def _batch_add(self, stream, slots, records):
         """Add publishes (reply slots and records) to this read's batch: one engine append per run of

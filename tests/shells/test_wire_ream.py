@@ -289,3 +289,17 @@ def test_json_check_gives_parse_json_objects_verdicts(data):
 ])
 def test_json_check_edges(payload):
     assert verdict(C.check_json_object, payload) == verdict(C.parse_json_object, payload)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from([
+    b'{"a":1}', b'{"s":"\\ud800"}', b'{"a":1e999}', b"[]", b"{", b"\xff", b"",
+    b'{"d":' + b"[" * 200 + b"]" * 200 + b"}", b'{"d":' + b"[" * 20 + b"]" * 20 + b', "p":"' + b"x" * 300 + b'"}',
+    b'{"p":"' + b"[" * 300 + b'"}']), max_size=8))
+def test_leading_json_objects_counts_check_json_objects_accepts(payloads):
+    count = 0
+    for payload in payloads:
+        if verdict(C.check_json_object, payload) is not None:
+            break
+        count += 1
+    assert C.leading_json_objects(payloads) == count

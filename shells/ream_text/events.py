@@ -51,8 +51,9 @@ class EventRequests:
         return [encode((payload,), CT_JSON) for payload in payloads[:C.leading_json_objects(payloads)]]
 
     def _batch_add(self, stream, slots, records):
-        """Add publishes (reply slots and records) to this read's batch: one engine append per run of
-        one stream, submitted when another stream or request comes (or the read ends)."""
+        """Add publishes (reply slots and records, as many records as the slots' ``replies``) to this
+        read's batch: one engine append per run of one stream, submitted when another stream or request
+        comes (or the read ends)."""
         batch = self.batch
         if batch is not None and batch[0] != stream:
             self._submit_batch()
@@ -78,12 +79,18 @@ class EventRequests:
             if exc is not None:
                 data = C.non(EVENT, "PUBLISHED", C.name_token(stream), reason_of(exc))
                 for s in slots:
-                    s.data = data
+                    s.data = data * s.replies
             else:
-                first = res.first_offset
+                event_id = res.first_offset + 1
                 token = C.name_token(stream).encode("utf-8")
-                for i, s in enumerate(slots):
-                    s.data = b"EVENT PUBLISHED %s %d\n" % (token, first + i + 1)
+                for s in slots:
+                    n = s.replies
+                    if n == 1:
+                        s.data = b"EVENT PUBLISHED %s %d\n" % (token, event_id)
+                    else:
+                        head = b"EVENT PUBLISHED %s " % token
+                        s.data = b"".join([b"%s%d\n" % (head, i) for i in range(event_id, event_id + n)])
+                    event_id += n
             self._flush()
         try:
             self.shell.publish(stream, records, done)

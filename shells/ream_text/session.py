@@ -50,13 +50,15 @@ FAST_PUBLISH = True      # runs of plain pipelined EVENT PUBLISHes in one pass (
 
 class _Slot:
     """One entry of the output queue: ``data`` (bytes) once filled; a delivery's ``tail`` and ``size``
-    are acknowledged to the tail when written."""
-    __slots__ = ("data", "tail", "size")
+    are acknowledged to the tail when written. ``replies``: how many requests' replies ``data`` holds
+    (a run of pipelined publishes has one slot for all of them)."""
+    __slots__ = ("data", "tail", "size", "replies")
 
-    def __init__(self, data=None, tail=None, size=0):
+    def __init__(self, data=None, tail=None, size=0, replies=1):
         self.data = data
         self.tail = tail
         self.size = size
+        self.replies = replies
 
 
 class _Request:
@@ -79,6 +81,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         super().__init__(shell, io, peer=peer, local=local, remote=remote, peer_loopback=peer_loopback)
         self.buf = bytearray()
         self.out = deque()
+        self.out_grouped = 0            # replies in self.out beyond one per slot (publish-run slots)
         self.req = None                 # a request waiting for its payload line(s)
         self.subs = {}                  # stream -> events.Subscription
         self.batch = None               # (stream, [(slot, record)]): publishes of this read, not submitted
@@ -118,15 +121,16 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
             self._end_sub(sub)
         self.subs.clear()
         self.out.clear()
+        self.out_grouped = 0
 
     def _tails(self):
         return [sub.tail for sub in self.subs.values() if sub.tail is not None]
 
     def _backlogged(self):
-        return len(self.out) > MAX_QUEUED
+        return len(self.out) + self.out_grouped > MAX_QUEUED
 
     def _drained(self):
-        return len(self.out) <= RESUME_QUEUED and not self._stop_reading
+        return len(self.out) + self.out_grouped <= RESUME_QUEUED and not self._stop_reading
 
     def _reading_resumed(self):
         self.io.defer(self._process)
@@ -212,6 +216,8 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
             while out and out[0].data is not None:
                 s = out.popleft()
                 parts.append(s.data)
+                if s.replies != 1:
+                    self.out_grouped -= s.replies - 1
                 if s.tail is not None:
                     acks.append((s.tail, s.size))
             self.io.writelines(parts)
@@ -292,7 +298,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         each. Returns where the taken requests end: ``pos`` when none was taken. The run stops before the
         first request that would be refused (or is not plain), which the per-request path then answers,
         so every reply is byte for byte the per-request path's."""
-        max_count = MAX_QUEUED + 1 - len(self.out)     # what the loop's backlog check would let through
+        max_count = MAX_QUEUED + 1 - len(self.out) - self.out_grouped   # what the backlog check lets through
         stream, payloads, ends = wire.ream_publish_run(buf, pos, self.shell.max_payload, max_count)
         if stream is None:
             return pos
@@ -303,9 +309,10 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         taken = len(records)
         if not taken:
             return pos
-        slots = [_Slot() for _ in range(taken)]
-        self.out.extend(slots)
-        self._batch_add(stream, slots, records)
+        slot = _Slot(replies=taken)      # one slot for the run: its replies are consecutive anyway
+        self.out.append(slot)
+        self.out_grouped += taken - 1
+        self._batch_add(stream, [slot], records)
         return ends[taken - 1]
 
     def _payload_line(self, req, content):

@@ -303,3 +303,29 @@ def test_leading_json_objects_counts_check_json_objects_accepts(payloads):
             break
         count += 1
     assert C.leading_json_objects(payloads) == count
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_backlog_counts_every_reply_of_a_run(tmp_path, fast, monkeypatch):
+    """A run's replies share one output slot, yet count one each against MAX_QUEUED, as per request."""
+    monkeypatch.setattr(S, "FAST_PUBLISH", fast)
+    monkeypatch.setattr(S, "MAX_QUEUED", 300)
+    monkeypatch.setattr(S, "RESUME_QUEUED", 100)
+    h = Harness(tmp_path)
+    try:
+        c = h.connect()
+        blocker = S._Slot()
+        c.s.out.append(blocker)
+        c.send(b"EVENT PUBLISH orders 2\n{}\n" * 1000)
+        h.settle()
+        assert not c.io.reading
+        assert len(c.s.out) + c.s.out_grouped == 301       # the blocker and 300 replies, the rest unread
+        # unread: 700 requests (the per-request path has read the 300th's request line, not its payload)
+        assert c.s.buf.count(b"\n") == 2 * 700 + (0 if fast else 1)
+        blocker.data = b""
+        c.s._flush()
+        h.settle()
+        assert c.io.reading and not c.s.buf and c.s.out_grouped == 0
+        assert c.take() == b"".join(b"EVENT PUBLISHED orders %d\n" % i for i in range(1, 1001))
+    finally:
+        h.close()

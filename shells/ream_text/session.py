@@ -84,7 +84,7 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
         self.out_grouped = 0            # replies in self.out beyond one per slot (publish-run slots)
         self.req = None                 # a request waiting for its payload line(s)
         self.subs = {}                  # stream -> events.Subscription
-        self.batch = None               # (stream, [(slot, record)]): publishes of this read, not submitted
+        self.batch = None               # (stream, [slot], [record]): publishes of this read, not submitted
         self._running = 0               # operations in flight (engine writes, offloaded reads)
         self.pending_reads = 0          # reads in flight that must not see later writes (SELECT, SUBSCRIBE)
         self.pending_writes = 0         # writes in flight that later reads must see
@@ -294,8 +294,8 @@ class ReamSession(EventRequests, DocumentRequests, SessionKernel):
     def _publish_run(self, buf, pos):
         """Take the run of plain pipelined EVENT PUBLISHes of one stream at ``buf[pos:]`` in one pass
         (:func:`riverbed.shells.wire.ream_publish_run`): permission and stream checked once, each payload
-        validated as :meth:`_on_event_publish` does, the records added to this read's batch, one reply slot
-        each. Returns where the taken requests end: ``pos`` when none was taken. The run stops before the
+        validated as :meth:`_on_event_publish` does, the records added to this read's batch, and one output
+        slot for the run's replies (each still counts against MAX_QUEUED). Returns where the taken requests end: ``pos`` when none was taken. The run stops before the
         first request that would be refused (or is not plain), which the per-request path then answers,
         so every reply is byte for byte the per-request path's."""
         max_count = MAX_QUEUED + 1 - len(self.out) - self.out_grouped   # what the backlog check lets through

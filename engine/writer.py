@@ -45,7 +45,7 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # requests queued to the writer
 
 (_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION, _OP_TXN, _OP_SUPER_CREATE,
- _OP_SUPER_DELETE, _OP_REPLICA, _OP_TRUNCATE) = range(12)
+ _OP_SUPER_DELETE, _OP_REPLICA, _OP_TRUNCATE, _OP_TRIM) = range(13)
 
 
 class _Append:
@@ -377,6 +377,8 @@ class _Writer(threading.Thread):
                 return staged.replicate(*args)
             if op == _OP_TRUNCATE:
                 return staged.truncate(*args)
+            if op == _OP_TRIM:
+                return staged.trim_head(*args)
             return None  # SYNC and STOP: completing after this commit is their whole job
         except RiverbedError as e:
             return e
@@ -981,7 +983,7 @@ class _Staged:
         s.last_ts = ts
         self.dirty = True
 
-    def replicate(self, name, chunk, h, sequences):
+    def replicate(self, name, chunk, h, sequences, start=False):
         """Store a leader's chunk unchanged at its own id (Engine.replicate_chunk), with the publisher
         sequences it carries. Returns the stream's next offset after it."""
         s = self.stream(name)
@@ -989,6 +991,10 @@ class _Staged:
         if p is not None:
             self._flush(s, p)
         chunk_id = h[H_CHUNK_ID]
+        if start and s.chunks == 0 and s.last_chunk < 0:
+            # an empty copy starts wherever its leader's log starts now (retention or compaction may
+            # have removed the leader's first chunks): it holds a suffix of the leader's log, never a gap
+            s.next_offset = chunk_id
         if chunk_id != s.next_offset:
             raise ChunkError(f"replicated chunk {chunk_id} is not at the stream's end {s.next_offset}", name,
                              chunk_id)
@@ -999,6 +1005,37 @@ class _Staged:
         ts = h[H_TIMESTAMP]
         self._store(s, chunk, h[H_RECORDS], ts if ts > s.last_ts else s.last_ts, chunk_id)
         return s.next_offset
+
+    def trim_head(self, name, offset):
+        """Delete the chunks of ``name`` that end at or before ``offset``, keeping the last chunk
+        (Engine.trim_head); the stream's first offset after it."""
+        s = self.stream(name)
+        p = self.pending.get(name)
+        if p is not None:
+            self._flush(s, p)
+        eng = self.engine
+        txn = self.txn
+        cur = txn.cursor(db=eng._db_chunks)
+        ok = cur.set_range(_CHUNK_KEY.pack(s.sid, 0))
+        removed = 0
+        while ok and s.chunks > 1:
+            ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+            if ksid != s.sid:
+                break
+            h = core.read_header(cur.value())
+            if chunk_id + max(h[H_RECORDS], 1) > offset:
+                break
+            size = len(cur.value())
+            txn.delete(_TIME_KEY.pack(s.sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
+            ok = cur.delete()
+            s.records -= h[H_RECORDS]
+            s.bytes -= size
+            s.chunks -= 1
+            removed += 1
+        if removed:
+            s.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else s.last_chunk
+            self.dirty = True
+        return s.first_chunk
 
     def truncate(self, name, offset):
         """Delete the chunks of ``name`` at or after ``offset`` (Engine.truncate); the next offset."""

@@ -38,6 +38,7 @@ from riverbed.shells.cluster import membership, placement
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
+from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
 from riverbed.shells.cluster.sac import ClusterSac
 from riverbed.shells.cluster.superstreams import SuperStreams
@@ -99,6 +100,7 @@ class ClusterNode(ReplicationPlane):
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
+        self.observers = Observers(self)   # streams copied here for readers, without being a member (remote_read.py)
         self.sac = ClusterSac(self, POLL_MAX)     # single-active-consumer groups across the nodes (sac.py)
 
     # ------------------------------------------------------------------------------ life cycle
@@ -257,9 +259,13 @@ class ClusterNode(ReplicationPlane):
             if name in self._cluster_deleting:
                 continue
             if not membership.take_part(self, name, p):
+                if self.observers.observing(name):
+                    self.observers.follow(name, p)        # a copy for readers here: no vote, no progress
+                    continue
                 if self.engine.has_stream(name) or name in self.following or name in self.leading:
                     membership.drop_copy(self, name)      # taken off it (delete-replica)
                 continue
+            self.observers.became_member(name)
             await self._take_role(name, p, rev)
         await self.superstreams.refresh()
         await self._report_progress()
@@ -628,7 +634,7 @@ class ClusterNode(ReplicationPlane):
         return out
 
     def stream_roles(self):
-        """{stream: "leader" | "member"} of this node (for logs and the dashboard)."""
+        """{stream: "leader" | "member" | "observer"} of this node (for logs and the dashboard)."""
         out = {n: "leader" for n in self.leading}
-        out.update({n: "member" for n in self.following})
+        out.update({n: "observer" if self.observers.observing(n) else "member" for n in self.following})
         return out

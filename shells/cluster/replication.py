@@ -123,12 +123,16 @@ class ReplicationPlane:
             hello = wire.decode_hello(payload)
             name, node = hello["stream"], hello["node"]
             st = self.leading.get(name)
-            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
+            # an observer (remote_read.py) copies the log for its readers: served, never counted
+            if (st is None or (node not in st.members and node not in st.learners and not hello["observer"])
+                    or hello["epoch"] > st.epoch):
                 writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
                 await writer.drain()
                 st = None
                 return
             pos, last = hello["next"], hello["last"]
+            if not last:
+                pos = 0        # an empty copy holds nothing: it gets the log from wherever it starts here
             cut = self._divergence(name, pos, last)
             if cut is not None:
                 writer.write(wire.u64_frame(wire.TRUNCATE, cut))
@@ -187,10 +191,15 @@ class ReplicationPlane:
             writer.close()
 
     def _divergence(self, name, pos, last):
-        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at
+        (wire.CUT_ALL when all of it ends before this log's first chunk: retention or the document
+        changelog's compaction removed what it would continue, so it starts again from here)."""
         if not last:
-            return None if pos == 0 else 0
+            return None
         chunk_id, epoch, crc = last
+        first = self.engine._current(name).first_chunk
+        if first >= 0 and chunk_id < first:
+            return wire.CUT_ALL
         got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
         if got and got[0][0] == chunk_id:
             h = core.read_header(got[0][1])
@@ -242,10 +251,13 @@ class ReplicationPlane:
                 raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
                 h = core.read_header(raw)
                 last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
-            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
-                                                      "next": s.next_offset, "last": last}))
+            hello = {"node": self.name, "stream": name, "epoch": epoch, "next": s.next_offset, "last": last}
+            if self.observers.observing(name):
+                hello["observer"] = True
+            writer.write(wire.json_frame(wire.HELLO, hello))
             await writer.drain()
             durable = [s.next_offset]       # the highest offset acknowledged on this connection
+            start = [last is None]          # an empty copy starts at the first chunk its leader sends
             seqs = None
             held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
             while True:
@@ -271,9 +283,11 @@ class ReplicationPlane:
                         continue
                     # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
                     for raw in held:
-                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                        self.engine.replicate_chunk(name, raw, on_done=stored, start=start[0])
+                        start[0] = False
                     held, held_bytes = [], 0
-                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
+                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored, start=start[0])
+                    start[0] = False
                     seqs = None
                 elif kind == wire.SEQS:
                     seqs = wire.decode_seqs(payload)
@@ -281,10 +295,14 @@ class ReplicationPlane:
                     for ref, off in wire.decode_offsets(payload).items():
                         self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
-                    self.engine.set_read_limit(name, wire.u64(payload))
+                    commit = wire.u64(payload)
+                    self.engine.set_read_limit(name, commit)
+                    self.observers.heard_commit(name, commit)
                     self._ack(writer, durable[0], durable)     # the heartbeat's answer
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)
+                    if cut == wire.CUT_ALL:
+                        cut = max(self.engine._current(name).first_chunk, 0)
                     log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
                              leader, epoch)
                     await asyncio.wrap_future(self.engine.truncate(name, cut))

@@ -96,7 +96,7 @@ class ConsumeCommands:
 
     # ------------------------------------------------------------------------------------ subscribe
 
-    def _on_subscribe(self, f, version):
+    def _on_subscribe(self, f, version, copied=False):
         r = Reader(f)
         corr = r.u32()
         sub_id = r.u8()
@@ -107,6 +107,11 @@ class ConsumeCommands:
         r.done()
         if sub_id in self.subscriptions:
             self._respond(CMD_SUBSCRIBE, corr, RC_SUBSCRIPTION_ID_ALREADY_EXISTS)
+            return
+        if not copied and self.broker.needs_copy(stream):
+            # a cluster node holding no copy: it makes one from the leader first (remote_read.py)
+            f = bytes(f)
+            self.broker.when_readable(stream, self._later(lambda exc: self._on_subscribe(f, version, True)))
             return
         if not self.broker.has_stream(stream):
             self._respond(CMD_SUBSCRIBE, corr, RC_STREAM_DOES_NOT_EXIST)

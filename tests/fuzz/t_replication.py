@@ -128,6 +128,8 @@ class ReplicationTarget:
             wire.u64_frame(wire.TRUNCATE, 0),
             wire.json_frame(wire.REFUSE, {"reason": "n1 does not lead 'orders'"}),
             wire.json_frame(wire.OFFSETS, {"c1": 41}),
+            wire.json_frame(wire.HELLO, {"node": "n3", "stream": "orders", "epoch": 3, "next": 0, "last": None,
+                                         "observer": True}),
         ]
         out = [b"\x00" + s for s in seq]
         out.append(b"\x06" + b"".join(seq))                       # all of them, in four reads
@@ -151,7 +153,7 @@ def _other_seeds():
         if m is wire:
             continue
         enc = {name: getattr(m, name) for name in ("encode_hello", "encode_append", "encode_offset",
-                                                    "encode_sequence", "encode_result")
+                                                    "encode_sequence", "encode_result", "encode_committed")
                if callable(getattr(m, name, None))}
         try:
             if "encode_hello" in enc:
@@ -168,6 +170,8 @@ def _other_seeds():
                 out.append(bytes(enc["encode_sequence"](10, "orders", "p1")))
             if "encode_result" in enc:
                 out.append(bytes(enc["encode_result"](7, 0, 0, 1, [3], "ok")))
+            if "encode_committed" in enc:
+                out.append(bytes(enc["encode_committed"](11, "orders")))
         except TypeError:       # an encoder whose signature changed: its frames come from mutation only
             pass
         if callable(getattr(m, "sample_frames", None)):     # a module that names its own examples

@@ -21,6 +21,7 @@ TARGETS = {
     "kafka": ("t_kafka:KafkaTarget", ["riverbed.shells.kafka"]),
     "replication": ("t_replication:ReplicationTarget", ["riverbed.shells.cluster.wire",
                                                         "riverbed.shells.cluster.forward_wire",
+                                                        "riverbed.shells.cluster.read_wire",
                                                         "riverbed.shells.cluster.sac_wire"]),
     "record": ("t_engine:RecordTarget", ["riverbed.engine.record", "riverbed.engine._pyrecord",
                                          "riverbed.shells.http.api", "riverbed.shells.zmq_mc0.codec"]),

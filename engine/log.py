@@ -224,6 +224,7 @@ class Engine(SuperStreamBindings):
         # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
         self.epochs = {}
         self._read_limits = {}
+        self.offsets_version = 0    # raised after every commit that stores or deletes a consumer offset
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None
@@ -449,8 +450,17 @@ class Engine(SuperStreamBindings):
         survives a failover. With ``start``, a copy holding no chunk takes this one wherever it is (its
         leader's log starts there now: retention or compaction removed what came before). Future (or
         ``on_done``) of the stream's next offset after it."""
-        h = core.check_chunk(chunk)
-        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, bool(start), on_done=on_done)
+        return self.replicate_chunks(stream, [chunk], sequences=sequences, start=start, on_done=on_done)
+
+    def replicate_chunks(self, stream, chunks, *, sequences=None, start=False, on_done=None):
+        """:meth:`replicate_chunk` for several consecutive chunks in ONE write transaction (one commit, one
+        sync under the stream's fsync policy, one completion): every CRC is checked here (ChunkError
+        before anything is queued), every chunk id against the log's end in the writer (a gap refuses
+        the whole batch: nothing of it is stored). ``sequences`` cover the whole batch; ``start`` lets an
+        empty copy begin at the first chunk's id. Future (or ``on_done``) of the stream's next offset after
+        the last chunk."""
+        checked = [(bytes(c), core.check_chunk(c)) for c in chunks]
+        return self._submit(_OP_REPLICA, stream, checked, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
         """``(chunks, sequences)`` read in one transaction, past any read limit: up to ``max_chunks``

@@ -41,13 +41,14 @@ from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
 from riverbed.shells.cluster.sac import ClusterSac
-from riverbed.shells.cluster.superstreams import SuperStreams
+from riverbed.shells.cluster.superstreams import KEY_DIR as SUPERSTREAMS_DIR, SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
+PROGRESS_EVERY = 0.5       # lease TTLs between two progress reports that only move offsets forward
 
 
 class NotLeader(NotLeaderError):
@@ -85,6 +86,7 @@ class ClusterNode(ReplicationPlane):
         self.following = {}           # stream -> (leader node, epoch, task)
         self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
         self.progress_sent = {}       # stream -> last progress value written
+        self.progress_at = {}         # stream -> monotonic time of that write
         self.detached = {}            # stream -> epoch whose leader this member lost
         self.watch = LeaderWatch()    # leaders found gone by a refused dial (failover.py)
         self._server = None
@@ -223,8 +225,13 @@ class ClusterNode(ReplicationPlane):
 
     async def _refresh(self):
         """Read nodes and placements from etcd and take the role each stream gives this node."""
+        # the four directories in one request (most of an idle node's CPU was these calls); the super
+        # stream definitions are read again by superstreams.refresh if this node changed one meanwhile
+        generation = self.superstreams.generation
+        node_kvs, stream_kvs, deleted_kvs, super_kvs = await self.etcd.get_prefixes(
+            [self.prefix + d for d in ("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR)])
         nodes = {}
-        for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+        for kv in node_kvs:
             try:
                 reg = kv.json()
                 nodes[reg["name"]] = reg
@@ -232,14 +239,14 @@ class ClusterNode(ReplicationPlane):
                 continue
         self.nodes = nodes
         placements = {}
-        for kv in await self.etcd.get_prefix(self.prefix + "streams/"):
+        for kv in stream_kvs:
             try:
                 placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
             except (ValueError, KeyError):
                 continue
         before, self.placements = self.placements, placements
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
-                      for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
+                      for kv in deleted_kvs}
         # local streams no placement names: deleted on the cluster while this node was away (a
         # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
         # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
@@ -267,7 +274,7 @@ class ClusterNode(ReplicationPlane):
                 continue
             self.observers.became_member(name)
             await self._take_role(name, p, rev)
-        await self.superstreams.refresh()
+        await self.superstreams.refresh(super_kvs, generation)
         await self._report_progress()
 
     def _choose_members(self, name=None, leader=None):
@@ -390,9 +397,21 @@ class ClusterNode(ReplicationPlane):
             value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
                      "committed": st.committed if st is not None else (self.engine.read_limit(name) or 0),
                      "detached": self.detached.get(name)}
-            if self.progress_sent.get(name) != value:
+            sent = self.progress_sent.get(name)
+            if sent != value and not self._progress_can_wait(name, sent, value):
                 await self.etcd.put(f"{self.prefix}progress/{name}/{self.name}", value, lease=self.lease)
                 self.progress_sent[name] = value
+                self.progress_at[name] = time.monotonic()
+
+    def _progress_can_wait(self, name, sent, value):
+        """A report that only moves ``next``/``committed`` forward waits up to PROGRESS_EVERY lease TTLs
+        since the last one: under steady publishing every poll would write one (an etcd write and its
+        raft round per node and poll) while only the status command reads those fields; elections read
+        the ``detached`` reports, and a change of epoch or of ``detached`` is written at once."""
+        if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
+                or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
+            return False
+        return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
 
     async def _maybe_elect(self, name, p, rev):
         members = p["members"]

@@ -38,6 +38,11 @@ def frame(kind, payload=b""):
     return _HEAD.pack(len(payload) + 1, kind) + payload
 
 
+def head(kind, length):
+    """The header of a frame of type ``kind`` whose payload (sent after it) is ``length`` bytes."""
+    return _HEAD.pack(length + 1, kind)
+
+
 def json_frame(kind, obj):
     return frame(kind, json.dumps(obj, separators=(",", ":")).encode())
 

@@ -17,6 +17,7 @@ from riverbed.engine import core as _core
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.engine.format import CHUNK_MAGIC_VERSION, CHUNK_USER, HEADER_STRUCT
 from riverbed.shells._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
+from riverbed.shells._pyream import ream_publish_run  # noqa: F401  (ream.pxi is its compiled twin)
 
 COMPILED = False
 

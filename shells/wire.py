@@ -34,3 +34,4 @@ kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -
 kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2
 kafka_chunk_batch = impl.kafka_chunk_batch  # Kafka Fetch: a stored chunk -> one record batch v2, into a buffer
 kafka_sequence_ids = impl.kafka_sequence_ids    # Kafka Produce: idempotent sequences -> publishing ids
+ream_publish_run = impl.ream_publish_run  # REAM: a run of plain pipelined EVENT PUBLISH requests

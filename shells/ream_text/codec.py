@@ -19,6 +19,7 @@ import logging
 import re
 import uuid
 
+import msgspec
 from bson import json_util
 from bson.json_util import RELAXED_JSON_OPTIONS
 
@@ -33,6 +34,7 @@ log = logging.getLogger("riverbed.ream")
 BANNER = b"REAM 1.0\n"
 PING = b"PING\n"
 PONG = b"PONG\n"
+PUBLISH_PREFIX = b"EVENT PUBLISH "     # the request the publish-run fast path looks for (wire.ream_publish_run)
 
 DEFAULT_MAX_PAYLOAD = 4 << 20     # bytes: the default --ream-max-payload
 MAX_LINE = 64 << 10               # bytes: a request line longer than this closes the connection
@@ -274,6 +276,47 @@ def parse_json_object(payload):
     if not isinstance(value, dict):
         raise ReamError("Invalid JSON: not an object")
     return value
+
+
+_FAST_OBJECT = msgspec.json.Decoder(dict)
+
+
+def check_json_object(payload):
+    """Raise as :func:`parse_json_object` unless ``payload`` (bytes) is a JSON object: the same inputs
+    accepted, the same errors. msgspec's decoder (about 5x faster here) accepts a subset of what
+    ``json`` accepts (it also refuses lone surrogate escapes and out-of-range floats, which ``json``
+    takes): whatever it refuses, or what is nested too deep, goes through :func:`parse_json_object`,
+    which decides and words the error."""
+    try:
+        _FAST_OBJECT.decode(payload)
+    except (msgspec.DecodeError, ValueError, RecursionError):
+        parse_json_object(payload)
+        return
+    if not json_within_depth(payload):
+        parse_json_object(payload)
+
+
+def leading_json_objects(payloads):
+    """How many of ``payloads`` (bytes), from the first, :func:`check_json_object` accepts: the count
+    before the first it refuses. The loop of a pipelined run, without a call per payload where
+    msgspec and the length tell (a text of at most 2 x limit + 1 bytes cannot nest deeper than the limit)."""
+    decode = _FAST_OBJECT.decode
+    shallow = 2 * max_depth() + 1
+    fails = (msgspec.DecodeError, ValueError, RecursionError)
+    count = 0
+    for payload in payloads:
+        try:
+            decode(payload)
+        except fails:
+            try:
+                parse_json_object(payload)
+            except ReamError:
+                return count
+        else:
+            if len(payload) > shallow and not json_within_depth(payload):
+                return count
+        count += 1
+    return count
 
 
 _COMPACT = {"separators": (",", ":"), "ensure_ascii": False}

@@ -6,6 +6,7 @@ Loop-thread only; see session.py for the output queue and the ordering of effect
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import RiverbedError, StreamNotFound
+from riverbed.engine.core import encode_message
 from riverbed.engine.record import CT_JSON, encode_record, to_json_text
 from riverbed.shells.broker import MODE_WINDOW
 from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
@@ -32,14 +33,35 @@ class EventRequests:
         if not self.broker.has_stream(stream):
             self._allow("configure", stream)     # the first publish creates the stream
         payload = payloads[0]
-        C.parse_json_object(payload)
-        record = encode_record(payload, CT_JSON)
-        if self.batch is not None and self.batch[0] != stream:
+        C.check_json_object(payload)
+        self._batch_add(stream, [req.slot], [encode_record(payload, CT_JSON)])
+
+    def _publish_allowed(self, stream):
+        """Whether this user may publish to ``stream`` now (write; configure too when the publish would
+        create it): :meth:`_on_event_publish`'s checks, without refusing."""
+        broker, user = self.broker, self.user
+        if not broker.allowed(user, "write", stream):
+            return False
+        return broker.has_stream(stream) or broker.allowed(user, "configure", stream)
+
+    def _json_records(self, payloads):
+        """The stored records of the leading payloads that :func:`codec.check_json_object` accepts, up
+        to the first it refuses."""
+        encode = encode_message
+        return [encode((payload,), CT_JSON) for payload in payloads[:C.leading_json_objects(payloads)]]
+
+    def _batch_add(self, stream, slots, records):
+        """Add publishes (reply slots and records, as many records as the slots' ``replies``) to this
+        read's batch: one engine append per run of one stream, submitted when another stream or request
+        comes (or the read ends)."""
+        batch = self.batch
+        if batch is not None and batch[0] != stream:
             self._submit_batch()
-        if self.batch is None:
-            self.batch = (stream, [], [])
-        self.batch[1].append(req.slot)
-        self.batch[2].append(record)
+            batch = None
+        if batch is None:
+            batch = self.batch = (stream, [], [])
+        batch[1].extend(slots)
+        batch[2].extend(records)
 
     def _submit_batch(self):
         batch = self.batch
@@ -57,12 +79,18 @@ class EventRequests:
             if exc is not None:
                 data = C.non(EVENT, "PUBLISHED", C.name_token(stream), reason_of(exc))
                 for s in slots:
-                    s.data = data
+                    s.data = data * s.replies
             else:
-                first = res.first_offset
+                event_id = res.first_offset + 1
                 token = C.name_token(stream).encode("utf-8")
-                for i, s in enumerate(slots):
-                    s.data = b"EVENT PUBLISHED %s %d\n" % (token, first + i + 1)
+                for s in slots:
+                    n = s.replies
+                    if n == 1:
+                        s.data = b"EVENT PUBLISHED %s %d\n" % (token, event_id)
+                    else:
+                        head = b"EVENT PUBLISHED %s " % token
+                        s.data = b"".join([b"%s%d\n" % (head, i) for i in range(event_id, event_id + n)])
+                    event_id += n
             self._flush()
         try:
             self.shell.publish(stream, records, done)

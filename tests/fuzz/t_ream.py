@@ -6,10 +6,11 @@ FLAG_PRELUDE publishes one event to stream ``sss`` and subscribes to it first.
 
 import re
 
+from riverbed.shells import _pywire, wire
 from riverbed.shells.ream_text import ReamSession, ReamShell
 from riverbed.shells.ream_text import codec as C
 
-from .harness import FLAG_PRELUDE, FakeIO, SessionTarget
+from .harness import FLAG_PRELUDE, FakeIO, InvariantBroken, SessionTarget
 
 PROBE = b"EVENT LIST\n"
 
@@ -34,6 +35,28 @@ class ReamTarget(SessionTarget):
         return ReamShell(self.rig.broker)
 
     def codec(self, body):
+        body = bytes(body)
+        # the publish-run splitter at every request start: the twins agree, and each taken request is
+        # exactly the plain form (what the per-request path would have read there)
+        at = 0
+        while at < len(body):
+            run = wire.ream_publish_run(body, at, 1 << 20, 1 << 30)
+            if wire.COMPILED and run != _pywire.ream_publish_run(body, at, 1 << 20, 1 << 30):
+                raise InvariantBroken(f"ream_publish_run at {at}: the twins disagree")
+            name, payloads, ends = run
+            for payload, end in zip(payloads, ends):
+                # the per-request parser reads the same request there: its words, size and payload line
+                nl = body.index(b"\n", at)
+                words = C.split_words(body[at:nl].decode("utf-8"))
+                if (words[:3] != ["EVENT", "PUBLISH", name.decode("ascii")] or len(words) != 4
+                        or C.parse_size(words[3]) != len(payload) or body[nl + 1:end] != payload + b"\n"
+                        or b"\n" in payload):
+                    raise InvariantBroken(f"ream_publish_run at {at}: took {body[at:end]!r}")
+                at = end
+            if ends:
+                continue
+            nl = body.find(b"\n", at)
+            at = len(body) if nl < 0 else nl + 1
         for raw in bytes(body).split(b"\n")[:64]:
             try:
                 text = raw.decode("utf-8")

@@ -44,9 +44,9 @@ def wire_twin(request):
 # How `make test` spreads the suite over pytest-xdist workers (--dist loadgroup): one group per test
 # module, so a module-scoped server or cluster starts once, on one worker; the Spark modules share one
 # group, so one worker starts the JVM (the session-scoped SparkSession) and no other does. Tests whose
-# assertions time the machine (failover bounds, heartbeats within a window, RSS peaks, benches) or that
-# look at every process on it (pgrep) are marked ``serial``: `make test` runs them after the parallel
-# run, alone. Both lists are node-id prefixes.
+# assertions time the machine (failover bounds, a heartbeat within a window, RSS peaks) are marked
+# ``serial``: `make test` runs them after the parallel run, alone (--serial exclude, then --serial only).
+# The lists are node-id prefixes.
 SERIAL = (
     "tests/integration/test_soak.py",              # no well-behaved request over 3 s, RSS growth
     "tests/integration/test_zmq_slow.py",          # an RSS bound while a 1 GB backlog builds
@@ -73,6 +73,12 @@ def _rank(nodeid):
     return len(FIRST)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--serial", choices=("all", "exclude", "only"), default="all",
+                     help="exclude: leave out the tests marked serial (the parallel run of make test); only: "
+                          "run just those (make test's second run). Composes with -m, which it leaves free.")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
@@ -83,4 +89,12 @@ def pytest_collection_modifyitems(config, items):
             group = next((g for prefix, g in SHARED_GROUPS.items() if nodeid.startswith(prefix)),
                          nodeid.split("::")[0])
             item.add_marker(pytest.mark.xdist_group(group))
+    which = config.getoption("serial")
+    if which != "all":
+        keep, dropped = [], []
+        for item in items:
+            (keep if (item.get_closest_marker("serial") is not None) == (which == "only") else dropped).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
     items.sort(key=lambda item: _rank(item.nodeid))       # stable: the order within a rank is kept

@@ -222,7 +222,9 @@ def consume(conn, stream, n, credit):
 
 def _setup(a):
     conn = Conn(a.host, a.port)
-    conn.request(CMD_CREATE, codec.enc_string(a.stream) + codec.enc_properties({}), ok=(CODE_OK, 5))
+    # --stream-arg K=V: stream arguments (the cluster and scale-up rows: where the stream is led)
+    props = dict(kv.split("=", 1) for kv in getattr(a, "stream_arg", None) or [])
+    conn.request(CMD_CREATE, codec.enc_string(a.stream) + codec.enc_properties(props), ok=(CODE_OK, 5))
     conn.request(CMD_DECLARE_PUBLISHER, struct.pack(">B", PUBLISHER_ID) + codec.enc_string("") +
                  codec.enc_string(a.stream))
     return conn

@@ -60,8 +60,15 @@ W = {
     "cluster-latency": dict(
         label="cluster: confirm latency, rstream send_wait", client="latency-rstream", kind="latency",
         rabbitmq=False, cluster=True),
+    # issue 26's "one node per core" (bench._scaleup): the load generator in two processes, one stream
+    # each, on the headline single node and on two nodes (etcd + two ``riverbed serve --node``), each
+    # node leading one unreplicated stream; server CPU summed over the nodes
+    "scaleup-publish": dict(
+        label="scale-up: loadgen publish, 2 processes × 1 stream each", client="loadgen-publish", kind="publish",
+        procs=2, rabbitmq=False, scaleup=True),
 }
 CLUSTER_WORKLOADS = tuple(w for w, sp in W.items() if sp.get("cluster"))
+SCALEUP_WORKLOADS = tuple(w for w, sp in W.items() if sp.get("scaleup"))
 DEFAULT_DURABLE = ("publish-rstream-raw", "latency-rstream")
 
 # The other peers' workloads (their own clients); bench._client runs them through bench._redis / bench._nats.

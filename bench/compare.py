@@ -37,7 +37,10 @@ server's peak RSS (VmRSS sampled every 50 ms during the run) and the machine's o
 (/proc/stat busy minus server, client and harness). The ``memory-streams`` workload (Riverbed and
 RabbitMQ) creates ``--memory-streams`` streams, gives each a publisher and a consumer over
 ``--memory-connections`` connection pairs, publishes ``--memory-msgs`` to each, waits for every delivery
-and reports the server's RSS then (and its peak), against the 150 MB goal. After the table, each Kafka
+and reports the server's RSS then (and its peak), against the 150 MB goal. After the table come the floors
+(``bench._floors``: a bare uvloop echo server, a bare LMDB fsync commit and the engine's in-process append,
+each measured once a round in the same run, ``--no-floors`` to skip) and issue 26's goals judged against
+them (``_floors.FLOOR_GOALS``); then each Kafka
 row's server CPU per record is set beside the RabbitMQ Stream shell's on the same Riverbed
 (``_workloads.SAME_LOG``), against issue 24's 1.5× goal.
 """
@@ -55,11 +58,11 @@ import sys
 import threading
 import time
 
-from bench import _procs
+from bench import _floors, _procs
 from bench._client import machine_stat
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
-                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, W, spec)
+                              PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W, SAME_LOG, SCALEUP_WORKLOADS, W, spec)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -176,8 +179,10 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
            "clients": nprocs, "size": args.size, "started": dt.datetime.now().isoformat(timespec="seconds")}
     try:
         for i in range(nprocs):
+            port = (broker.kafka_port if sp.get("protocol") == "kafka"
+                    else broker.client_port(i) if hasattr(broker, "client_port") else broker.port)
             argv = [sys.executable, "-m", "bench._client", sp["client"], "--host", "127.0.0.1",
-                    "--port", str(broker.kafka_port if sp.get("protocol") == "kafka" else broker.port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
+                    "--port", str(port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
                     "--n", str(n), "--size", str(args.size), "--batch", str(args.batch),
                     "--inflight", str(args.inflight), "--publishers", str(sp.get("publishers", 1)),
                     "--warmup", str(args.warmup), "--timed", str(args.timed), "--server-pid", str(broker.pid),
@@ -321,6 +326,13 @@ def parse_args(argv=None):
     ap.add_argument("--memory-connections", type=int, default=10,
                     help="memory-streams: rstream Producer + Consumer connection pairs (default 10)")
     ap.add_argument("--memory-msgs", type=int, default=10, help="memory-streams: messages per stream (default 10)")
+    ap.add_argument("--floors", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure the floors (bench._floors: uvloop echo, LMDB fsync, engine append) once a "
+                         "round and judge issue 26's floor goals (default on)")
+    ap.add_argument("--floor-messages", type=int, default=20000, help="loop floor: round trips (default 20,000)")
+    ap.add_argument("--floor-commits", type=int, default=2000, help="fsync floor: synced commits (default 2,000)")
+    ap.add_argument("--floor-records", type=int, default=1_000_000,
+                    help="append floor: records appended in process (default 1,000,000)")
     ap.add_argument("--rabbitmq-port", type=int, default=5552)
     ap.add_argument("--keep-rabbitmq", action="store_true", help="leave RabbitMQ running at the end")
     ap.add_argument("--out", help="results path without extension (default bench/results/<date>-<host>)")
@@ -406,8 +418,11 @@ def main(argv=None):
     from bench._cluster import NatsCluster, RiverbedCluster
     rb_cluster = RiverbedCluster(log=log) if want_cluster else None
     replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
+    from bench._scaleup import RiverbedPair, scaleup_goal_lines
+    rb_pair = RiverbedPair(log=log) if any(w in SCALEUP_WORKLOADS for w in args.workload_list) else None
     started = []
     runs = []
+    floor_samples = []
     json_path, png_path = out_paths(args)
     meta = {
         "date": dt.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(),
@@ -439,6 +454,14 @@ def main(argv=None):
                 meta["skipped_cluster"] = " ".join(str(e).strip().splitlines()[-3:])[:500]
                 log(f"skipping the 3-node Riverbed cluster: {meta['skipped_cluster']}")
                 rb_cluster = None
+        if rb_pair is not None:
+            try:
+                rb_pair.start()
+                started.append(rb_pair)
+            except Exception as e:   # no etcd here: the scale-up row keeps only its single-node half
+                meta["skipped_pair"] = " ".join(str(e).strip().splitlines()[-3:])[:500]
+                log(f"skipping the 2-node Riverbed: {meta['skipped_pair']}")
+                rb_pair = None
         for name, srv in list(replicated.items()):
             try:
                 srv.start()
@@ -451,7 +474,8 @@ def main(argv=None):
             started.append(srv)
         rabbit = peers.get("rabbitmq")
         brokers = (list(peers.values()) + [headline] + ([durable] if durable else [])
-                   + ([rb_cluster] if rb_cluster else []) + list(replicated.values()))
+                   + ([rb_cluster] if rb_cluster else []) + ([rb_pair] if rb_pair else [])
+                   + list(replicated.values()))
         meta["brokers"] = {b.name: {"label": b.label, "port": b.port, "pid": b.pid, "version": b.version}
                            for b in brokers}
         plan = []
@@ -465,6 +489,8 @@ def main(argv=None):
                     plan.append((rnd, wname, b))
                 if W[wname].get("cluster") and rb_cluster is not None:
                     plan.append((rnd, wname, rb_cluster))
+                if W[wname].get("scaleup") and rb_pair is not None:
+                    plan.append((rnd, wname, rb_pair))
                 for name, srv in peers.items():
                     pw = PEER_MAP.get(wname, {}).get(name)
                     if pw and PEER_W[pw].get("server"):    # a replicated peer: its own cluster of servers
@@ -477,7 +503,19 @@ def main(argv=None):
         log(f"{len(plan)} runs: {len(args.workload_list)} workloads × brokers × {args.rounds} rounds, "
             f"N = {args.n:,} × {args.size} B; load average now {os.getloadavg()[0]:.2f}")
         bar = tqdm(total=len(plan), unit="run", dynamic_ncols=True, file=sys.stderr)
+        floor_round = 0
         for rnd, wname, b in plan:
+            if args.floors and rnd != floor_round:
+                # the floors of this round, measured while no broker is busy (bench._floors)
+                floor_round = rnd
+                bar.set_postfix_str(f"round {rnd} floors")
+                wait_quiet(args, args.quiet_wait)
+                try:
+                    floor_samples.append(_floors.measure(rnd, args.floor_messages, args.floor_commits,
+                                                         args.floor_records, _floors.data_fs_dir()))
+                except Exception as e:   # a floor that cannot run costs its goals, not the run
+                    log(f"floors: could not measure them ({e}); their goals are not judged")
+                    args.floors = False
             bar.set_postfix_str(f"round {rnd} {wname} @ {b.label}")
             others = [o for o in brokers if o is not b]
             tries = []
@@ -545,6 +583,12 @@ def main(argv=None):
             rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
                          "label": W[wname]["label"] + " [3 nodes, R3]"})
             continue
+        if W[wname].get("scaleup"):
+            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+                         "cols": {}})
+            rows.append({"workload": wname, "riverbed": RiverbedPair.name, "cols": {},
+                         "label": W[wname]["label"] + " [2 nodes]"})
+            continue
         cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
         cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
         rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
@@ -555,7 +599,12 @@ def main(argv=None):
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
     cluster_goals = cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name) if want_cluster else []
+    scaleup_goals = scaleup_goal_lines(summary)
+    floors = _floors.medians(floor_samples) if floor_samples else {}
+    floor_goals = _floors.floor_goal_lines(summary, floors, durable.name if durable else "") if floors else []
     doc = {"meta": meta, "runs": runs, "same_log": same_log, "cluster_goals": cluster_goals,
+           "floor_samples": floor_samples, "floors": floors, "floor_goals": floor_goals,
+           "scaleup_goals": scaleup_goals,
            "summary": [{"workload": w, "broker": b, **{k: v for k, v in d.items()}}
                        for (w, b), d in sorted(summary.items())],
            "rows": [dict(row, ratios=row_ratios(summary, row)) for row in rows],
@@ -581,6 +630,17 @@ def main(argv=None):
           + f", {args.rounds} round(s); median (min–max)")
     print_table(lines)
     print()
+    if floors:
+        print(f"Floors (bench/_floors.py; median (min–max) of {len(floor_samples)} sample(s), one a round, µs):")
+        for line in _floors.floor_text(floors):
+            print("  " + line)
+        print("Issue 26's goals against the floors (medians):")
+        for g in floor_goals:
+            print("  " + g["text"])
+    for g in scaleup_goals:
+        print("Scale-up (issue 26, one node per core): " + g["text"])
+    if meta.get("skipped_pair"):
+        print(f"Scale-up: the 2-node Riverbed was not started ({meta['skipped_pair']})")
     for s in same_log:
         print(f"{W[s['workload']]['label']}: server CPU {s['kafka_us']:.2f} µs/record vs {s['rmq_us']:.2f} over "
               f"RabbitMQ Stream ({s['rmq_workload']}) on the same Riverbed: {s['ratio']:.2f}× "

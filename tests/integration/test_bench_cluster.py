@@ -27,7 +27,7 @@ def _processes_with(marker):
 
 def _run(tmp_path, peers, n=20000):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", peers, "--workloads", CLUSTER_ROWS,
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", peers, "--no-floors", "--workloads", CLUSTER_ROWS,
                         "--n", str(n), "--batch", "500", "--warmup", "20", "--timed", "300", "--rounds", "1",
                         "--durable-fsync", "none", "--max-tries", "1", "--quiet-wait", "0", "--no-chart",
                         "--out", str(out)],

@@ -70,7 +70,7 @@ def test_loadgen_consume_counts_every_record_from_the_chunk_headers(never_server
 
 def test_bench_compare_runs_the_loadgen_rows(tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none",
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none", "--no-floors",
                         "--workloads", "loadgen-publish,loadgen-publish-2,loadgen-consume", "--n", "20000",
                         "--rounds", "1", "--durable-fsync", "none", "--max-tries", "1", "--quiet-wait", "0",
                         "--no-chart", "--out", str(out)],

@@ -84,7 +84,7 @@ def test_a_short_bench_run_fills_the_peer_columns_and_stops_the_peers(tmp_path):
     need("redis-server", "redis")
     need("nats-server", "nats")
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "redis,nats",
+    r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "redis,nats", "--no-floors",
                         "--workloads", "latency-rstream,consume-rstream", "--n", "2000", "--timed", "200",
                         "--warmup", "20", "--rounds", "1", "--durable-fsync", "none", "--max-tries", "1",
                         "--quiet-wait", "0", "--no-chart", "--out", str(out)],

@@ -41,12 +41,12 @@ def wire_twin(request):
     return _pywire
 
 
-# How `make test` spreads the suite over pytest-xdist workers (--dist loadgroup): one group per test
-# module, so a module-scoped server or cluster starts once, on one worker; the Spark modules share one
-# group, so one worker starts the JVM (the session-scoped SparkSession) and no other does. Tests whose
-# assertions time the machine (failover bounds, a heartbeat within a window, RSS peaks) are marked
-# ``serial``: `make test` runs them after the parallel run, alone (--serial exclude, then --serial only).
-# The lists are node-id prefixes.
+# How `make test` spreads the suite over pytest-xdist workers (`--dist loadgroup`, scheduled by
+# ModuleGroups below): one group per test module, so a module-scoped server or cluster starts once, on one
+# worker; the Spark modules share one group, so one worker starts the JVM (the session-scoped
+# SparkSession) and no other does. Tests whose assertions time the machine (failover bounds, a heartbeat
+# within a window, RSS peaks) are marked ``serial``: `make test` runs them after the parallel run, alone
+# (--serial exclude, then --serial only). The lists are node-id prefixes.
 SERIAL = (
     "tests/integration/test_soak.py",              # no well-behaved request over 3 s, RSS growth
     "tests/integration/test_zmq_slow.py",          # an RSS bound while a 1 GB backlog builds
@@ -71,6 +71,28 @@ def _rank(nodeid):
         if nodeid.startswith(prefix):
             return i
     return len(FIRST)
+
+
+def group_of(nodeid):
+    """The xdist work unit of a test: its SHARED_GROUPS name, else its file."""
+    return next((g for prefix, g in SHARED_GROUPS.items() if nodeid.startswith(prefix)), nodeid.split("::")[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` by :func:`group_of`, units handed out in collection order (FIRST first).
+    xdist's own loadgroup reads ``xdist_group`` marks by renaming ``item._nodeid``, which pytest 9 no
+    longer reads (node ids come from ``_id``), so it silently spread every module over every worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return group_of(nodeid)
+
+    config.option.loadscopereorder = False     # keep FIRST's order, not the largest unit first
+    return ModuleGroups(config, log)
 
 
 def pytest_addoption(parser):
@@ -98,10 +120,6 @@ def pytest_collection_modifyitems(config, items):
         nodeid = item.nodeid
         if nodeid.startswith(SERIAL):
             item.add_marker(pytest.mark.serial)
-        if item.get_closest_marker("xdist_group") is None:
-            group = next((g for prefix, g in SHARED_GROUPS.items() if nodeid.startswith(prefix)),
-                         nodeid.split("::")[0])
-            item.add_marker(pytest.mark.xdist_group(group))
     which = config.getoption("serial")
     if which != "all":
         keep, dropped = [], []

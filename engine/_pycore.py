@@ -21,6 +21,8 @@ from riverbed.engine._pyrecord import (  # noqa: F401
 )
 # The document store's raw-BSON matcher is its own module too (docs.pxi is its compiled twin).
 from riverbed.engine._pydocs import DocMatcher, bson_index_keys, bson_values  # noqa: F401
+# JSON payloads of a batch joined for one Arrow parse (jsonlines.pxi is its compiled twin).
+from riverbed.engine._pyjsonlines import json_lines  # noqa: F401
 
 COMPILED = False
 

@@ -41,6 +41,7 @@ bloom_match = impl.bloom_match
 chunk_bloom_match = impl.chunk_bloom_match
 new_arrow_buffers = impl.new_arrow_buffers
 chunk_to_arrow = impl.chunk_to_arrow
+json_lines = impl.json_lines     # decode=json: a batch's JSON payloads as newline-delimited JSON
 # the one record format (AMQP 1.0 bare messages): riverbed.engine.record is the layer shells call
 encode_message = impl.encode_message
 decode_message = impl.decode_message

@@ -56,7 +56,7 @@ from riverbed.engine.dockeys import (
     INT_ID_MAX, INT_ID_MIN, MAX_STR_ID, check_name, id_from_key, id_key, is_truncated, read_u32, read_u64, u32,
     u64, value_key,
 )
-from riverbed.engine.errors import InvalidArgument, RiverbedError, UniqueViolation
+from riverbed.engine.errors import InvalidArgument, PositionMoved, RiverbedError, UniqueViolation
 from riverbed.engine.predicate import (
     MISSING, TRUE, Always, Node, from_mongo, get_path, split_path,
 )
@@ -598,8 +598,11 @@ class DocStore:
             raise InvalidArgument("update_where needs a function old_doc -> new_doc")
         return self._submit(lambda st: self._update_where(st, coll, node, fn))
 
-    def apply(self, ops, position=None):
+    def apply(self, ops, position=None, after=_UNSET):
         """Commit ``ops`` and a stream ``position`` in one transaction: a projection's exactly-once step.
+        With ``after`` (an offset, or None for "none stored"), the step is refused whole with
+        PositionMoved unless ``position``'s stored offset is ``after`` when it commits: of two runners of
+        one projection, the one continuing from an older position changes nothing.
 
         ``ops`` is a list of ``("put", coll, id, doc)``, ``("merge", coll, id, doc)``, ``("delete", coll,
         id)``, ``("delete_where", coll, predicate)``, ``("update_where", coll, predicate, fn)``;
@@ -652,6 +655,8 @@ class DocStore:
                 else:
                     out.append(self._update_where(st, op[1], op[2], op[3]))
             if position is not None:
+                if after is not _UNSET and st.ctx.query_offset(position[0], position[1]) != after:
+                    raise PositionMoved(f"{position[1]!r} on {position[0]!r} is no longer at {after}")
                 st.ctx.store_offset(*position)
             return out
         return self._submit(run)

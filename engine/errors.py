@@ -78,6 +78,12 @@ class UniqueViolation(RiverbedError):
                          f"held by document {holder!r}")
 
 
+class PositionMoved(RiverbedError):
+    """A projection step was refused whole because the stream position it continues from is no longer the
+    stored one: another runner of the same projection moved it (a cluster moved the projection to another
+    node). The runner reads the stored position again and goes on from there."""
+
+
 class StorageFull(RiverbedError):
     """A write was refused because storage cannot take it: the data directory's filesystem has no space
     for the data file to grow, the data file would pass its cap (``riverbed serve --max-disk``), or the

@@ -58,7 +58,7 @@ from riverbed.engine.stats import EngineStats
 from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
     _OP_APPEND, _OP_CREATE, _OP_DELETE, _OP_OFFSET, _OP_RETENTION, _OP_SUPER_CREATE, _OP_SUPER_DELETE,
-    _OP_SYNC, _OP_TXN, _OP_REPLICA, _OP_TRUNCATE, Done, WriteContext, _Append, _Writer,
+    _OP_SYNC, _OP_TXN, _OP_REPLICA, _OP_TRUNCATE, _OP_TRIM, Done, WriteContext, _Append, _Writer,
 )
 
 log = logging.getLogger("riverbed.engine")
@@ -224,6 +224,7 @@ class Engine(SuperStreamBindings):
         # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
         self.epochs = {}
         self._read_limits = {}
+        self.offsets_version = 0    # raised after every commit that stores or deletes a consumer offset
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
         self._writer = None
@@ -441,14 +442,25 @@ class Engine(SuperStreamBindings):
                 import logging
                 logging.getLogger("riverbed.engine").exception("commit waiter failed")
 
-    def replicate_chunk(self, stream, chunk, *, sequences=None, on_done=None):
+    def replicate_chunk(self, stream, chunk, *, sequences=None, on_done=None, start=False):
         """Store ``chunk`` (bytes: a whole chunk as the leader stored it, header and CRC included) at its
         own chunk id, unchanged: a cluster member copying its leader. The chunk id must be the stream's
         next offset (ChunkError otherwise: a gap or an overlap); its CRC is checked here.
         ``sequences`` ({publisher: last publishing id}) are stored in the same transaction, so dedup
-        survives a failover. Future (or ``on_done``) of the stream's next offset after it."""
-        h = core.check_chunk(chunk)
-        return self._submit(_OP_REPLICA, stream, bytes(chunk), h, sequences or {}, on_done=on_done)
+        survives a failover. With ``start``, a copy holding no chunk takes this one wherever it is (its
+        leader's log starts there now: retention or compaction removed what came before). Future (or
+        ``on_done``) of the stream's next offset after it."""
+        return self.replicate_chunks(stream, [chunk], sequences=sequences, start=start, on_done=on_done)
+
+    def replicate_chunks(self, stream, chunks, *, sequences=None, start=False, on_done=None):
+        """:meth:`replicate_chunk` for several consecutive chunks in ONE write transaction (one commit, one
+        sync under the stream's fsync policy, one completion): every CRC is checked here (ChunkError
+        before anything is queued), every chunk id against the log's end in the writer (a gap refuses
+        the whole batch: nothing of it is stored). ``sequences`` cover the whole batch; ``start`` lets an
+        empty copy begin at the first chunk's id. Future (or ``on_done``) of the stream's next offset after
+        the last chunk."""
+        checked = [(bytes(c), core.check_chunk(c)) for c in chunks]
+        return self._submit(_OP_REPLICA, stream, checked, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
         """``(chunks, sequences)`` read in one transaction, past any read limit: up to ``max_chunks``
@@ -506,6 +518,14 @@ class Engine(SuperStreamBindings):
         unconfirmed tail of an older epoch before following a new leader. Future of the new next
         offset."""
         return self._submit(_OP_TRUNCATE, stream, int(offset))
+
+    def trim_head(self, stream, offset):
+        """Remove every whole chunk of ``stream`` that ends at or before ``offset``, always keeping the last
+        chunk: what retention does, at a point the caller chose (the document changelog drops what a
+        snapshot covers, shells/cluster/compaction.py). Readers asking for a removed offset get the first
+        chunk after it, as after retention. Future of the stream's first chunk id after it; raises
+        StreamNotFound."""
+        return self._submit(_OP_TRIM, stream, int(offset))
 
     def read_chunks(self, name, from_offset, max_chunks=1, *, limited=True):
         """Up to ``max_chunks`` committed chunks, in order, as ``(chunk_id, bytes)`` pairs: first the

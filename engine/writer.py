@@ -45,7 +45,7 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # requests queued to the writer
 
 (_OP_APPEND, _OP_OFFSET, _OP_CREATE, _OP_DELETE, _OP_SYNC, _OP_STOP, _OP_RETENTION, _OP_TXN, _OP_SUPER_CREATE,
- _OP_SUPER_DELETE, _OP_REPLICA, _OP_TRUNCATE) = range(12)
+ _OP_SUPER_DELETE, _OP_REPLICA, _OP_TRUNCATE, _OP_TRIM) = range(13)
 
 
 class _Append:
@@ -333,6 +333,9 @@ class _Writer(threading.Thread):
             except lmdb.MapResizedError:
                 eng._gate.exclusive(lambda: eng.env.set_mapsize(0))
                 continue
+            if staged.offsets_changed:
+                # after the commit, so a reader that sees the new version reads the new offsets
+                eng.offsets_version += 1
             # metrics (engine/stats.py): a few integer updates; _commit runs under _claim, one at a time
             eng.stats.commit_done(started, applied, time.perf_counter(), len(batch), staged.bytes_written)
             return staged, results
@@ -364,6 +367,7 @@ class _Writer(threading.Thread):
                 staged.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(offset),
                                db=self.engine._db_tracking)
                 staged.dirty = True
+                staged.offsets_changed = True
                 return None
             if op == _OP_CREATE:
                 return staged.create(*args)
@@ -377,6 +381,8 @@ class _Writer(threading.Thread):
                 return staged.replicate(*args)
             if op == _OP_TRUNCATE:
                 return staged.truncate(*args)
+            if op == _OP_TRIM:
+                return staged.trim_head(*args)
             return None  # SYNC and STOP: completing after this commit is their whole job
         except RiverbedError as e:
             return e
@@ -596,6 +602,7 @@ class WriteContext:
         self.txn.put(_tracking_key(s.sid, TRACKING_OFFSET, reference), _U64.pack(int(offset)),
                      db=self.engine._db_tracking)
         self._staged.dirty = True
+        self._staged.offsets_changed = True
 
     def query_offset(self, stream, reference):
         """The offset of ``reference`` as staged in this transaction, or None."""
@@ -607,6 +614,7 @@ class WriteContext:
         """Remove the stored offset of ``reference`` (no error when there is none)."""
         s = self._staged.stream(stream)
         self.txn.delete(_tracking_key(s.sid, TRACKING_OFFSET, reference), db=self.engine._db_tracking)
+        self._staged.offsets_changed = True
 
     def append(self, stream, records):
         """Stage ``records`` (bytes-like) for ``stream``, contiguous and in order. Returns an object
@@ -678,6 +686,7 @@ class _Staged:
         self.on_commit = []
         self.created = []
         self.alone = False        # the transaction holds one operation (see append)
+        self.offsets_changed = False   # a consumer offset was stored or deleted (Engine.offsets_version)
 
     def stream(self, name):
         s = self.streams.get(name)
@@ -981,24 +990,68 @@ class _Staged:
         s.last_ts = ts
         self.dirty = True
 
-    def replicate(self, name, chunk, h, sequences):
-        """Store a leader's chunk unchanged at its own id (Engine.replicate_chunk), with the publisher
-        sequences it carries. Returns the stream's next offset after it."""
+    def replicate(self, name, chunks, sequences, start=False):
+        """Store leader chunks unchanged at their own ids (Engine.replicate_chunks): ``chunks`` is a list
+        of ``(bytes, header)`` whose CRCs were checked; ``sequences`` (the publisher sequences that cover
+        them) go in the same transaction. Every chunk id is checked against the log's end BEFORE any is
+        staged, so a refused batch stores nothing (none of its chunks without its sequences). With
+        ``start``, an empty copy begins at the first chunk's id. Returns the stream's next offset after
+        them."""
         s = self.stream(name)
         p = self.pending.get(name)
         if p is not None:
             self._flush(s, p)
-        chunk_id = h[H_CHUNK_ID]
-        if chunk_id != s.next_offset:
-            raise ChunkError(f"replicated chunk {chunk_id} is not at the stream's end {s.next_offset}", name,
-                             chunk_id)
+        expect = s.next_offset
+        if start and chunks and s.chunks == 0 and s.last_chunk < 0:
+            # an empty copy starts wherever its leader's log starts now (retention or compaction may
+            # have removed the leader's first chunks): it holds a suffix of the leader's log, never a gap
+            expect = chunks[0][1][H_CHUNK_ID]
+        first = expect
+        for _, h in chunks:
+            if h[H_CHUNK_ID] != expect:
+                raise ChunkError(f"replicated chunk {h[H_CHUNK_ID]} is not at the stream's end {expect}", name,
+                                 h[H_CHUNK_ID])
+            expect += h[H_RECORDS]
+        s.next_offset = first
         for publisher, seq in sequences.items():
             self.seqs[(s.sid, publisher)] = seq
             self.txn.put(_tracking_key(s.sid, TRACKING_SEQUENCE, publisher), _U64.pack(seq),
                          db=self.engine._db_tracking)
-        ts = h[H_TIMESTAMP]
-        self._store(s, chunk, h[H_RECORDS], ts if ts > s.last_ts else s.last_ts, chunk_id)
+        for chunk, h in chunks:
+            ts = h[H_TIMESTAMP]
+            self._store(s, chunk, h[H_RECORDS], ts if ts > s.last_ts else s.last_ts, h[H_CHUNK_ID])
         return s.next_offset
+
+    def trim_head(self, name, offset):
+        """Delete the chunks of ``name`` that end at or before ``offset``, keeping the last chunk
+        (Engine.trim_head); the stream's first offset after it."""
+        s = self.stream(name)
+        p = self.pending.get(name)
+        if p is not None:
+            self._flush(s, p)
+        eng = self.engine
+        txn = self.txn
+        cur = txn.cursor(db=eng._db_chunks)
+        ok = cur.set_range(_CHUNK_KEY.pack(s.sid, 0))
+        removed = 0
+        while ok and s.chunks > 1:
+            ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+            if ksid != s.sid:
+                break
+            h = core.read_header(cur.value())
+            if chunk_id + max(h[H_RECORDS], 1) > offset:
+                break
+            size = len(cur.value())
+            txn.delete(_TIME_KEY.pack(s.sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
+            ok = cur.delete()
+            s.records -= h[H_RECORDS]
+            s.bytes -= size
+            s.chunks -= 1
+            removed += 1
+        if removed:
+            s.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else s.last_chunk
+            self.dirty = True
+        return s.first_chunk
 
     def truncate(self, name, offset):
         """Delete the chunks of ``name`` at or after ``offset`` (Engine.truncate); the next offset."""

@@ -13,6 +13,7 @@ import zlib
 
 import crc32c as _crc32c
 
+from riverbed.engine import core as _core
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.engine.format import CHUNK_MAGIC_VERSION, CHUNK_USER, HEADER_STRUCT
 from riverbed.shells._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
@@ -328,6 +329,35 @@ def kafka_seal(batch):
     """Set the CRC-32C of a whole record batch v2 (a bytearray) in place and return it."""
     _U32.pack_into(batch, 17, _crc32c.crc32c(memoryview(batch)[LEN_KAFKA_CRC_START:]))
     return batch
+
+
+def kafka_chunk_batch(chunk, skip, base_offset, chunk_ts, out, from_stored):
+    """Fetch: the records of one stored user chunk ``chunk`` (bytes-like, as ``read_chunks`` gives it)
+    from its ``skip``-th on, appended to bytearray ``out`` as the one record batch v2 :func:`kafka_batch`
+    makes of them (from ``base_offset``; ``chunk_ts`` the chunk's timestamp). Returns the bytes
+    appended: 0 when the chunk has no record from ``skip`` on. Raises ChunkError (``out`` as it was) for
+    a data section ``chunk_records`` refuses."""
+    batch = kafka_batch(_core.chunk_records(chunk, False), skip, base_offset, chunk_ts, from_stored)
+    if batch is None:
+        return 0
+    out += batch
+    return len(batch)
+
+
+def kafka_sequence_ids(seqs):
+    """An idempotent producer's sequences, ``(base sequence, records)`` per batch (ints >= 0), as the
+    engine's publishing ids: each batch's ``base .. base + records - 1`` as big-endian u64s, in order
+    (bytes). Raises OverflowError past int64."""
+    parts = []
+    for base, n in seqs:
+        if n < 0:
+            raise ValueError("negative record count")
+        if base < 0:
+            raise ValueError("negative sequence")
+        if n and base + n - 1 > _INT64_MAX:
+            raise OverflowError("sequence past int64")
+        parts.append(struct.pack(f">{n}Q", *range(base, base + n)))
+    return b"".join(parts)
 
 
 def kafka_batch(raws, skip, base_offset, chunk_ts, from_stored):

@@ -43,6 +43,8 @@ except ImportError:  # Python 3.10
     import tomli as tomllib
 from typing import NamedTuple
 
+from riverbed.shells.broker.internal import is_internal
+
 OK = "ok"
 NO_MECHANISM = "no-mechanism"
 FAILURE = "failure"
@@ -81,9 +83,11 @@ class User:
 
     def can(self, what, resource):
         """Whether this user has permission ``what`` ("configure", "write", "read") on stream
-        ``resource``. Unknown permission names are refused."""
+        ``resource``. Unknown permission names are refused, and so is every permission on the server's
+        own streams (shells/broker/internal.py: one rule for every protocol)."""
         p = self.patterns.get(what)
-        return p is not None and resource is not None and p.search(resource) is not None
+        return p is not None and resource is not None and p.search(resource) is not None and \
+            not is_internal(resource)
 
     def __repr__(self):
         return f"User({self.name!r})"

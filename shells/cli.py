@@ -130,7 +130,7 @@ async def run_server(cfg, stop=None, started=None):
             # documents and transactions through the replicated changelog (before the listeners: the
             # shells take broker.docs when they start)
             from riverbed.shells.cluster.docs import DocLog
-            doclog = DocLog(broker, cluster)
+            doclog = DocLog(broker, cluster, snapshot_every=cfg.docs_snapshot_every)
             doclog.start()
         for key, name, module in enabled:
             server = await _start_listener(name, module, broker, cfg, cfg[key])

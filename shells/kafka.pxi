@@ -12,6 +12,7 @@
 
 import crc32c as _k_crc32c
 
+from riverbed.engine import core as _k_core
 from riverbed.shells import _pywire as _k_py
 
 cdef enum:
@@ -20,6 +21,7 @@ cdef enum:
     K_BATCH_HEADER = 61
     K_BATCH_OVERHEAD = 12
     K_CRC_START = 21
+    K_SIMPLE_HDR = 4        # a chunk's simple entry: u32 BE length (top bit 0), then the record
     K_MA_LEN = 24             # 00 53 72 d1 size u32, count u32, a3 05 "x-key" b0 len u32: before the key
     K_PROPS_LEN = 38          # 00 53 73 c0 33 07, six nulls, a3 18 "application/octet-stream"
     K_PROPS_TS_LEN = 11       # ... 40 40 83 <int64 ms>: creation-time (field 9)
@@ -38,6 +40,23 @@ cdef struct KSpan:
 cdef inline int k_zz(const unsigned char* b, Py_ssize_t* pos, Py_ssize_t end, int64_t* out) except -1:
     """A zigzag varint at pos[0]; 0, or K_SLOW when its value needs more than 64 bits (the pure twin's
     ints are unbounded). Raises FrameError with the twin's messages."""
+    cdef Py_ssize_t p = pos[0]
+    cdef uint64_t byte
+    if p < end:                 # one or two bytes: a record's varints but its timestamp's, read without a call
+        byte = b[p]
+        if byte < 0x80:
+            pos[0] = p + 1
+            out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
+            return 0
+        if p + 1 < end and b[p + 1] < 0x80:
+            byte = (byte & 0x7F) | (<uint64_t>b[p + 1] << 7)
+            pos[0] = p + 2
+            out[0] = <int64_t>((byte >> 1) ^ (0 - (byte & 1)))
+            return 0
+    return k_zz_long(b, pos, end, out)
+
+
+cdef int k_zz_long(const unsigned char* b, Py_ssize_t* pos, Py_ssize_t end, int64_t* out) except -1:
     cdef Py_ssize_t p = pos[0]
     cdef uint64_t result, byte
     cdef int shift = 7
@@ -434,7 +453,17 @@ cdef bint k_parse_stored(const unsigned char* b, Py_ssize_t n, KRec* r) noexcept
         r.key_off = K_MA_LEN
         r.key_len = klen
         pos = K_MA_LEN + klen
-    if pos + 3 < n and b[pos] == 0x00 and b[pos + 1] == 0x53 and b[pos + 2] == 0x73:   # properties
+    if (pos + K_PROPS_LEN <= n and b[pos + 4] == 0x21 + K_PROPS_TS_LEN and b[pos + 5] == 10
+            and pos + K_PROPS_LEN + K_PROPS_TS_LEN <= n and memcmp(b + pos, K_PROPS, 4) == 0
+            and memcmp(b + pos + 6, K_PROPS + 6, K_PROPS_LEN - 6) == 0
+            and b[pos + K_PROPS_LEN] == 0x40 and b[pos + K_PROPS_LEN + 1] == 0x40
+            and b[pos + K_PROPS_LEN + 2] == 0x83):
+        # to_stored's own properties with a creation time (what a Kafka producer's records carry): the
+        # same as the walk below finds, without it
+        r.has_ts = True
+        r.ts = <int64_t>ld_u64(b + pos + K_PROPS_LEN + 3)
+        pos += K_PROPS_LEN + K_PROPS_TS_LEN
+    elif pos + 3 < n and b[pos] == 0x00 and b[pos + 1] == 0x53 and b[pos + 2] == 0x73:   # properties
         pos += 3
         if b[pos] == 0x45:
             pos += 1
@@ -521,76 +550,111 @@ cdef bint k_parse_stored(const unsigned char* b, Py_ssize_t n, KRec* r) noexcept
     return True
 
 
-cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
-    """The batch, or None when there are no records, or False when the pure twin must decide."""
-    cdef Py_ssize_t total = len(raws), i, k, size, body_len, filled = K_BATCH_HEADER, cap = K_BATCH_HEADER
-    cdef int64_t base_ts = 0, max_ts = 0, ts, delta, count
+cdef inline bint k_plain(const unsigned char* b, Py_ssize_t n, int64_t* ts, Py_ssize_t* vp, Py_ssize_t* vlen) noexcept nogil:
+    # to_stored's form of a record with no key and no header: its properties with a creation time, then
+    # one data section; its timestamp and value span, or False for any other form
+    cdef Py_ssize_t p = K_PROPS_LEN + K_PROPS_TS_LEN
+    if (n < p + 5 or b[4] != 0x21 + K_PROPS_TS_LEN or b[5] != 10 or memcmp(b, K_PROPS, 4) != 0
+            or memcmp(b + 6, K_PROPS + 6, K_PROPS_LEN - 6) != 0 or b[K_PROPS_LEN] != 0x40
+            or b[K_PROPS_LEN + 1] != 0x40 or b[K_PROPS_LEN + 2] != 0x83
+            or b[p] != 0x00 or b[p + 1] != 0x53 or b[p + 2] != 0x75):
+        return False
+    if b[p + 3] == 0xA0:
+        vp[0] = p + 5
+        vlen[0] = b[p + 4]
+    elif b[p + 3] == 0xB0 and n >= p + 8:
+        vp[0] = p + 8
+        vlen[0] = <Py_ssize_t>ld_u32(b + p + 4)
+    else:
+        return False
+    if vlen[0] != n - vp[0]:
+        return False
+    ts[0] = <int64_t>ld_u64(b + K_PROPS_LEN + 3)
+    return True
+
+
+cdef int k_batch_record(bytearray out, Py_ssize_t* filled, const unsigned char* b, Py_ssize_t n, object raw,
+                        int64_t i, int64_t* base_ts, int64_t* max_ts, int64_t chunk_ts, from_stored) except -1:
+    # record ``i`` of a batch (its offset delta) appended at filled[0]: read in place, or handed to
+    # ``from_stored(raw, chunk_ts)`` (``raw`` the record's bytes, made from ``b`` when None)
     cdef KRec rec
-    cdef const unsigned char* b
-    cdef Py_ssize_t n
+    cdef Py_ssize_t size, k
+    cdef int64_t ts, delta
     cdef unsigned char* o
-    cdef bytearray out
-    cdef object raw, slow
-    if skip >= total:
-        return None
-    count = total - skip
-    for i in range(skip, total):
-        cap += len(raws[i]) + 32           # a Kafka record is its stored one's spans plus a few varints
-    out = PyByteArray_FromStringAndSize(NULL, cap)
-    for i in range(skip, total):
-        raw = raws[i]
-        if type(raw) is not bytes:
-            raw = bytes(raw)
-        b = <const unsigned char*>PyBytes_AS_STRING(raw)
-        n = len(<bytes>raw)
-        if k_parse_stored(b, n, &rec):
-            ts = rec.ts if rec.has_ts else chunk_ts
-            slow = None
-        else:
-            slow = from_stored(raw, chunk_ts)
-            ts = slow[0]
-        if i == skip:
-            base_ts = max_ts = ts
-        elif ts > max_ts:
-            max_ts = ts
-        delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts)     # wraps as Kafka's (Java's) long arithmetic
-        if slow is not None:
-            slow = _k_py.kafka_record(i - skip, delta, slow[1], slow[2], slow[3])
-            memcpy(k_room(out, &filled, len(<bytes>slow)), PyBytes_AS_STRING(slow), len(<bytes>slow))
-            continue
-        size = 1 + k_zz_len(delta) + k_zz_len(i - skip)
-        size += 1 if rec.key_off < 0 else k_zz_len(rec.key_len) + rec.key_len
-        size += k_zz_len(rec.value_len) + rec.value_len + k_zz_len(rec.nh)
-        for k in range(rec.nh):
-            size += k_zz_len(rec.name[k].len) + rec.name[k].len + k_zz_len(rec.val[k].len) + rec.val[k].len
-        o = k_room(out, &filled, k_zz_len(size) + size)
+    cdef object slow = None
+    cdef Py_ssize_t vp, vlen
+    if k_plain(b, n, &ts, &vp, &vlen):
+        # to_stored's form of a record with a value alone (what Kafka producers mostly send): written
+        # here at once, the same bytes as below
+        if i == 0:
+            base_ts[0] = max_ts[0] = ts
+        elif ts > max_ts[0]:
+            max_ts[0] = ts
+        delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts[0])
+        size = 1 + k_zz_len(delta) + k_zz_len(i) + 1 + k_zz_len(vlen) + vlen + 1
+        o = k_room(out, filled, k_zz_len(size) + size)
         o = k_put_zz(o, size)
         o[0] = 0
         o = k_put_zz(o + 1, delta)
-        o = k_put_zz(o, i - skip)
-        if rec.key_off < 0:
-            o[0] = 0x01
-            o += 1
-        else:
-            o = k_put_zz(o, rec.key_len)
-            memcpy(o, b + rec.key_off, rec.key_len)
-            o += rec.key_len
-        o = k_put_zz(o, rec.value_len)
-        for k in range(rec.nsec):
-            memcpy(o, b + rec.sec[k].off, rec.sec[k].len)
-            o += rec.sec[k].len
-        o = k_put_zz(o, rec.nh)
-        for k in range(rec.nh):
-            o = k_put_zz(o, rec.name[k].len)
-            memcpy(o, b + rec.name[k].off, rec.name[k].len)
-            o = k_put_zz(o + rec.name[k].len, rec.val[k].len)
-            memcpy(o, b + rec.val[k].off, rec.val[k].len)
-            o += rec.val[k].len
-    PyByteArray_Resize(out, filled)
-    body_len = filled - K_BATCH_HEADER
-    o = <unsigned char*>PyByteArray_AS_STRING(out)
+        o = k_put_zz(o, i)
+        o[0] = 0x01                           # no key
+        o = k_put_zz(o + 1, vlen)
+        memcpy(o, b + vp, vlen)
+        o[vlen] = 0                           # no headers
+        return 0
+    if k_parse_stored(b, n, &rec):
+        ts = rec.ts if rec.has_ts else chunk_ts
+    else:
+        if raw is None:
+            raw = PyBytes_FromStringAndSize(<const char*>b, n)
+        slow = from_stored(raw, chunk_ts)
+        ts = slow[0]
+    if i == 0:
+        base_ts[0] = max_ts[0] = ts
+    elif ts > max_ts[0]:
+        max_ts[0] = ts
+    delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts[0])     # wraps as Kafka's (Java's) long arithmetic
+    if slow is not None:
+        slow = _k_py.kafka_record(i, delta, slow[1], slow[2], slow[3])
+        memcpy(k_room(out, filled, len(<bytes>slow)), PyBytes_AS_STRING(slow), len(<bytes>slow))
+        return 0
+    size = 1 + k_zz_len(delta) + k_zz_len(i)
+    size += 1 if rec.key_off < 0 else k_zz_len(rec.key_len) + rec.key_len
+    size += k_zz_len(rec.value_len) + rec.value_len + k_zz_len(rec.nh)
+    for k in range(rec.nh):
+        size += k_zz_len(rec.name[k].len) + rec.name[k].len + k_zz_len(rec.val[k].len) + rec.val[k].len
+    o = k_room(out, filled, k_zz_len(size) + size)
+    o = k_put_zz(o, size)
+    o[0] = 0
+    o = k_put_zz(o + 1, delta)
+    o = k_put_zz(o, i)
+    if rec.key_off < 0:
+        o[0] = 0x01
+        o += 1
+    else:
+        o = k_put_zz(o, rec.key_len)
+        memcpy(o, b + rec.key_off, rec.key_len)
+        o += rec.key_len
+    o = k_put_zz(o, rec.value_len)
+    for k in range(rec.nsec):
+        memcpy(o, b + rec.sec[k].off, rec.sec[k].len)
+        o += rec.sec[k].len
+    o = k_put_zz(o, rec.nh)
+    for k in range(rec.nh):
+        o = k_put_zz(o, rec.name[k].len)
+        memcpy(o, b + rec.name[k].off, rec.name[k].len)
+        o = k_put_zz(o + rec.name[k].len, rec.val[k].len)
+        memcpy(o, b + rec.val[k].off, rec.val[k].len)
+        o += rec.val[k].len
+    return 0
+
+
+cdef void k_seal(bytearray out, Py_ssize_t at, Py_ssize_t filled, int64_t base_offset, int64_t count, int64_t base_ts,
+                 int64_t max_ts) except *:
+    # the 61-byte header of the batch at ``at`` whose records end at ``filled``, its CRC-32C set
+    cdef unsigned char* o = <unsigned char*>PyByteArray_AS_STRING(out) + at
     st_u64(o, <uint64_t>base_offset)
-    st_u32(o + 8, <uint32_t>(K_BATCH_HEADER - K_BATCH_OVERHEAD + body_len))
+    st_u32(o + 8, <uint32_t>(filled - at - K_BATCH_OVERHEAD))
     st_u32(o + 12, 0xFFFFFFFF)                # partition leader epoch -1
     o[16] = 2                                 # magic
     st_u16(o + 21, 0)                         # attributes
@@ -601,8 +665,77 @@ cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64
     st_u16(o + 51, 0xFFFF)                    # producer epoch -1
     st_u32(o + 53, 0xFFFFFFFF)                # base sequence -1
     st_u32(o + 57, <uint32_t>count)
-    st_u32(o + 17, <uint32_t>_k_crc32c.crc32c(memoryview(out)[K_CRC_START:]))
+    crc = _k_crc32c.crc32c(memoryview(out)[at + K_CRC_START:filled])
+    st_u32(<unsigned char*>PyByteArray_AS_STRING(out) + at + 17, <uint32_t>crc)
+
+
+cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
+    """The batch, or None when there are no records."""
+    cdef Py_ssize_t total = len(raws), i, filled = K_BATCH_HEADER, cap = K_BATCH_HEADER
+    cdef int64_t base_ts = 0, max_ts = 0
+    cdef bytearray out
+    cdef object raw
+    if skip >= total:
+        return None
+    for i in range(skip, total):
+        cap += len(raws[i]) + 32           # a Kafka record is its stored one's spans plus a few varints
+    out = PyByteArray_FromStringAndSize(NULL, cap)
+    for i in range(skip, total):
+        raw = raws[i]
+        if type(raw) is not bytes:
+            raw = bytes(raw)
+        k_batch_record(out, &filled, <const unsigned char*>PyBytes_AS_STRING(raw), len(<bytes>raw), raw, i - skip,
+                       &base_ts, &max_ts, chunk_ts, from_stored)
+    PyByteArray_Resize(out, filled)
+    k_seal(out, 0, filled, base_offset, total - skip, base_ts, max_ts)
     return out
+
+
+cdef Py_ssize_t c_kafka_chunk_batch(const unsigned char* p, Py_ssize_t plen, Py_ssize_t skip, int64_t base_offset,
+                                    int64_t chunk_ts, bytearray out, from_stored) except -2:
+    # -1 when the data section is not simple entries that walk to the header's counts (sub-batches, or a
+    # chunk chunk_records refuses): the caller then goes through chunk_records, which decides
+    cdef Py_ssize_t start, end, pos, ln, count = 0, i = 0, at, filled
+    cdef int64_t base_ts = 0, max_ts = 0
+    if plen < HDR_LEN:
+        return -1
+    start = HDR_LEN + p[44]
+    end = start + <Py_ssize_t>ld_u32(p + 36)
+    if start > plen or end > plen:
+        return -1
+    pos = start
+    while pos < end:                          # the walk first: counts, bounds, no sub-batch
+        if p[pos] & 0x80 or pos + K_SIMPLE_HDR > end:
+            return -1
+        ln = <Py_ssize_t>ld_u32(p + pos)
+        if ln > end - pos - K_SIMPLE_HDR:
+            return -1
+        pos += K_SIMPLE_HDR + ln
+        count += 1
+    if count != <Py_ssize_t>ld_u32(p + 4) or count != <Py_ssize_t>ld_u16(p + 2):
+        return -1
+    if skip >= count:
+        return 0
+    at = PyByteArray_GET_SIZE(out)
+    # sized once for the whole chunk (a Kafka record is its stored one's spans plus a few varints);
+    # k_room grows it past that only for records read by from_stored
+    PyByteArray_Resize(out, at + K_BATCH_HEADER + (end - start) + 32 * (count - skip))
+    filled = at + K_BATCH_HEADER
+    pos = start
+    try:
+        while pos < end:
+            ln = <Py_ssize_t>ld_u32(p + pos)
+            if i >= skip:
+                k_batch_record(out, &filled, p + pos + K_SIMPLE_HDR, ln, None, i - skip, &base_ts, &max_ts,
+                               chunk_ts, from_stored)
+            pos += K_SIMPLE_HDR + ln
+            i += 1
+    except BaseException:
+        PyByteArray_Resize(out, at)
+        raise
+    PyByteArray_Resize(out, filled)
+    k_seal(out, at, filled, base_offset, count - skip, base_ts, max_ts)
+    return filled - at
 
 
 def kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
@@ -611,10 +744,33 @@ def kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_t
     it (timestamp ms, key, value, headers): a ``bytearray``, CRC-32C set, no compression, attributes 0,
     no producer; or None when there is no record from ``skip`` on. ``from_stored`` is called only for
     records the fast path does not read itself (see kafka.pxi's head)."""
-    res = c_kafka_batch(raws, skip, base_offset, chunk_ts, from_stored)
-    if res is False:
-        return _k_py.kafka_batch(raws, skip, base_offset, chunk_ts, from_stored)
-    return res
+    return c_kafka_batch(raws, skip, base_offset, chunk_ts, from_stored)
+
+
+def kafka_chunk_batch(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, bytearray out, from_stored):
+    """Fetch: the records of one stored user chunk ``chunk`` (bytes-like, as ``read_chunks`` gives it)
+    from its ``skip``-th on, appended to ``out`` as the one record batch v2 :func:`kafka_batch` makes of
+    them (from ``base_offset``, ``chunk_ts`` the chunk's timestamp). Returns the bytes appended: 0 when
+    the chunk has no record from ``skip`` on. Raises ChunkError (``out`` as it was) for a data section
+    ``chunk_records`` refuses.
+
+    A chunk of simple entries is read in place, record by record, into ``out``: no object per record.
+    Any other (sub-batches) goes through ``chunk_records`` and :func:`kafka_batch`."""
+    cdef Py_buffer view
+    cdef Py_ssize_t r
+    c_get_buffer(chunk, &view)
+    try:
+        r = c_kafka_chunk_batch(<const unsigned char*>view.buf, view.len, skip, base_offset, chunk_ts, out,
+                                from_stored)
+    finally:
+        PyBuffer_Release(&view)
+    if r >= 0:
+        return r
+    batch = c_kafka_batch(_k_core.chunk_records(chunk, False), skip, base_offset, chunk_ts, from_stored)
+    if batch is None:
+        return 0
+    out += batch
+    return len(batch)
 
 
 def kafka_batch_fast(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts):
@@ -623,7 +779,35 @@ def kafka_batch_fast(list raws, Py_ssize_t skip, int64_t base_offset, int64_t ch
     def refuse(raw, chunk_ts):
         raise LookupError
     try:
-        res = c_kafka_batch(raws, skip, base_offset, chunk_ts, refuse)
+        return c_kafka_batch(raws, skip, base_offset, chunk_ts, refuse)
     except LookupError:
         return None
-    return None if res is False else res
+
+
+# ---- Produce: an idempotent producer's sequences --------------------------------------------------------
+
+def kafka_sequence_ids(list seqs):
+    """An idempotent producer's sequences, ``(base sequence, records)`` per batch (ints >= 0), as the
+    engine's publishing ids: each batch's ``base .. base + records - 1`` as big-endian u64s, in order
+    (bytes). Raises OverflowError past int64."""
+    cdef Py_ssize_t total = 0, n, j
+    cdef int64_t base
+    cdef unsigned char* o
+    for item in seqs:
+        n = item[1]
+        if n < 0:
+            raise ValueError("negative record count")
+        total += n
+    out = PyBytes_FromStringAndSize(NULL, 8 * total)
+    o = <unsigned char*>PyBytes_AS_STRING(out)
+    for item in seqs:
+        base = item[0]
+        n = item[1]
+        if base < 0:
+            raise ValueError("negative sequence")
+        if n and base - 1 > INT64_MAX - n:
+            raise OverflowError("sequence past int64")
+        for j in range(n):
+            st_u64(o, <uint64_t>(base + j))
+            o += 8
+    return out

@@ -32,3 +32,5 @@ publish_chunk = impl.publish_chunk          # RabbitMQ Stream Publish v1 -> a se
 bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised without decoding it
 kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -> stored records (chunk entries)
 kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2
+kafka_chunk_batch = impl.kafka_chunk_batch  # Kafka Fetch: a stored chunk -> one record batch v2, into a buffer
+kafka_sequence_ids = impl.kafka_sequence_ids    # Kafka Produce: idempotent sequences -> publishing ids

@@ -366,12 +366,13 @@ def _column(values, arrow_type):
     try:
         return pa.array(values, arrow_type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        # one bad value must not fail the batch: null what does not convert (Spark's PERMISSIVE mode)
-        out = []
+        # one bad value must not fail the batch: null what does not convert (Spark's PERMISSIVE mode).
+        # Each value is converted alone and the pieces joined: values that convert one by one may still
+        # not convert together (an empty list and a dict for one struct column).
+        parts = []
         for v in values:
             try:
-                pa.array([v], arrow_type)
-                out.append(v)
+                parts.append(pa.array([v], arrow_type))
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-                out.append(None)
-        return pa.array(out, arrow_type)
+                parts.append(pa.nulls(1, arrow_type))
+        return pa.concat_arrays(parts)

@@ -17,6 +17,7 @@ import threading
 import pyarrow as pa
 
 from riverbed.engine import Engine, core
+from riverbed.spark import jsonbatch
 
 FIXED_COLUMNS = ("stream", "partition", "offset", "timestamp", "chunk_id")
 DEFAULT_BATCH_BYTES = 8 << 20      # body bytes per Arrow batch: ~80k rows of 100 B, a few ms of work
@@ -89,8 +90,12 @@ class BatchBuilder:
             cols += [out_body, props]
         else:
             # json and bson: by the one record format, so a record from any protocol loads as its columns
-            from riverbed.spark import amqp
-            cols += amqp.decode_documents(body, self.decode, [self.schema.field(f) for f in self.decoded_fields])
+            fields = [self.schema.field(f) for f in self.decoded_fields]
+            if self.decode == "json" and jsonbatch.supported(fields):
+                cols += jsonbatch.decode_json(value_offsets, data, body, fields)
+            else:
+                from riverbed.spark import amqp
+                cols += amqp.decode_documents(body, self.decode, fields)
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
 

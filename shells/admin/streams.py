@@ -164,7 +164,8 @@ def _none_if_negative(n):
 def local_list(path):
     engine = open_data_dir(path)
     try:
-        return [info_dict(engine, n) for n in engine.list_streams()]
+        from riverbed.shells.broker.internal import is_internal
+        return [info_dict(engine, n) for n in engine.list_streams() if not is_internal(n)]
     finally:
         engine.close()
 

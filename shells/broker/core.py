@@ -52,6 +52,7 @@ from riverbed.engine.errors import RiverbedError, StorageFull, StreamExists, Str
 from riverbed.engine.format import LEN_CHUNK_HEADER
 from riverbed.shells import auth as _auth
 from riverbed.shells.broker import limits as _limits
+from riverbed.shells.broker.internal import is_internal
 from riverbed.shells.broker import records as _records
 from riverbed.shells.broker.stats import BrokerStats
 
@@ -101,6 +102,7 @@ class Broker:
         self.clock = clock
         self.wall_clock = wall_clock or (lambda: int(time.time() * 1000))
         self.sessions = set()
+        self.readers = {}          # stream -> open Tails (tail.py): a cluster drops an idle observer copy
         self._closed = False
         self._offset_writes = {}   # (stream, reference) -> [in-flight count, waiting callbacks]
         self._seq_writes = {}      # (stream, publisher) -> [in-flight count, waiting callbacks]
@@ -255,7 +257,9 @@ class Broker:
         return bool(name) and self.engine.has_stream(name)
 
     def list_streams(self):
-        return self.engine.list_streams()
+        """The streams a client may see: every stream of this node but the server's own
+        (internal.py)."""
+        return [n for n in self.engine.list_streams() if not is_internal(n)]
 
     def stream_info(self, name):
         """Committed statistics (engine StreamInfo). Raises StreamNotFound, ChunkError."""
@@ -324,6 +328,39 @@ class Broker:
             cb(found)
             return
         self.cluster.forwarding.lookup(name, lambda placed, exc: cb(bool(placed)))
+
+    def needs_copy(self, name):
+        """Whether a reader of ``name`` here must first wait for :meth:`when_readable`: only in a cluster,
+        on a node that holds no copy of it (or a copy still catching up for its first reader). False on a
+        lone node and wherever a copy is there: the read goes on at once, no extra hop."""
+        cluster = self.cluster
+        if cluster is None or not name:
+            return False
+        if self.engine.has_stream(name):
+            return not cluster.observers.ready(name)
+        return name not in self._creating
+
+    def when_readable(self, name, cb):
+        """``cb(exc)`` on the loop once ``name`` can be read here: at once where :meth:`needs_copy` is
+        false; else after this node made a copy of it, followed its leader and caught up to the
+        committed offset (shells/cluster/remote_read.py: the node observes the stream, no vote), or with
+        StreamNotFound when the cluster has no such stream or no copy was ready within
+        ``--replication-timeout``. Readers then read the local copy, limited to the committed offset."""
+        if not self.needs_copy(name):
+            cb(None)
+            return
+        self.cluster.observers.observe(name, cb)
+
+    def catch_up(self, name, cb):
+        """``cb()`` on the loop once this node's copy of ``name`` holds what its leader has committed now
+        (read-your-writes for a one-shot read, e.g. a WebSocket resend, on a node that does not lead the
+        stream: a client that published through another node sees its write here). At once on a lone
+        node and on the leader; at most ``--replication-timeout`` later elsewhere."""
+        cluster = self.cluster
+        if cluster is None or cluster.check_write(name) is None or not self.engine.has_stream(name):
+            cb()
+            return
+        cluster.observers.catch_up(name, cb)
 
     def creating(self, name):
         """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""

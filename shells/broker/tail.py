@@ -80,6 +80,8 @@ class Tail:
         self._cancel_wait = None
         self._scheduled = False
         self.records = records
+        readers = broker.readers      # open tails per stream (an idle observer copy is dropped: remote_read.py)
+        readers[stream] = readers.get(stream, 0) + 1
 
     # ------------------------------------------------------------------------------- flow control
 
@@ -132,7 +134,14 @@ class Tail:
 
     def close(self):
         """Stop for good; idempotent."""
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            readers = self.broker.readers
+            left = readers.get(self.stream, 0) - 1
+            if left > 0:
+                readers[self.stream] = left
+            else:
+                readers.pop(self.stream, None)
         self._unwatch()
 
     def _unwatch(self):

@@ -19,7 +19,7 @@ Loop-thread only; the document writes happen on the engine's writer thread.
 
 import logging
 
-from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamNotFound
+from riverbed.engine.errors import InvalidArgument, PositionMoved, RiverbedError, StreamNotFound
 from riverbed.engine.predicate import MISSING, compile_predicate, from_mongo, get_path, split_path
 from riverbed.engine.record import to_bson_document
 from riverbed.shells.broker import MODE_CREDIT, Tail
@@ -81,8 +81,10 @@ class Projection:
         self.reference = POSITION_PREFIX + self.name
         self.tail = None
         self.applied = 0          # events applied since this process started (for tests and logs)
+        self.at = None            # the stored position the next step continues from (None: none stored)
 
-    def start(self, offset):
+    def start(self, offset, stored=None):
+        self.at = stored
         b = self.owner.broker
         self.tail = Tail(b, self.channel, offset, self._on_records, defer=b.post, on_gone=self._gone,
                          mode=MODE_CREDIT, credit=1, records=True)
@@ -119,7 +121,7 @@ class Projection:
     def _commit(self, ops, next_pos):
         docs, b = self.owner.docs, self.owner.broker
         try:
-            fut = docs.apply(ops, position=(self.channel, self.reference, next_pos))
+            fut = docs.apply(ops, position=(self.channel, self.reference, next_pos), after=self.at)
         except RiverbedError as e:
             self._one_by_one(ops, next_pos, e)
             return
@@ -127,10 +129,16 @@ class Projection:
         def done(res, exc):
             if exc is None:
                 self.applied += len(ops)
+                self.at = next_pos
                 if not self.tail.closed:
                     self.tail.grant(1)
             elif isinstance(exc, StreamNotFound):
                 self._gone(exc)
+            elif isinstance(exc, PositionMoved):
+                # another node ran this projection meanwhile (its channel's leadership moved): go on
+                # from the position it stored, never from ours
+                log.info("projection %r: %s; resuming from the stored position", self.name, exc)
+                self.owner.restart(self)
             else:
                 self._one_by_one(ops, next_pos, exc)
         b.then(fut, done)
@@ -176,25 +184,39 @@ class Projections:
         self.docs = docs
         self.running = {}
 
-    def runs_here(self):
-        """Whether projections run on this node: always on a lone node; on a cluster only where the
-        document changelog says (shells/cluster/docs.py: once per cluster)."""
+    def runs_here(self, channel):
+        """Whether a projection over ``channel`` runs on this node: always on a lone node; on a cluster
+        only on the node leading the channel, once it has applied the document changelog
+        (shells/cluster/docs.py: once per cluster)."""
         gate = getattr(self.broker, "transactions", None)
-        return gate is None or gate.runs_projections()
+        return gate is None or gate.runs_projection(channel)
 
     def follow_cluster(self):
-        """On a cluster, start and stop the projections as the changelog's leadership comes and goes;
-        else start them now (:meth:`load`)."""
+        """On a cluster, start and stop the projections as their channels' leadership comes and goes
+        (:meth:`sync` whenever the changelog says something changed); else start them now."""
         gate = getattr(self.broker, "transactions", None)
         if gate is None:
             self.load()
         else:
-            gate.on_projections(lambda on: self.load() if on else self.stop_all(), PROJECTIONS_COLLECTION)
+            gate.on_projections(lambda _on: self.sync(), PROJECTIONS_COLLECTION)
+
+    def sync(self):
+        """Stop the projections whose channel is no longer led here, start those that now are."""
+        for p in list(self.running.values()):
+            if not self.runs_here(p.channel):
+                p.stop()
+                self.running.pop(p.name, None)
+        self.load()
+
+    def restart(self, p):
+        """Start ``p`` again from its stored position (another runner moved it)."""
+        p.stop()
+        if self.running.get(p.name) is p:
+            del self.running[p.name]
+        self._start(p.definition)
 
     def load(self):
         """Start every stored projection from its stored position (after a restart)."""
-        if not self.runs_here():
-            return
         for name, d in self.docs.scan(PROJECTIONS_COLLECTION):
             try:
                 self._start(normalize_definition(d))
@@ -205,7 +227,7 @@ class Projections:
         return self.docs.get(PROJECTIONS_COLLECTION, name)
 
     def _start(self, d):
-        if d["name"] in self.running or not self.runs_here():
+        if d["name"] in self.running or not self.runs_here(d["channel"]):
             return
         if not self.broker.has_stream(d["channel"]):
             log.warning("projection %r waits for no one: channel %r does not exist", d["name"], d["channel"])
@@ -213,7 +235,7 @@ class Projections:
         p = Projection(self, d)
         pos = self.docs.position(p.channel, p.reference)
         self.running[p.name] = p
-        p.start(pos or 0)
+        p.start(pos or 0, pos)
         log.info("projection %r on %r -> %r from position %d", p.name, p.channel, p.binder, pos or 0)
 
     def create(self, d, cb):

@@ -480,7 +480,7 @@ class BsonSession(AdminCommands, SessionKernel):
 
     # ------------------------------------------------------------------------------ subscriptions
 
-    def _on_subscribe(self, f):
+    def _on_subscribe(self, f, copied=False):
         rid = f.get("rID")
         channel = f.get("channel")
 
@@ -511,6 +511,10 @@ class BsonSession(AdminCommands, SessionKernel):
         if self.shell.channel_pending(channel):
             # a PUB read before this frame is creating the channel: subscribe once it exists
             self.shell.ensure_channel(channel, self._later(lambda exc: self._on_subscribe(f)))
+            return
+        if not copied and self.broker.needs_copy(channel):
+            # a cluster node holding no copy: it makes one from the leader first (remote_read.py)
+            self.broker.when_readable(channel, self._later(lambda exc: self._on_subscribe(f, True)))
             return
         if not self.broker.has_stream(channel):
             return refuse(c.ERR_NO_SUCH_CHANNEL, f"no channel {channel!r}")

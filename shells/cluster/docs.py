@@ -34,10 +34,20 @@ How (the design this module implements):
   the other writer, planning again, meets the unique index and gets the protocol's own refusal (REAM
   ``PROJECTION NON SET``, a BSON RESPONSE with an errCode).
 * **Projections over a stream** (mewbase CREATEPROJECTION) run once per cluster, on the node that leads
-  the changelog (:meth:`DocLog.runs_projections`; it reads the channel from its own replica, committed
+  their channel (:meth:`DocLog.runs_projection`; it reads the channel from its own log, committed
   records only), and write through the changelog like any writer. They start there once that node has
   applied the committed changelog, from the positions the changelog carried (a projection's position
-  and its documents are one record), and stop on every other node.
+  and its documents are one record), stop on every other node, and move with the channel's leadership.
+  Two runners for a moment (the old leader's last step still in flight) change nothing twice: each step
+  is refused (PositionMoved) unless the stored position is still the one it continues from, and of two
+  steps planned against one state the second in the log conflicts and is planned again, so refused.
+* **Compaction** (compaction.py): the changelog's leader appends a snapshot of the applied documents
+  every ``--docs-snapshot-every`` records; once one is whole and committed, every node drops the head
+  of its copy before it, and a node whose copy starts after its applied position loads it.
+* **Read your writes.** A write is answered once this node has applied it, so the connection that
+  wrote it (one connection is one node) reads it on its next request. Another node answers from what
+  it has applied: usually within milliseconds on loopback, but a read there does not wait for the
+  writer's position (a client wanting that reads through the node it wrote through).
 
 Transactions of events (``broker.transact`` with ``ctx.append``: BSON COMMITTX over several channels) are
 not documents: they commit here, on a node that leads every stream they append to (else NotLeader, and
@@ -45,9 +55,7 @@ nothing is stored), and are acknowledged once a majority of each stream's member
 (``ClusterNode.hold``). The events of one channel in one transaction are one chunk when they fit in one,
 so all or nothing of them survives a failover.
 
-Limits: the changelog is never compacted (a node that joins replays it from its first record, so
-retention must not cut it); a read on a node other than the writer's sees the write once that node has
-applied it (tens of milliseconds on loopback; reads do not wait for other nodes); a node's document
+Limits: a node's document
 writes take turns (each is planned once the one before it is applied here: one replication round trip
 each); a version is per collection, so concurrent writes to one collection from several nodes plan
 again (slower under contention, never wrong); planning rolls an engine transaction back, which redoes
@@ -68,6 +76,7 @@ import bson
 from riverbed.engine.docstore import DocStore
 from riverbed.engine.dockeys import id_from_key, id_key
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.shells.cluster import compaction as _compaction
 from riverbed.shells.cluster.node import NotLeader, ReplicationTimeout
 
 log = logging.getLogger("riverbed.cluster.docs")
@@ -212,7 +221,7 @@ class DocLog:
     ``cluster.start()`` and before the listeners (it replaces ``broker.docs``); :meth:`start` runs the
     apply loop, ``await stop()`` ends it. Loop thread only."""
 
-    def __init__(self, broker, cluster):
+    def __init__(self, broker, cluster, snapshot_every=_compaction.DEFAULT_EVERY):
         self.broker = broker
         self.cluster = cluster
         self.engine = broker.engine
@@ -228,15 +237,19 @@ class DocLog:
         self._loop_thread = threading.get_ident()
         self._projection_hooks = []
         self._projections_on = False
+        self._led = frozenset()            # the streams this node led when the hooks were last told
         self._watched = set()              # collections whose writes the projection hooks hear of
         self._written = set()              # collections the last apply transaction wrote
         self._turn = None                  # the _Write of this node being planned, logged and applied
         self._queue = collections.deque()  # _Writes waiting for their turn, in the order they came
         self.stats = {"planned": 0, "conflicts": 0, "applied": 0}
+        self.compaction = _compaction.Compaction(snapshot_every)   # snapshots and the head's trimming
+        self._trims = []                   # bases whose head the last apply transaction may drop
 
     def start(self):
         doc = self.docs.get(STATE_COLLECTION, APPLIED_ID)
         self.applied = int(doc["next"]) if doc else 0
+        self.compaction.last_base = int(doc.get("snap", 0)) if doc else 0
         self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
 
@@ -444,12 +457,17 @@ class DocLog:
                 progressed = False
             self._check_projections()
             if progressed:
+                self._maybe_snapshot()
                 continue
             self._wake.clear()
             cancel = None
             try:
                 if self.engine.has_stream(CHANGELOG):
-                    cancel = self.broker.watch(CHANGELOG, self.applied, lambda exc: self._wake.set())
+                    # woken by the next record past what was read: while loading a snapshot that is
+                    # past the applied position (compaction.py), else the loop would spin
+                    scan = self.compaction.scan
+                    cancel = self.broker.watch(CHANGELOG, self.applied if scan is None else scan,
+                                               lambda exc: self._wake.set())
                 await asyncio.wait_for(self._wake.wait(), POLL)
             except asyncio.TimeoutError:
                 pass
@@ -463,6 +481,11 @@ class DocLog:
         if not self.engine.has_stream(CHANGELOG) or self.engine.read_limit(CHANGELOG) is None:
             # no limit yet (a restarted node before its role is known): its tail may not be committed
             return False
+        first = self.engine._current(CHANGELOG).first_chunk
+        if first > self.applied:
+            # this node's copy starts after what its documents reflect (a new node, a wiped data dir, a
+            # copy behind its leader's compaction): load a snapshot first (compaction.py)
+            return await self._load_some(first)
         batches, nxt = self.broker.read_records(CHANGELOG, self.applied, APPLY_BATCH)
         records = [(off, bytes(raw)) for b in batches for off, raw in b]
         if not records:
@@ -488,6 +511,12 @@ class DocLog:
                     outcomes.append((_token_of(raw), e1))
         self.applied = nxt
         self.stats["applied"] += len(records)
+        trims, self._trims = self._trims, []
+        for base in trims:
+            # every node drops the head of its own copy that a whole, committed snapshot covers
+            self.compaction.stats["trims"] += 1
+            self.broker.then(self.engine.trim_head(CHANGELOG, base),
+                             lambda res, exc: exc is None or log.warning("cluster: changelog trim: %s", exc))
         if self._projections_on and not self._watched.isdisjoint(self._written):
             self._tell_projections(True)     # a definition made through another node: start it here
         for token, out in outcomes:
@@ -497,7 +526,7 @@ class DocLog:
         return True
 
     def _mark(self, ctx, nxt):
-        self.docs.stage_put(ctx, STATE_COLLECTION, APPLIED_ID, {"next": nxt})
+        self.docs.stage_put(ctx, STATE_COLLECTION, APPLIED_ID, {"next": nxt, "snap": self.compaction.last_base})
 
     def _apply_records(self, ctx, records, nxt):
         """Writer thread: apply changelog ``records`` [(offset, BSON)] in order; ``[(token, outcome)]``."""
@@ -510,6 +539,12 @@ class DocLog:
                 rec = bson.decode(raw)
             except Exception:  # noqa: BLE001 - not a changelog record: nothing to apply
                 log.error("cluster: document changelog record %d is not BSON; skipped", off)
+                continue
+            if "snap" in rec:
+                # a snapshot (compaction.py): nothing to apply for a node that applied the log before it
+                base = self.compaction.note(rec)
+                if base is not None:
+                    self._trims.append(base)
                 continue
             token = rec.get("token")
             if any(self._version(ctx, name) != v for name, v in rec.get("reads") or ()):
@@ -533,6 +568,9 @@ class DocLog:
                 elif kind == OP_OFFSET:
                     if ctx.has_stream(op[1]):      # a node holding no copy of the channel has no position
                         ctx.store_offset(op[1], op[2], op[3])
+                    # kept among the documents too, so that a snapshot carries it
+                    docs._put_one(st, _compaction.POSITIONS_COLLECTION, _compaction.position_id(op[1], op[2]),
+                                  bson.encode({"s": op[1], "r": op[2], "o": op[3]}))
             for name in written:
                 docs.stage_put(ctx, VERSIONS_COLLECTION, name, {"v": off + 1})
             changed |= written
@@ -540,27 +578,123 @@ class DocLog:
         self._mark(ctx, nxt)
         return out
 
+    # ------------------------------------------------------------------------------ compaction
+
+    def _maybe_snapshot(self):
+        """On the changelog's leader, every ``snapshot_every`` applied records: append a snapshot of the
+        applied documents (compaction.py), in one append."""
+        comp = self.compaction
+        if not self.leads() or not comp.due(self.applied):
+            return
+        comp.taking = True
+
+        async def take():
+            try:
+                base, colls = await asyncio.to_thread(_compaction.read_state, self.docs, ())
+                token, records = _compaction.snapshot_records(base, colls, self.cluster.name)
+                log.info("cluster: taking document snapshot %s at changelog offset %d", token, base)
+                fut = asyncio.get_running_loop().create_future()
+                self.broker.append_records(CHANGELOG, records,
+                                           lambda res, exc: fut.done() or fut.set_result(exc))
+                exc = await fut
+                if exc is not None:
+                    raise exc
+                comp.stats["snapshots"] += 1
+                comp.last_base = max(comp.last_base, base)
+                log.info("cluster: document snapshot %s at changelog offset %d: %d collections, %d records",
+                         token, base, len(colls), len(records))
+            except Exception as e:  # noqa: BLE001 - the next due point tries again
+                log.warning("cluster: document snapshot failed: %s", e)
+            finally:
+                comp.taking = False
+        asyncio.get_running_loop().create_task(take())
+
+    async def _load_some(self, first):
+        """Read this node's copy from its first chunk to the first whole snapshot based at or after it,
+        loading its parts as they come; True while it made progress."""
+        comp = self.compaction
+        if comp.scan is None or comp.scan < first:
+            comp.scan, comp.loading = first, None
+            log.info("cluster: %s loads a document snapshot (applied %d, changelog copy from %d)",
+                     self.cluster.name, self.applied, first)
+        batches, nxt = self.broker.read_records(CHANGELOG, comp.scan, APPLY_BATCH)
+        records = [(off, bytes(raw)) for b in batches for off, raw in b]
+        if not records:
+            comp.scan = max(comp.scan, nxt)
+            return False
+        docs = self.docs
+        loaded = []
+
+        def load(ctx):
+            st = docs._state(ctx)
+            for _off, raw in records:
+                try:
+                    rec = bson.decode(raw)
+                except Exception:  # noqa: BLE001 - not a changelog record
+                    comp.loading = None
+                    continue
+                token, cur = rec.get("snap"), comp.loading
+                if token is None:
+                    comp.loading = None            # a snapshot cut short (no end): look for the next
+                elif "end" in rec:
+                    if cur is not None and cur[0] == token and cur[1] == rec["end"]:
+                        comp.last_base = max(comp.last_base, int(rec["base"]))
+                        self._mark(ctx, int(rec["base"]))
+                        loaded.append(int(rec["base"]))
+                        return
+                    comp.loading = None
+                elif rec.get("part") == 0 and int(rec["base"]) >= first:
+                    comp.loading = [token, 1]
+                    _compaction.load_part(docs, st, ctx, rec, True)
+                elif cur is not None and cur[0] == token and cur[1] == rec.get("part"):
+                    cur[1] += 1
+                    _compaction.load_part(docs, st, ctx, rec, False)
+                else:
+                    comp.loading = None
+        try:
+            await asyncio.wrap_future(self.engine.transact(load))
+        except RiverbedError as e:
+            log.error("cluster: loading a document snapshot failed (%s); starting the load again", e)
+            comp.scan, comp.loading = None, None
+            return False
+        if loaded:
+            self.applied = loaded[0]
+            comp.scan, comp.loading, comp.seen = None, None, None
+            comp.stats["loads"] += 1
+            log.info("cluster: %s loaded the document snapshot at changelog offset %d", self.cluster.name,
+                     self.applied)
+            if self._projections_on:
+                self._tell_projections(True)
+            return True
+        comp.scan = nxt
+        return True
+
     # ------------------------------------------------------------------------------ projections
 
     def leads(self):
         """Whether this node leads the changelog (it takes document writes without forwarding)."""
         return CHANGELOG in self.cluster.leading
 
-    def runs_projections(self):
-        """Whether stream projections run on this node now (what the :meth:`on_projections` hooks were
-        last told): it leads the changelog and had applied all of it that was committed."""
-        return self._projections_on
+    def runs_projection(self, channel):
+        """Whether a projection over stream ``channel`` runs on this node now: this node leads the
+        channel (it reads it from its own log, and a leadership change moves the projection with it) and
+        has applied all of the changelog that it knows committed (so it goes on from the position the
+        last runner logged)."""
+        return self._projections_on and channel in self._led
 
     def _projections_ready(self):
-        if not self.leads():
-            return False
+        if not self.engine.has_stream(CHANGELOG):
+            return True                 # no document written yet: no position to catch up with
         limit = self.engine.read_limit(CHANGELOG)
-        return limit is None or self.applied >= limit
+        if limit is None:
+            return self.leads()         # a restarted member does not know what is committed yet
+        return self.applied >= limit
 
     def on_projections(self, fn, definitions=None):
-        """``fn(True)`` when projections should start on this node, ``fn(False)`` when they should stop
-        (leadership of the changelog moved); called once now with the current answer, and with True
-        again while they run here whenever collection ``definitions`` (where they are defined) changes."""
+        """``fn(ready)`` whenever what :meth:`runs_projection` answers may have changed (this node caught
+        up with the changelog or fell behind, the streams it leads changed); called once now, and again
+        while it is caught up whenever collection ``definitions`` (where projections are defined)
+        changes."""
         self._projection_hooks.append(fn)
         if definitions is not None:
             self._watched.add(definitions)
@@ -568,10 +702,10 @@ class DocLog:
 
     def _check_projections(self):
         on = self._projections_ready()
-        if on == self._projections_on:
+        led = frozenset(self.cluster.leading) if on else frozenset()
+        if on == self._projections_on and led == self._led:
             return
-        self._projections_on = on
-        log.info("cluster: stream projections %s on %s", "start" if on else "stop", self.cluster.name)
+        self._projections_on, self._led = on, led
         self._tell_projections(on)
 
     def _tell_projections(self, on):

@@ -121,6 +121,20 @@ class Etcd:
         r = await self._call("/v3/kv/range", {"key": _b64(p), "range_end": _b64(_prefix_end(p))})
         return [KeyValue(kv) for kv in r.get("kvs") or ()]
 
+    async def get_prefixes(self, prefixes):
+        """``[[KeyValue, ...] per prefix]``: every key under each of ``prefixes``, read in ONE request (a
+        transaction of range reads, so one consistent revision): a poll of several directories costs one
+        HTTP round trip, not one per directory."""
+        ops = []
+        for prefix in prefixes:
+            p = prefix.encode() if isinstance(prefix, str) else prefix
+            ops.append({"request_range": {"key": _b64(p), "range_end": _b64(_prefix_end(p))}})
+        r = await self._call("/v3/kv/txn", {"success": ops})
+        answers = r.get("responses") or ()
+        if len(answers) != len(ops):
+            raise EtcdError(f"etcd answered {len(answers)} of {len(ops)} range reads")
+        return [[KeyValue(kv) for kv in (a.get("response_range") or {}).get("kvs") or ()] for a in answers]
+
     async def put(self, key, value, lease=0):
         """Set ``key`` to ``value`` (bytes, str, or anything else as JSON), attached to ``lease`` (an id;
         0: none, the key stays until deleted)."""

@@ -47,6 +47,7 @@ from riverbed.engine.errors import ChunkError, InvalidArgument, RiverbedError, S
 from riverbed.engine.layout import AppendResult
 from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.cluster import forward_wire as fw
+from riverbed.shells.cluster import read_wire
 from riverbed.shells.cluster import wire
 
 log = logging.getLogger("riverbed.cluster.forward")
@@ -81,6 +82,8 @@ class _Request:
             return fw.encode_append(rid, self.stream, publisher, ids, filters, num_entries, num_records, data)
         if self.kind == fw.FWD_SEQUENCE:
             return [fw.encode_sequence(rid, self.stream, self.args)]
+        if self.kind == read_wire.READ_COMMITTED:
+            return [read_wire.encode_committed(rid, self.stream)]
         reference, offset = self.args
         return [fw.encode_offset(rid, self.stream, reference, offset)]
 
@@ -204,6 +207,12 @@ class Forwarder:
         self._route(_Request(stream, fw.FWD_SEQUENCE, publisher, cb,
                              time.monotonic() + self.node.replication_timeout, retry_safe=True))
 
+    def committed(self, stream, cb):
+        """``cb(offset, exc)`` with the committed offset of ``stream`` as its leader has it now (read-your-
+        writes on a node that does not lead it: remote_read.py)."""
+        self._route(_Request(stream, read_wire.READ_COMMITTED, None, cb,
+                             time.monotonic() + self.node.replication_timeout, retry_safe=True))
+
     def placed(self, stream):
         """Whether etcd (as this node last read it) places ``stream`` on the cluster."""
         return stream in self.node.placements
@@ -289,6 +298,8 @@ class Forwarder:
                                forward=False)
         elif req.kind == fw.FWD_SEQUENCE:
             self.broker.query_publisher_sequence(req.stream, req.args, req.cb, forward=False)
+        elif req.kind == read_wire.READ_COMMITTED:
+            self.broker._post(req.cb, self.node.leading[req.stream].committed, None)
         else:
             reference, offset = req.args
             self.broker.store_offset(req.stream, reference, offset, lambda exc: req.cb(None, exc), forward=False)
@@ -305,7 +316,7 @@ class Forwarder:
             self._park(req)          # nothing stored there, or stored and deduplicated if sent again
             return
         if code == fw.CODE_OK:
-            if req.kind == fw.FWD_SEQUENCE:
+            if req.kind in (fw.FWD_SEQUENCE, read_wire.READ_COMMITTED):
                 res, exc = fw.u64_of(first), None
             else:
                 if req.kind == fw.FWD_APPEND and first >= 0:
@@ -338,6 +349,11 @@ class Forwarder:
                     self._serve_offset(writer, fw.decode_offset(payload))
                 elif kind == fw.FWD_SEQUENCE:
                     self._serve_sequence(writer, fw.decode_sequence(payload))
+                elif kind == read_wire.READ_COMMITTED:
+                    rid, stream = read_wire.decode_committed(payload)
+                    st = self.node.leading.get(stream)
+                    writer.write(self._not_leader(rid, stream) if st is None else
+                                 fw.encode_result(rid, fw.CODE_OK, fw.i64_of(st.committed), -1))
                 else:
                     raise wire.WireError(f"frame type {kind} on a forwarding connection")
         except (asyncio.IncompleteReadError, ConnectionError, OSError, wire.WireError) as e:

@@ -38,14 +38,17 @@ from riverbed.shells.cluster import membership, placement
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
+from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
-from riverbed.shells.cluster.superstreams import SuperStreams
+from riverbed.shells.cluster.sac import ClusterSac
+from riverbed.shells.cluster.superstreams import KEY_DIR as SUPERSTREAMS_DIR, SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
 POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
+PROGRESS_EVERY = 0.5       # lease TTLs between two progress reports that only move offsets forward
 
 
 class NotLeader(NotLeaderError):
@@ -83,6 +86,7 @@ class ClusterNode(ReplicationPlane):
         self.following = {}           # stream -> (leader node, epoch, task)
         self.max_epoch = {}           # stream -> highest epoch seen (chunks of older ones are refused)
         self.progress_sent = {}       # stream -> last progress value written
+        self.progress_at = {}         # stream -> monotonic time of that write
         self.detached = {}            # stream -> epoch whose leader this member lost
         self.watch = LeaderWatch()    # leaders found gone by a refused dial (failover.py)
         self._server = None
@@ -98,6 +102,8 @@ class ClusterNode(ReplicationPlane):
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
+        self.observers = Observers(self)   # streams copied here for readers, without being a member (remote_read.py)
+        self.sac = ClusterSac(self, POLL_MAX)     # single-active-consumer groups across the nodes (sac.py)
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -136,6 +142,7 @@ class ClusterNode(ReplicationPlane):
         for t in self._tasks:
             t.cancel()
         self.forwarding.close()
+        self.sac.close()
         for _, _, task in list(self.following.values()):
             task.cancel()
         for st in list(self.leading.values()):
@@ -209,13 +216,22 @@ class ClusterNode(ReplicationPlane):
             except Exception:
                 log.exception("cluster: control loop failed")
             self.forwarding.route_changed()
+            try:
+                self.sac.tick()
+            except Exception:
+                log.exception("cluster: single-active-consumer upkeep failed")
 
     # ------------------------------------------------------------------------------ etcd state
 
     async def _refresh(self):
         """Read nodes and placements from etcd and take the role each stream gives this node."""
+        # the four directories in one request (most of an idle node's CPU was these calls); the super
+        # stream definitions are read again by superstreams.refresh if this node changed one meanwhile
+        generation = self.superstreams.generation
+        node_kvs, stream_kvs, deleted_kvs, super_kvs = await self.etcd.get_prefixes(
+            [self.prefix + d for d in ("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR)])
         nodes = {}
-        for kv in await self.etcd.get_prefix(self.prefix + "nodes/"):
+        for kv in node_kvs:
             try:
                 reg = kv.json()
                 nodes[reg["name"]] = reg
@@ -223,14 +239,14 @@ class ClusterNode(ReplicationPlane):
                 continue
         self.nodes = nodes
         placements = {}
-        for kv in await self.etcd.get_prefix(self.prefix + "streams/"):
+        for kv in stream_kvs:
             try:
                 placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
             except (ValueError, KeyError):
                 continue
         before, self.placements = self.placements, placements
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
-                      for kv in await self.etcd.get_prefix(self.prefix + "deleted/")}
+                      for kv in deleted_kvs}
         # local streams no placement names: deleted on the cluster while this node was away (a
         # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
         # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
@@ -250,11 +266,15 @@ class ClusterNode(ReplicationPlane):
             if name in self._cluster_deleting:
                 continue
             if not membership.take_part(self, name, p):
+                if self.observers.observing(name):
+                    self.observers.follow(name, p)        # a copy for readers here: no vote, no progress
+                    continue
                 if self.engine.has_stream(name) or name in self.following or name in self.leading:
                     membership.drop_copy(self, name)      # taken off it (delete-replica)
                 continue
+            self.observers.became_member(name)
             await self._take_role(name, p, rev)
-        await self.superstreams.refresh()
+        await self.superstreams.refresh(super_kvs, generation)
         await self._report_progress()
 
     def _choose_members(self, name=None, leader=None):
@@ -377,9 +397,21 @@ class ClusterNode(ReplicationPlane):
             value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
                      "committed": st.committed if st is not None else (self.engine.read_limit(name) or 0),
                      "detached": self.detached.get(name)}
-            if self.progress_sent.get(name) != value:
+            sent = self.progress_sent.get(name)
+            if sent != value and not self._progress_can_wait(name, sent, value):
                 await self.etcd.put(f"{self.prefix}progress/{name}/{self.name}", value, lease=self.lease)
                 self.progress_sent[name] = value
+                self.progress_at[name] = time.monotonic()
+
+    def _progress_can_wait(self, name, sent, value):
+        """A report that only moves ``next``/``committed`` forward waits up to PROGRESS_EVERY lease TTLs
+        since the last one: under steady publishing every poll would write one (an etcd write and its
+        raft round per node and poll) while only the status command reads those fields; elections read
+        the ``detached`` reports, and a change of epoch or of ``detached`` is written at once."""
+        if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
+                or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
+            return False
+        return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
 
     async def _maybe_elect(self, name, p, rev):
         members = p["members"]
@@ -621,7 +653,7 @@ class ClusterNode(ReplicationPlane):
         return out
 
     def stream_roles(self):
-        """{stream: "leader" | "member"} of this node (for logs and the dashboard)."""
+        """{stream: "leader" | "member" | "observer"} of this node (for logs and the dashboard)."""
         out = {n: "leader" for n in self.leading}
-        out.update({n: "member" for n in self.following})
+        out.update({n: "observer" if self.observers.observing(n) else "member" for n in self.following})
         return out

@@ -13,17 +13,19 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
+import threading
 import time
 
 from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
-from riverbed.shells.cluster import forward_wire, membership, wire
+from riverbed.shells.cluster import forward_wire, membership, sac_wire, wire
 
 log = logging.getLogger("riverbed.cluster")
 
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
+ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
 
 
 class ReplicationTimeout(RiverbedError):
@@ -115,17 +117,24 @@ class ReplicationPlane:
             if kind == forward_wire.FWD_HELLO:
                 await self.forwarding.serve(reader, writer, payload)
                 return
+            if kind == sac_wire.SAC_HELLO:
+                await self.sac.serve(reader, writer, payload)       # single active consumer (sac.py)
+                return
             if kind != wire.HELLO:
                 return
             hello = wire.decode_hello(payload)
             name, node = hello["stream"], hello["node"]
             st = self.leading.get(name)
-            if st is None or (node not in st.members and node not in st.learners) or hello["epoch"] > st.epoch:
+            # an observer (remote_read.py) copies the log for its readers: served, never counted
+            if (st is None or (node not in st.members and node not in st.learners and not hello["observer"])
+                    or hello["epoch"] > st.epoch):
                 writer.write(wire.json_frame(wire.REFUSE, {"reason": f"{self.name} does not lead {name!r}"}))
                 await writer.drain()
                 st = None
                 return
             pos, last = hello["next"], hello["last"]
+            if not last:
+                pos = 0        # an empty copy holds nothing: it gets the log from wherever it starts here
             cut = self._divergence(name, pos, last)
             if cut is not None:
                 writer.write(wire.u64_frame(wire.TRUNCATE, cut))
@@ -138,37 +147,45 @@ class ReplicationPlane:
             st.connected[node] = st.connected.get(node, 0) + 1
             st.heard[node] = time.monotonic()
             connected = node
-            acks = asyncio.get_running_loop().create_task(self._read_acks(reader, st, node))
+            loop = asyncio.get_running_loop()
+            acks = loop.create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
             sent_commit, sent_at = -1, 0.0
-            sent_offsets = {}
+            sent_offsets, offsets_seen = {}, -1
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
                 chunks, seqs = self.engine.read_for_replica(name, pos)
                 for i, (chunk_id, raw) in enumerate(chunks):
                     if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
                         writer.write(wire.json_frame(wire.SEQS, seqs))
-                    writer.write(wire.frame(wire.CHUNK, raw))
+                    # header and chunk as two buffers: the chunk is not copied into a new frame
+                    writer.writelines((wire.head(wire.CHUNK, len(raw)), raw))
                     pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
                 if st.committed != sent_commit or time.monotonic() - sent_at >= self.ttl / 4:
                     # also a heartbeat: the member answers every COMMIT with an ACK, so a connection
                     # gone silent (a partition leaves it open) does not count as hearing from it
                     sent_commit, sent_at = st.committed, time.monotonic()
                     writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
-                offsets = self.engine.stored_offsets(name)
-                if offsets != sent_offsets:
-                    # consumer offsets reach the members too, so a consumer resumes after a failover
-                    writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
-                                                                if sent_offsets.get(k) != v}))
-                    sent_offsets = offsets
+                version = self.engine.offsets_version
+                if version != offsets_seen:
+                    # read only when a commit stored or deleted a consumer offset (of any stream): the
+                    # read was a transaction and a dict compare on every wake
+                    offsets_seen = version
+                    offsets = self.engine.stored_offsets(name)
+                    if offsets != sent_offsets:
+                        # consumer offsets reach the members too, so a consumer resumes after a failover
+                        writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                                    if sent_offsets.get(k) != v}))
+                        sent_offsets = offsets
                 await writer.drain()
                 if chunks and seqs is None:
                     await asyncio.sleep(0)
                     continue       # more to send at once
-                try:
-                    await asyncio.wait_for(ev.wait(), 0.2)
-                except asyncio.TimeoutError:
-                    pass
+                # woken by a poke or after 0.2 s (the heartbeat clock): a timer that sets the event
+                # costs less than wait_for's task and future on every wake
+                timer = loop.call_later(0.2, ev.set)
+                await ev.wait()
+                timer.cancel()
             acks.cancel()
         except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
             pass
@@ -184,10 +201,15 @@ class ReplicationPlane:
             writer.close()
 
     def _divergence(self, name, pos, last):
-        """None when the member's log is a prefix of this leader's, else the offset it must cut at."""
+        """None when the member's log is a prefix of this leader's, else the offset it must cut at
+        (wire.CUT_ALL when all of it ends before this log's first chunk: retention or the document
+        changelog's compaction removed what it would continue, so it starts again from here)."""
         if not last:
-            return None if pos == 0 else 0
+            return None
         chunk_id, epoch, crc = last
+        first = self.engine._current(name).first_chunk
+        if first >= 0 and chunk_id < first:
+            return wire.CUT_ALL
         got = self.engine.read_chunks(name, chunk_id, 1, limited=False)
         if got and got[0][0] == chunk_id:
             h = core.read_header(got[0][1])
@@ -239,25 +261,39 @@ class ReplicationPlane:
                 raw = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)[0][1]
                 h = core.read_header(raw)
                 last = [h[H_CHUNK_ID], h[H_EPOCH], h[H_CRC]]
-            writer.write(wire.json_frame(wire.HELLO, {"node": self.name, "stream": name, "epoch": epoch,
-                                                      "next": s.next_offset, "last": last}))
+            hello = {"node": self.name, "stream": name, "epoch": epoch, "next": s.next_offset, "last": last}
+            if self.observers.observing(name):
+                hello["observer"] = True
+            writer.write(wire.json_frame(wire.HELLO, hello))
             await writer.drain()
-            durable = [s.next_offset]       # the highest offset acknowledged on this connection
+            # the highest offset acknowledged on this connection, and when the last ACK went out
+            durable = [s.next_offset, 0.0]
+            start = [last is None]          # an empty copy starts at the first chunk its leader sends
             seqs = None
             held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
+            loop_thread = threading.get_ident()
+
+            def stored(res, exc, w=writer):
+                # runs once the batch is committed AND synced under the stream's fsync policy: on this
+                # thread when the engine committed inline (fsync=never, writer idle), so the ACK goes
+                # out at once, with no hop through the loop's wake-up pipe; else on the writer thread
+                if threading.get_ident() == loop_thread:
+                    if exc is None:
+                        self._ack(w, res, durable)
+                    else:
+                        w.close()
+                elif exc is None:
+                    if not w.is_closing():
+                        loop.call_soon_threadsafe(self._ack, w, res, durable)
+                else:
+                    loop.call_soon_threadsafe(w.close)
             while True:
                 kind, payload = await wire.read_frame(reader)
                 if kind == wire.CHUNK:
-                    h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunk below
+                    h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks below
                     if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
                         # a leader of an older epoch than one this member has seen: refused
                         raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
-
-                    def stored(res, exc, w=writer):
-                        if exc is None and not w.is_closing():
-                            loop.call_soon_threadsafe(self._ack, w, res, durable)
-                        elif exc is not None:
-                            loop.call_soon_threadsafe(w.close)
                     if seqs is None and held_bytes + len(payload) <= MAX_UNSEQUENCED:
                         # held until the publisher sequences that cover it arrive (SEQS comes with the last
                         # chunk of a batch that reaches the leader's log end): a member whose leader dies
@@ -266,11 +302,13 @@ class ReplicationPlane:
                         held.append(payload)
                         held_bytes += len(payload)
                         continue
-                    # ChunkError (a bad CRC, a gap) drops the connection; the member then asks again
-                    for raw in held:
-                        self.engine.replicate_chunk(name, raw, on_done=stored)
+                    # the held chunks and this one in ONE transaction (one commit, one sync, one ACK), the
+                    # sequences with them; a ChunkError (a bad CRC, a gap) stores none of them and drops
+                    # the connection; the member then asks again
+                    held.append(payload)
+                    self.engine.replicate_chunks(name, held, sequences=seqs, start=start[0], on_done=stored)
+                    start[0] = False
                     held, held_bytes = [], 0
-                    self.engine.replicate_chunk(name, payload, sequences=seqs, on_done=stored)
                     seqs = None
                 elif kind == wire.SEQS:
                     seqs = wire.decode_seqs(payload)
@@ -278,10 +316,18 @@ class ReplicationPlane:
                     for ref, off in wire.decode_offsets(payload).items():
                         self.engine.store_offset(name, ref, off)
                 elif kind == wire.COMMIT:
-                    self.engine.set_read_limit(name, wire.u64(payload))
-                    self._ack(writer, durable[0], durable)     # the heartbeat's answer
+                    commit = wire.u64(payload)
+                    self.engine.set_read_limit(name, commit)
+                    self.observers.heard_commit(name, commit)
+                    if time.monotonic() - durable[1] >= ACK_QUIET:
+                        # the heartbeat's answer; a member that acknowledged a chunk a moment ago was
+                        # heard already (each publish moves the committed offset: answering every
+                        # COMMIT doubled the ACKs the leader reads)
+                        self._ack(writer, durable[0], durable)
                 elif kind == wire.TRUNCATE:
                     cut = wire.u64(payload)
+                    if cut == wire.CUT_ALL:
+                        cut = max(self.engine._current(name).first_chunk, 0)
                     log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
                              leader, epoch)
                     await asyncio.wrap_future(self.engine.truncate(name, cut))
@@ -294,5 +340,6 @@ class ReplicationPlane:
     @staticmethod
     def _ack(writer, offset, durable):
         durable[0] = max(durable[0], offset)
+        durable[1] = time.monotonic()
         if not writer.is_closing():
             writer.write(wire.u64_frame(wire.ACK, offset))

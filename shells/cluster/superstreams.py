@@ -38,6 +38,7 @@ class SuperStreams:
         self.node = node
         self.engine = node.engine
         self.dirty = set()         # names changed here whose write to etcd is pending
+        self.generation = 0        # raised by every local change and every end of its write to etcd
         self._lock = asyncio.Lock()
 
     def _key(self, name):
@@ -50,6 +51,7 @@ class SuperStreams:
         write the node's definition (or a tombstone when it is gone) to etcd. ``created``: the change
         made the super stream (then a live definition in etcd is left as it is)."""
         self.dirty.add(name)
+        self.generation += 1
         asyncio.get_running_loop().create_task(self._push(name, created))
 
     async def _push(self, name, created):
@@ -62,6 +64,7 @@ class SuperStreams:
             log.warning("cluster: cannot write super stream %s to etcd: %s", name, e)
         finally:
             self.dirty.discard(name)
+            self.generation += 1
 
     async def _write(self, name, created):
         d = self.engine.super_stream(name)
@@ -96,11 +99,16 @@ class SuperStreams:
 
     # ------------------------------------------------------------------------------------ poll
 
-    async def refresh(self):
-        """Apply etcd's definitions here; publish local ones etcd has never held. EtcdError when etcd
+    async def refresh(self, kvs=None, generation=None):
+        """Apply etcd's definitions here; publish local ones etcd has never held. ``kvs``: the keys under
+        KEY_DIR as the node's poll read them when :attr:`generation` was ``generation``; they are used
+        only if no local change began or ended since (else they may predate this node's own write, and
+        applying them would undo it): then, or without them, they are read here. EtcdError when etcd
         does not answer (the node's control loop logs it)."""
         held = {}
-        for kv in await self.node.etcd.get_prefix(self.node.prefix + KEY_DIR):
+        if kvs is None or generation != self.generation:
+            kvs = await self.node.etcd.get_prefix(self.node.prefix + KEY_DIR)
+        for kv in kvs:
             try:
                 v = kv.json()
                 held[v["name"]] = v

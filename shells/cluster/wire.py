@@ -2,7 +2,9 @@
 
 Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts type and payload)::
 
-    HELLO     member -> leader   JSON {"node", "stream", "epoch", "next", "last": [chunk id, epoch, crc] | null}
+    HELLO     member -> leader   JSON {"node", "stream", "epoch", "next", "last": [chunk id, epoch, crc] | null,
+                                 "observer": true when a node that is no member copies it for its readers
+                                 (remote_read.py; optional, default false)}
     CHUNK     leader -> member   one whole chunk as the leader stores it (header, bloom, data)
     SEQS      leader -> member   JSON {publisher: last id}: stored with the next CHUNK (dedup survives failover);
                                  before the last chunk of every batch that reaches the log end (the member
@@ -11,7 +13,8 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
                                  again every lease TTL / 4 as a heartbeat
     ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy; also
                                  the answer to every COMMIT, so the leader knows who still hears it
-    TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail)
+    TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail);
+                                 CUT_ALL: drop the whole copy (it ends before the leader's log starts)
     REFUSE    leader -> member   JSON {"reason"}: not (or no longer) the leader of that stream at that epoch
     OFFSETS   leader -> member   JSON {reference: offset}: consumer offsets (StoreOffset) that changed
 """
@@ -20,6 +23,7 @@ import json
 import struct
 
 HELLO, CHUNK, SEQS, COMMIT, ACK, TRUNCATE, REFUSE, OFFSETS = range(1, 9)
+CUT_ALL = (1 << 64) - 1    # TRUNCATE's offset for "every chunk you hold"
 LEN_FRAME_HEADER = 5
 MAX_FRAME = 256 << 20        # a chunk is at most the stream's chunk size; this bounds a hostile length
 _HEAD = struct.Struct(">IB")
@@ -32,6 +36,11 @@ class WireError(Exception):
 
 def frame(kind, payload=b""):
     return _HEAD.pack(len(payload) + 1, kind) + payload
+
+
+def head(kind, length):
+    """The header of a frame of type ``kind`` whose payload (sent after it) is ``length`` bytes."""
+    return _HEAD.pack(length + 1, kind)
 
 
 def json_frame(kind, obj):
@@ -109,15 +118,18 @@ def _text(obj, key):
 
 def decode_hello(payload):
     """HELLO as ``{"node": str, "stream": str, "epoch": int, "next": int, "last": None | [chunk id,
-    epoch, crc]}`` (integers 0..2**64-1). Raises WireError."""
+    epoch, crc], "observer": bool}`` (integers 0..2**64-1). Raises WireError."""
     obj = parse_json(payload)
     last = obj.get("last")
     if last is not None:
         if not isinstance(last, list) or len(last) != 3:
             raise WireError("'last' must be null or [chunk id, epoch, crc]")
         last = [_count({"last": v}, "last") for v in last]
+    observer = obj.get("observer", False)
+    if not isinstance(observer, bool):
+        raise WireError("'observer' must be true or false")
     return {"node": _text(obj, "node"), "stream": _text(obj, "stream"), "epoch": _count(obj, "epoch", 0),
-            "next": _count(obj, "next", 0), "last": last}
+            "next": _count(obj, "next", 0), "last": last, "observer": observer}
 
 
 def _counts_by_name(payload):

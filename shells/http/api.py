@@ -44,6 +44,7 @@ the streams that user may read (its ``read`` pattern). Errors are JSON ``{"error
     chunks (offset tracking) are skipped, so fewer than N may come back.
 """
 
+import asyncio
 import json
 
 from aiohttp import web
@@ -83,6 +84,23 @@ def _readable_stream(request, user):
     return name
 
 
+async def _up_to_date(request):
+    """On a cluster node: the path's stream copied here first when this node holds no copy, then up to
+    what its leader has committed (shells/cluster/remote_read.py), so that a stream's stats and records
+    answer on any node as on its leader. Nothing on a lone node."""
+    broker = request.app[BROKER]
+    if broker.cluster is None:
+        return
+    name = request.match_info["name"]
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    broker.when_readable(name, lambda exc: ready.done() or ready.set_result(None))
+    await ready
+    caught = loop.create_future()
+    broker.catch_up(name, lambda: caught.done() or caught.set_result(None))
+    await caught
+
+
 def _stream_filter(request, user):
     """The ``?stream=`` of the query (None when absent); 404 / 403 as for a path's stream."""
     name = request.query.get("stream")
@@ -110,6 +128,7 @@ async def list_streams(request):
 @routes.get("/api/streams/{name}")
 async def get_stream(request):
     user = await require_user(request)
+    await _up_to_date(request)
     name = _readable_stream(request, user)
     found = introspect.streams(request.app[BROKER], [name])
     if not found:
@@ -140,6 +159,7 @@ async def list_publishers(request):
 @routes.get("/api/streams/{name}/records")
 async def recent_records(request):
     user = await require_user(request)
+    await _up_to_date(request)
     name = _readable_stream(request, user)
     raw_last = request.query.get("last", str(LAST_DEFAULT))
     try:

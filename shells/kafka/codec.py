@@ -211,6 +211,15 @@ def _read_bytes(r, flexible):
     return r.raw(n)
 
 
+def _read_records(r, flexible):
+    # a Produce's record batches: a view of the request frame, not a copy (the frame is never changed)
+    n = r.uvarint() - 1 if flexible else r.i32()
+    if n < 0:
+        return None
+    p = r._take(n)
+    return memoryview(r.buf)[p:p + n]
+
+
 def _skip_tags(r):
     for _ in range(r.uvarint()):
         r.uvarint()
@@ -230,7 +239,9 @@ def _read_value(r, f, typ, v, flexible):
         return fn(r)
     if typ == "string":
         return _read_string(r, flexible, f.nullable(v))
-    if typ in ("bytes", "records"):
+    if typ == "records":
+        return _read_records(r, flexible)
+    if typ == "bytes":
         b = _read_bytes(r, flexible)
         if b is None and typ == "bytes" and not f.nullable(v):
             raise DecodeError("null in non-nullable bytes")
@@ -329,7 +340,23 @@ def _w_bytes(out, b, flexible):
         out += b"\x00" if flexible else b"\xff\xff\xff\xff"
         return
     out += uvarint(len(b) + 1) if flexible else _I32.pack(len(b))
+    if type(out) is _Parts and len(b) >= SPLICE_MIN:
+        out.splices.append((len(out), b))       # sent as it is, after what is written so far
+        return
     out += b
+
+
+SPLICE_MIN = 64 << 10       # bytes values at least this long are not copied into an answer (encode_response_parts)
+
+
+class _Parts(bytearray):
+    """An answer being encoded, and the long values to send between its pieces: ``(position, value)``."""
+
+    __slots__ = ("splices",)
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.splices = []
 
 
 _NOT_NULL = {"string": "", "bytes": b"", "int8": 0, "int16": 0, "int32": 0, "int64": 0, "uint16": 0, "bool": False,
@@ -442,15 +469,34 @@ def decode_request(api_key, version, frame, pos):
 def encode_response(api_key, version, correlation_id, body):
     """One whole response frame (size included) for ``body`` (a dict) at ``version``. ApiVersions
     responses keep header v0 at every version (clients read them before they know the versions)."""
+    return b"".join(encode_response_parts(api_key, version, correlation_id, body))
+
+
+def encode_response_parts(api_key, version, correlation_id, body):
+    """:func:`encode_response` as a list of bytes-like pieces to send in order (one ``writelines``):
+    a bytes or bytearray value of at least ``SPLICE_MIN`` bytes in ``body`` (a Fetch answer's records)
+    is one piece itself, never copied. The values must not change until the pieces are sent."""
     _, _, res, _ = MESSAGES[api_key]
     flexible = is_flexible(api_key, version)
-    out = bytearray(8)
+    out = _Parts(8)
     _I32.pack_into(out, 4, correlation_id)
     if flexible and api_key != API_API_VERSIONS:
         out += b"\x00"
     encode_struct(res, body, version, flexible, out)
-    _I32.pack_into(out, 0, len(out) - 4)
-    return bytes(out)
+    splices = out.splices
+    if not splices:
+        _I32.pack_into(out, 0, len(out) - 4)
+        return [out]
+    _I32.pack_into(out, 0, len(out) - 4 + sum(len(b) for _, b in splices))
+    mv = memoryview(out)
+    parts = []
+    at = 0
+    for pos, b in splices:
+        parts.append(mv[at:pos])
+        parts.append(b)
+        at = pos
+    parts.append(mv[at:])
+    return parts
 
 
 def encode_request(api_key, version, correlation_id, client_id, body):

@@ -22,11 +22,12 @@ import logging
 import struct
 
 from riverbed.engine import OffsetSpec, PublishingIds
-from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import ChunkError, InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.broker.core import NotLeaderError
+from riverbed.shells.broker.records import chunk_span
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.kafka import codec as C
@@ -83,18 +84,27 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     # ------------------------------------------------------------------------------- the kernel's hooks
 
     def _received(self, data):
-        self._buf += data
+        # input already buffered, or this read's bytes themselves (immutable): either way the frames
+        # are views of a buffer that is never changed again, so a Produce's records are not copied
+        buf = self._buf
+        if buf:
+            buf += data
+        elif type(data) is bytes:
+            buf = data
+        else:
+            buf = bytearray(data)
         try:
-            frames, used = C.split_frames(self._buf, self.limits.max_frame_size)
+            frames, used = C.split_frames(buf, self.limits.max_frame_size)
         except C.FrameTooLarge as e:
             _limits.reject(LISTENER, _limits.REASON_FRAME_SIZE, str(e), self.peer)
             self._fatal(f"bad frame: {e}")
             return
         if not frames:
+            if buf is not self._buf:
+                self._buf = bytearray(buf)
             return
-        # the frames are views of the buffer: copy the ones kept, then drop them from the buffer
-        frames = [bytes(f) for f in frames]
-        del self._buf[:used]
+        # a fresh buffer for what follows: the views keep this one as it is
+        self._buf = bytearray(memoryview(buf)[used:]) if used < len(buf) else bytearray()
         for f in frames:
             self._request(f)
             if self.state >= State.CLOSING:
@@ -166,10 +176,11 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     def _answer(self, slot, api_key, version, corr, body):
         if self.state >= State.CLOSED:
             return
-        slot.data = C.encode_response(api_key, version, corr, body)
+        slot.data = C.encode_response_parts(api_key, version, corr, body)
         slots = self._slots
         while slots and slots[0].data is not None:
-            self._send(slots.popleft().data)
+            for part in slots.popleft().data:
+                self._send(part)
         self._flush()
         if self._read_paused:
             self._update_reading()
@@ -636,40 +647,43 @@ class _Fetch:
 
 
 def _read_batches(broker, stream, offset, limit):
-    """Record batches v2 from ``offset``: one per stored chunk, stopped once ``limit`` bytes are reached
-    (the first batch is always whole). A chunk of another kind (offset tracking) becomes an empty batch
-    over its offsets, so a consumer moves past it."""
-    out = []
-    size = 0
+    """Record batches v2 from ``offset``, one per stored chunk, written one after the other into one
+    bytearray (no object per record: :func:`riverbed.shells.wire.kafka_chunk_batch`), stopped once
+    ``limit`` bytes are reached (the first batch is always whole). The log's own chunks (offset
+    tracking) become an empty batch over their offsets, so a consumer moves past them."""
+    out = bytearray()
     pos = offset
-    while size < limit:
+    chunk_batch = wire.kafka_chunk_batch
+    while len(out) < limit:
         try:
-            batches, nxt = broker.read_records(stream, pos, READ_CHUNKS)
+            chunks = broker.read_chunks(stream, pos, READ_CHUNKS)
         except (StreamNotFound, RiverbedError):
             break
-        if nxt == pos:
-            break
-        for rb in batches:
-            if rb.start > pos:      # offsets of the log's own chunks (tracking): an empty batch over them
-                batch = _empty_batch(pos, rb.start - 1)
-                out.append(batch)
-                size += len(batch)
-            pos = rb.next_offset
-            # one pass over the chunk's records (wire.kafka_batch: compiled, or its pure twin)
-            batch = wire.kafka_batch(rb.raws, rb.start - rb.chunk_id, rb.start, rb.chunk_timestamp, R.from_stored)
-            if batch is None:
-                continue
-            out.append(batch)
-            size += len(batch)
-            if size >= limit:
-                break
-        else:
+        was = pos
+        for chunk_id, raw in chunks:
+            user, taken, chunk_ts = chunk_span(raw)     # read_chunks checked the header
+            nxt = chunk_id + taken
+            if nxt <= pos or not user:
+                continue            # the log's own chunks: covered by the gap before the next batch
+            start = max(pos, chunk_id)
+            if start > pos:         # an empty batch over the offsets of the log's own chunks before it
+                out += _empty_batch(pos, start - 1)
+            try:
+                chunk_batch(raw, start - chunk_id, start, chunk_ts, out, R.from_stored)
+            except ChunkError as e:
+                log.error("cannot read the records of chunk %d of %r: %s", chunk_id, stream, e)
+            pos = nxt
+            if len(out) >= limit:
+                return out
+        if chunks:
+            last_id, last_raw = chunks[-1]
+            nxt = last_id + chunk_span(last_raw)[1]
             if nxt > pos:           # the read ended on chunks of the log's own
-                batch = _empty_batch(pos, nxt - 1)
-                out.append(batch)
-                size += len(batch)
+                out += _empty_batch(pos, nxt - 1)
                 pos = nxt
-    return b"".join(out)
+        if pos == was:
+            break
+    return out
 
 
 def _sequence_ids(seqs):
@@ -677,7 +691,7 @@ def _sequence_ids(seqs):
     PublishingIds: packed once, first, last and whether they rise, so the writer's duplicate check costs
     nothing per record unless a batch is a retry."""
     seqs = [s for s in seqs if s[1]]
-    raw = b"".join(struct.pack(f">{n}Q", *range(base, base + n)) for base, n in seqs)
+    raw = wire.kafka_sequence_ids(seqs)
     increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
     last_base, last_n = seqs[-1]
     return PublishingIds(raw, seqs[0][0], last_base + last_n - 1, increasing)

@@ -108,7 +108,9 @@ class EventRequests:
             self._flush()
             if info is not None:
                 self._start_tail(sub)
-        self.broker.resolve_after_writes(stream, OffsetSpec.next(), resolved)
+        # a cluster node holding no copy makes one from the leader first (remote_read.py); else at once
+        self.broker.when_readable(stream, lambda exc: self.broker.resolve_after_writes(stream, OffsetSpec.next(),
+                                                                                        resolved))
 
     def _start_tail(self, sub):
         stream = sub.stream

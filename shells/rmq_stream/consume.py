@@ -15,6 +15,7 @@ import struct
 from riverbed.engine import core
 from riverbed.engine.errors import ChunkError, RiverbedError, StreamNotFound
 from riverbed.shells.broker import READ
+from riverbed.shells.broker import sac as sac_groups
 from riverbed.shells.broker.subscription import Subscription as BrokerSubscription
 from riverbed.shells.rmq_stream.codec import (
     _CREDIT, DecodeError, Reader, decode_offset_spec, deliver_parts, encode_consumer_update,
@@ -59,6 +60,21 @@ class Subscription(BrokerSubscription):
     def offset(self):
         return self.tail.offset
 
+    # as a member of a single-active-consumer group (shells/broker/sac.py, shells/cluster/sac.py)
+
+    def sac_activate(self):
+        self.session.sac_activate(self)
+
+    def sac_step_down(self):
+        self.session.sac_step_down(self)
+
+    def sac_state(self):
+        """This member's state for its group's coordinator: ACTIVE while activating or delivering,
+        STEPPING_DOWN while its step-down is unanswered, else WAITING."""
+        if self.sac in (SAC_ACTIVATING, SAC_ACTIVE):
+            return sac_groups.ACTIVE
+        return sac_groups.STEPPING_DOWN if self.sac == SAC_STEPPING_DOWN else sac_groups.WAITING
+
 
 def _truthy(v):
     return v is not None and v.strip().lower() == "true"
@@ -80,7 +96,7 @@ class ConsumeCommands:
 
     # ------------------------------------------------------------------------------------ subscribe
 
-    def _on_subscribe(self, f, version):
+    def _on_subscribe(self, f, version, copied=False):
         r = Reader(f)
         corr = r.u32()
         sub_id = r.u8()
@@ -91,6 +107,11 @@ class ConsumeCommands:
         r.done()
         if sub_id in self.subscriptions:
             self._respond(CMD_SUBSCRIBE, corr, RC_SUBSCRIPTION_ID_ALREADY_EXISTS)
+            return
+        if not copied and self.broker.needs_copy(stream):
+            # a cluster node holding no copy: it makes one from the leader first (remote_read.py)
+            f = bytes(f)
+            self.broker.when_readable(stream, self._later(lambda exc: self._on_subscribe(f, version, True)))
             return
         if not self.broker.has_stream(stream):
             self._respond(CMD_SUBSCRIBE, corr, RC_STREAM_DOES_NOT_EXIST)

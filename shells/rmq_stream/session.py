@@ -63,6 +63,7 @@ import logging
 from riverbed.engine.errors import FrameTooLarge, StreamNotFound
 from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ
+from riverbed.shells.broker.internal import is_internal
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, commands
 from riverbed.shells.rmq_stream.codec import (
@@ -496,11 +497,14 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         streams = r.strings()
         r.done()
         host, port = self._advertised()
-        has = self.broker.has_stream
+        visible = self.broker.has_stream
+        # the server's own streams (broker/internal.py) are answered as not existing
+        has = lambda name: visible(name) and not is_internal(name)   # noqa: E731
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
-            # a cluster member: each stream's leader and replicas with their advertised addresses
-            brokers, entries = cluster.rmq_metadata(streams, has, (host, port))
+            # a cluster member: each stream's leader and replicas with their advertised addresses, also
+            # for a stream this node holds no copy of (a client routes itself to its members)
+            brokers, entries = cluster.rmq_metadata(streams, self.broker.has_stream_anywhere, (host, port))
             self._send(encode_metadata_response(corr, brokers, entries))
             return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])

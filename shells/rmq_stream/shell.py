@@ -1,14 +1,12 @@
 """What the RabbitMQ Stream connections of one listener share beyond the broker layer: the settings
 offered in Tune and Open, the server properties, and single-active-consumer groups.
 
-Single active consumer: a group is (stream, name). On a plain stream the first member (in arrival
-order) is active until it leaves. On a partition of a super stream (the subscription names it in
-``super-stream``), the active member is members[partition index mod N], as RabbitMQ spreads partitions
-over the instances of an application: when a join or leave moves that choice, the current active member
-is first told to step down (ConsumerUpdate inactive) and the new one is activated only after the old one
-has answered, so two members are never active at once. A group lives exactly as long as its members
-and its stream: a deleted stream takes its groups along, so a re-created stream of the same name starts
-with none.
+Single active consumer: a group is (stream, name), decided in the broker layer
+(:mod:`riverbed.shells.broker.sac`: first registered is active; on a super stream partition, named in the
+subscription's ``super-stream``, members[partition index mod N], with step-down before activation). A
+group lives exactly as long as its members and its stream: a deleted stream takes its groups along, so a
+re-created stream of the same name starts with none. In a cluster the group is one per stream across the
+nodes, decided by the stream's leader (:mod:`riverbed.shells.cluster.sac`).
 """
 
 import logging
@@ -16,6 +14,7 @@ import platform
 
 from riverbed.engine import OffsetSpec
 from riverbed.engine.errors import InvalidArgument
+from riverbed.shells.broker.sac import SacGroups as BrokerSacGroups
 from riverbed.shells.rmq_stream.constants import (
     AUTH_FAILURE_DELAY, DEFAULT_FRAME_MAX, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_HEARTBEAT, OFFSET_TYPE_FIRST,
     OFFSET_TYPE_LAST, OFFSET_TYPE_NEXT, OFFSET_TYPE_OFFSET, OFFSET_TYPE_TIMESTAMP, PRODUCT, RABBITMQ_VERSION,
@@ -93,73 +92,33 @@ class RmqShell:
         return build(value)
 
 
-class _SacGroup:
-    __slots__ = ("members", "active", "stepping_down", "partition_index")
-
-    def __init__(self, partition_index):
-        self.members = []            # [(session, subscription)] in arrival order
-        self.active = None           # the member delivering (or being activated)
-        self.stepping_down = None    # the member told to step down, until it answers
-        self.partition_index = partition_index   # -1: not a super stream partition
-
-
 class SacGroups:
-    """Single-active-consumer groups of one listener (see the module docstring)."""
+    """Single-active-consumer groups of one listener's connections, decided by the broker layer's
+    :class:`~riverbed.shells.broker.sac.SacGroups` (members are this shell's subscriptions). In a cluster
+    (``broker.cluster``) a group spans the nodes: the registration goes to the cluster's
+    :class:`~riverbed.shells.cluster.sac.ClusterSac`, which has the stream's leader decide."""
 
     def __init__(self, broker):
         self.broker = broker
-        self._groups = {}            # (stream, name) -> _SacGroup
-        broker.on_stream_deleted(self._forget_stream)
+        self.local = BrokerSacGroups()
+        broker.on_stream_deleted(self.local.forget_stream)
 
-    def _forget_stream(self, stream):
-        for key in [k for k in self._groups if k[0] == stream]:
-            del self._groups[key]
+    def _groups(self):
+        cluster_sac = getattr(self.broker.cluster, "sac", None)
+        return self.local if cluster_sac is None else cluster_sac
 
     def register(self, stream, name, session, sub, super_stream=None):
         """Join the group ``(stream, name)``; the chosen member gets ``session.sac_activate(sub)``."""
-        group = self._groups.get((stream, name))
-        if group is None:
-            index = -1
-            parts = self.broker.partitions(super_stream) if super_stream else None
-            if parts and stream in parts:
-                index = parts.index(stream)
-            group = self._groups[(stream, name)] = _SacGroup(index)
-        group.members.append((session, sub))
-        self._rebalance(group)
+        index = -1
+        parts = self.broker.partitions(super_stream) if super_stream else None
+        if parts and stream in parts:
+            index = parts.index(stream)
+        self._groups().register(stream, name, sub, index)
 
     def unregister(self, stream, name, session, sub):
         """Leave the group; a new active member is chosen when needed."""
-        key = (stream, name)
-        group = self._groups.get(key)
-        if group is None:
-            return
-        group.members = [m for m in group.members if m[1] is not sub]
-        if group.active is not None and group.active[1] is sub:
-            group.active = None
-        if group.stepping_down is not None and group.stepping_down[1] is sub:
-            group.stepping_down = None
-        if not group.members:
-            del self._groups[key]
-            return
-        self._rebalance(group)
+        self._groups().unregister(stream, name, sub)
 
     def stepped_down(self, stream, name, session, sub):
         """The member told to step down has answered: activate the member that should now be active."""
-        group = self._groups.get((stream, name))
-        if group is not None and group.stepping_down is not None and group.stepping_down[1] is sub:
-            group.stepping_down = None
-            self._rebalance(group)
-
-    def _rebalance(self, group):
-        if not group.members or group.stepping_down is not None:
-            return
-        if group.partition_index >= 0:
-            want = group.members[group.partition_index % len(group.members)]
-        else:
-            want = group.active if group.active is not None else group.members[0]
-        if group.active is None:
-            group.active = want
-            want[0].sac_activate(want[1])
-        elif group.active[1] is not want[1]:
-            group.stepping_down, group.active = group.active, None
-            group.stepping_down[0].sac_step_down(group.stepping_down[1])
+        self._groups().stepped_down(stream, name, sub)

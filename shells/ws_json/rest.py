@@ -192,12 +192,21 @@ class RestApi:
         if not self.broker.allowed(user, what, stream):
             raise RestError(401 if user is None else 403, text)
 
-    def _partition(self, request):
+    async def _partition(self, request):
         user = self._user(request)
         stream = request.match_info["id"]
         p = int(request.match_info["p"])
         self._check(user, READ, stream, f"Not authorized to read stream {stream} and partition {p}")
         logs = log_streams(self.broker, stream)
+        if 0 <= p < len(logs) and self.broker.cluster is not None:
+            # a cluster node: a copy made here first when it holds none (remote_read.py), then up to what
+            # the leader has committed (read-your-writes across nodes); a lone node goes on at once
+            ready = self.loop.create_future()
+            self.broker.when_readable(logs[p], lambda exc: ready.done() or ready.set_result(None))
+            await ready
+            caught = self.loop.create_future()
+            self.broker.catch_up(logs[p], lambda: caught.done() or caught.set_result(None))
+            await caught
         if p < 0 or p >= len(logs) or not self.broker.has_stream(logs[p]):
             raise RestError(404, f"Stream {stream} not found." if 0 <= p < len(logs) else
                             f"Stream {stream} has no partition {p}.")
@@ -230,7 +239,7 @@ class RestApi:
         return out
 
     async def _last(self, request):
-        stream, p, log_stream = self._partition(request)
+        stream, p, log_stream = await self._partition(request)
         count = int_param(request, "count", 1)
         if count < 1:
             raise RestError(400, "count must be at least 1")
@@ -242,7 +251,7 @@ class RestApi:
         return _json_response(200, "[" + ",".join(msgs) + "]")
 
     async def _range(self, request):
-        stream, p, log_stream = self._partition(request)
+        stream, p, log_stream = await self._partition(request)
         q = request.query
         nxt = self.broker.resolve(log_stream, OffsetSpec.next())
         first = self.broker.resolve(log_stream, OffsetSpec.first())

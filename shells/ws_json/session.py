@@ -239,7 +239,11 @@ class ResendJob:
         self.done = False
 
     def start(self):
-        self.session.shell.broker.resolve_after_writes(self.log_stream, OffsetSpec.next(), self._bounds)
+        broker = self.session.shell.broker
+        # on a cluster node that does not lead the stream, first up to what its leader has committed
+        # (read-your-writes across nodes); at once elsewhere
+        broker.catch_up(self.log_stream, lambda: broker.resolve_after_writes(self.log_stream, OffsetSpec.next(),
+                                                                             self._bounds))
 
     def _bounds(self, next_offset, exc):
         if exc is not None:
@@ -431,6 +435,11 @@ class WsSession(SessionKernel):
             # at the next record, so it never gets back what was published before it subscribed
             self.broker.ensure_stream(log_stream, lambda exc: self._subscribe_ready(stream, p, log_stream, exc))
             return
+        if self.broker.needs_copy(log_stream):
+            # a cluster node holding no copy: it makes one from the leader first (remote_read.py)
+            self.broker.when_readable(log_stream,
+                                      self._later(lambda exc: self._subscribe_copied(stream, p, log_stream)))
+            return
         if not self.broker.has_stream(log_stream):
             if len(logs) > 1:
                 raise RequestError(f"Stream {stream} not found.")
@@ -441,6 +450,16 @@ class WsSession(SessionKernel):
             self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
             return
         self._subscribe_ready(stream, p, log_stream, None)
+
+    def _subscribe_copied(self, stream, p, log_stream):
+        key = (stream, p)
+        if key in self.subscriptions or key in self.waiting:
+            return
+        if self.broker.has_stream(log_stream):
+            self._subscribe_ready(stream, p, log_stream, None)
+            return
+        self.waiting[key] = log_stream          # no copy could be made: it waits as for a missing stream
+        self.send_frame(codec.encode_frame(codec.TYPE_SUBSCRIBED, codec.stream_payload(stream, p)))
 
     def _subscribe_ready(self, stream, p, log_stream, exc):
         if self.state == State.CLOSED:
@@ -526,10 +545,15 @@ class WsSession(SessionKernel):
             return
         self._resend_start(stream, p, sub, variant)
 
-    def _resend_start(self, stream, p, sub, variant):
+    def _resend_start(self, stream, p, sub, variant, copied=False):
         if self.state == State.CLOSED:
             return
         logs = log_streams(self.broker, stream)
+        if not copied and variant is not None and p < len(logs) and self.broker.needs_copy(logs[p]):
+            # a cluster node holding no copy: it makes one from the leader first (remote_read.py)
+            self.broker.when_readable(logs[p], self._later(
+                lambda exc: self._resend_start(stream, p, sub, variant, True)))
+            return
         if variant is None or p >= len(logs) or not self.broker.has_stream(logs[p]):
             self.send_frame(codec.encode_frame(codec.TYPE_NO_RESEND, codec.stream_payload(stream, p, sub)))
             return

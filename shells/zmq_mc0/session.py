@@ -365,8 +365,36 @@ class McSession(SessionKernel):
         self.messages_in += 1
         if req.verb == VERB_PUT:
             self._on_put(req)
-        else:
+        elif req.verb != VERB_SUB or not self._copy_first(req):
             self.in_order_run(req)
+
+    def _copy_first(self, req):
+        """A SUB on a cluster node holding no copy of a topic's stream: the node makes the copies from
+        their leaders first (remote_read.py), and the SUB takes its turn once they are ready. False when
+        no copy is needed (the SUB runs as usual, at once)."""
+        names = []
+        for topic in req.body:
+            try:
+                name = codec.topic_name(topic)
+            except ValueError:
+                continue         # the SUB itself refuses it
+            if self.broker.needs_copy(name):
+                names.append(name)
+        if not names:
+            return False
+        entry = [False, lambda: self._run(req)]
+        self.queue.append(entry)
+        left = [len(names)]
+
+        def ready(exc):
+            left[0] -= 1
+            if left[0] == 0:
+                entry[0] = True
+                self.advance()
+        for name in names:
+            # not _later: the entry counts in this session's pending_ops until it has run
+            self.broker.when_readable(name, ready)
+        return True
 
     def in_order(self, fn):
         """Run ``fn()`` once every earlier request of this client has been answered."""

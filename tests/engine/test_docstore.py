@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from riverbed.engine import DocStore, Engine, InvalidArgument, RiverbedError, StreamNotFound, UniqueViolation
+from riverbed.engine.errors import PositionMoved
 from riverbed.engine.dockeys import STRING_CUT
 from riverbed.engine.predicate import (
     TRUE, And, Contains, Eq, Exists, Ge, Gt, In, Le, Lt, Ne, Nin, Not, Or, Regex, compile_predicate,
@@ -383,6 +384,20 @@ def test_apply_commits_documents_and_position_together(eng, ds):
             ds.apply(bad)
     with pytest.raises(InvalidArgument):
         ds.apply([], position=("events", "proj", -1))
+
+
+def test_apply_after_refuses_a_step_whose_position_moved(eng, ds):
+    """``after``: of two runners of one projection (a cluster moving it), the one continuing from an older
+    position changes nothing."""
+    eng.create_stream("events").result()
+    ds.apply([("put", "p", 1, {"v": 1})], position=("events", "proj", 5), after=None).result()
+    before = raw_state(eng)
+    for stale in (None, 4):
+        with pytest.raises(PositionMoved):
+            ds.apply([("put", "p", 1, {"v": 0})], position=("events", "proj", 9), after=stale).result()
+    assert raw_state(eng) == before and ds.get("p", 1) == {"v": 1}
+    ds.apply([("put", "p", 1, {"v": 2})], position=("events", "proj", 9), after=5).result()
+    assert ds.get("p", 1) == {"v": 2} and ds.position("events", "proj") == 9
     with pytest.raises(StreamNotFound):
         ds.position("nope", "proj")
 

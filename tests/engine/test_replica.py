@@ -104,3 +104,36 @@ def test_read_limit_hides_uncommitted_chunks(pair):
     a.set_read_limit("s", None)
     assert late.is_set()
     assert a.resolve("s", OffsetSpec.next()) == 4
+
+
+def test_a_batch_of_chunks_is_stored_in_one_commit_or_not_at_all(pair):
+    """replicate_chunks: every CRC checked, the ids checked against the log's end before anything is
+    staged, the sequences stored with the batch, one group commit for all of it."""
+    a, b = pair
+    for i in range(4):
+        a.append("s", [b"q%d" % i], publishing_ids=[i], publisher="p").result()
+    src, seqs = a.read_for_replica("s", 0)
+    raws = [raw for _, raw in src]
+    with pytest.raises(ChunkError):
+        b.replicate_chunks("s", [raws[0], raws[2]], sequences=seqs).result()   # a gap inside the batch
+    assert chunks(b) == [] and b.query_publisher_sequence("s", "p") == 0       # nothing of it stored
+    bad = bytearray(raws[3])
+    bad[-1] ^= 0xFF
+    with pytest.raises(ChunkError):
+        b.replicate_chunks("s", raws[:3] + [bytes(bad)], sequences=seqs)       # checked before queueing
+    assert chunks(b) == []
+    commits = b.stats.group_commits
+    assert b.replicate_chunks("s", raws, sequences=seqs).result() == 4
+    assert b.stats.group_commits == commits + 1
+    assert chunks(b) == chunks(a)
+    assert b.query_publisher_sequence("s", "p") == 3
+
+
+def test_offsets_version_rises_after_an_offset_commit(pair):
+    a, _ = pair
+    v = a.offsets_version
+    a.append("s", [b"o"]).result()
+    assert a.offsets_version == v                   # records alone: no consumer offset changed
+    a.store_offset("s", "c", 0).result()
+    assert a.offsets_version == v + 1
+    assert a.stored_offsets("s") == {"c": 0}

@@ -1,7 +1,8 @@
 """The cluster's replication port (shells/cluster/wire.py): its frame splitter, the asyncio frame reader
 the nodes use, and the decoder of every frame type on that port: the ``DECODERS`` of every
-``shells/cluster/*wire.py`` module (wire.py's replication frames and, where it exists, forward_wire.py's
-forwarding frames), found at import so that a module adding frames is fuzzed without editing this file.
+``shells/cluster/*wire.py`` module (wire.py's replication frames, forward_wire.py's forwarding frames,
+sac_wire.py's single-active-consumer frames), found at import so that a module adding frames is fuzzed
+without editing this file; a module's ``sample_frames()``, where it has one, adds seeds.
 
 Input: flag byte, then bytes as a peer would send them on the replication port. Without FLAG_PRELUDE
 they are split into frames (both by ``split_frames`` and by ``read_frame`` over a StreamReader fed in
@@ -127,6 +128,8 @@ class ReplicationTarget:
             wire.u64_frame(wire.TRUNCATE, 0),
             wire.json_frame(wire.REFUSE, {"reason": "n1 does not lead 'orders'"}),
             wire.json_frame(wire.OFFSETS, {"c1": 41}),
+            wire.json_frame(wire.HELLO, {"node": "n3", "stream": "orders", "epoch": 3, "next": 0, "last": None,
+                                         "observer": True}),
         ]
         out = [b"\x00" + s for s in seq]
         out.append(b"\x06" + b"".join(seq))                       # all of them, in four reads
@@ -150,7 +153,7 @@ def _other_seeds():
         if m is wire:
             continue
         enc = {name: getattr(m, name) for name in ("encode_hello", "encode_append", "encode_offset",
-                                                    "encode_sequence", "encode_result")
+                                                    "encode_sequence", "encode_result", "encode_committed")
                if callable(getattr(m, name, None))}
         try:
             if "encode_hello" in enc:
@@ -167,6 +170,10 @@ def _other_seeds():
                 out.append(bytes(enc["encode_sequence"](10, "orders", "p1")))
             if "encode_result" in enc:
                 out.append(bytes(enc["encode_result"](7, 0, 0, 1, [3], "ok")))
+            if "encode_committed" in enc:
+                out.append(bytes(enc["encode_committed"](11, "orders")))
         except TypeError:       # an encoder whose signature changed: its frames come from mutation only
             pass
+        if callable(getattr(m, "sample_frames", None)):     # a module that names its own examples
+            out += [bytes(f) for f in m.sample_frames()]
     return out

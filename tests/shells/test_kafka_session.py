@@ -421,3 +421,50 @@ def test_a_batch_of_more_records_than_a_chunk_header_counts_is_stored_whole_and_
             seen += [(b.base_offset + i, r[2]) for i, r in enumerate(b.records)]
         offset = seen[-1][0] + 1
     assert seen == [(i, b"%d" % i) for i in range(n)]
+
+
+def _fetched_batches(c, topic, offset, max_bytes=1 << 20):
+    res = c.call(C.API_FETCH, 12, {**fetch_body(topic, 0, offset), "max_bytes": max_bytes,
+                                   "topics": [{"topic": topic, "partitions": [{"partition": 0, "fetch_offset": offset,
+                                                                               "partition_max_bytes": max_bytes}]}]})
+    part = res["responses"][0]["partitions"][0]
+    data = bytes(part["records"] or b"")
+    out = []
+    pos = 0
+    while pos < len(data):          # batch by batch, empty ones too (decode_batches skips nothing)
+        (b,) = C.decode_batches(data[pos:pos + 12 + C._I32.unpack_from(data, pos + 8)[0]], 1 << 20)
+        out.append((b.base_offset, b.last_offset_delta, [r[2] for r in b.records]))
+        pos += 12 + C._I32.unpack_from(data, pos + 8)[0]
+    return part["high_watermark"], out
+
+
+def test_fetch_covers_the_logs_own_chunks_with_empty_batches(h):
+    # chunks of the log's own (offset tracking, as a RabbitMQ node writes them; here copied in as a
+    # cluster member copies its leader's) take offsets in the stream: a Kafka consumer gets an empty batch
+    # over them and goes on, whether they come before, between or after its records
+    from riverbed.engine import core
+    from riverbed.engine.format import CHUNK_TRACKING_DELTA
+    from riverbed.shells.kafka import records as R
+    c = h.connect()
+    create(c, "t", 1)
+
+    def own(at, n=1):
+        h.eng.replicate_chunk("t", core.build_chunk(b"", 0, n, 5, at, chunk_type=CHUNK_TRACKING_DELTA)).result(10)
+
+    def user(at, values):
+        h.eng.replicate_chunk("t", core.encode_chunk([R.to_stored(None, v, [], 1) for v in values], at, 5)).result(10)
+    own(0)
+    user(1, [b"a", b"b", b"c"])
+    own(4)
+    own(5, 2)
+    user(7, [b"d", b"e"])
+    own(9)
+    h.settle()
+    hw, batches = _fetched_batches(c, "t", 0)
+    assert hw == 10
+    assert batches == [(0, 0, []), (1, 2, [b"a", b"b", b"c"]), (4, 2, []), (7, 1, [b"d", b"e"]), (9, 0, [])]
+    assert _fetched_batches(c, "t", 2)[1] == [(2, 1, [b"b", b"c"]), (4, 2, []), (7, 1, [b"d", b"e"]), (9, 0, [])]
+    assert _fetched_batches(c, "t", 5)[1] == [(5, 1, []), (7, 1, [b"d", b"e"]), (9, 0, [])]
+    assert _fetched_batches(c, "t", 9)[1] == [(9, 0, [])]
+    # a small limit: the first batch whole, then nothing more
+    assert _fetched_batches(c, "t", 1, max_bytes=10)[1] == [(1, 2, [b"a", b"b", b"c"])]

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from riverbed.engine import core
-from riverbed.engine.errors import FrameError
+from riverbed.engine.errors import ChunkError, FrameError
 from riverbed.engine.record import CT_OCTET, encode_record, from_bson, from_json_text
 from riverbed.shells import _pywire, wire
 from riverbed.shells.kafka import codec as C
@@ -258,3 +258,87 @@ def test_fetch_twins_agree_on_mutated_records(data):
     a = _outcome(_wire.kafka_batch, raws, skip, 5, chunk_ts, R.from_stored)
     b = _outcome(_pywire.kafka_batch, raws, skip, 5, chunk_ts, R.from_stored)
     assert a == b
+
+
+# ---- Fetch from a stored chunk, into one buffer ------------------------------------------------------------
+
+def _chunk_forms(raws):
+    """The same records as the engine stores them: simple entries (with a bloom filter too), and a
+    sub-batch followed by simple entries (read through chunk_records)."""
+    simple = core.encode_chunk(raws, 40, 1_650_000_000_000)
+    bloom = core.build_chunk(core.encode_entries(raws), len(raws), len(raws), 1_650_000_000_000, 40,
+                             bloom=core.build_bloom([b"f"], True, 16))
+    k = min(4, len(raws))
+    mixed = core.build_chunk(core.encode_sub_batch(raws[:k]) + core.encode_entries(raws[k:]), 1 + len(raws) - k,
+                             len(raws), 1_650_000_000_000, 40)
+    return {"simple": simple, "bloom": bloom, "sub-batch": mixed}
+
+
+@pytest.mark.parametrize("form", ["simple", "bloom", "sub-batch"])
+@pytest.mark.parametrize("skip", [0, 3, 17, 99])
+def test_fetch_from_a_chunk_appends_what_kafka_batch_makes(wire_twin, form, skip):
+    raws = _stored_records()
+    chunk = _chunk_forms(raws)[form]
+    out = bytearray(b"before")
+    n = wire_twin.kafka_chunk_batch(chunk, skip, 40 + skip, 1_650_000_000_000, out, R.from_stored)
+    want = _expected_batch(raws, skip, 40 + skip, 1_650_000_000_000) or b""
+    assert n == len(want) and bytes(out) == b"before" + want
+    # a second chunk goes right after the first, in the same buffer
+    n2 = wire_twin.kafka_chunk_batch(chunk, 0, 80, 7, out, R.from_stored)
+    assert bytes(out) == b"before" + want + _expected_batch(raws, 0, 80, 7) and n2 > 0
+
+
+@needs_compiled
+def test_compiled_fetch_from_a_chunk_makes_no_object_per_record():
+    # the shells' layouts are read in place: from_stored is never called, for none of the records
+    from riverbed.shells import _wire
+    raws = [R.to_stored(k, v, h, ts) for ts, k, v, h in RECORDS] + [from_json_text('{"a":1}', 1234, {"pkey": "p"}),
+                                                                    b"\x01raw", b""]
+
+    def refuse(raw, ts):
+        raise AssertionError("handed over")
+    out = bytearray()
+    _wire.kafka_chunk_batch(core.encode_chunk(raws, 3, 9), 0, 3, 9, out, refuse)
+    assert bytes(out) == _expected_batch(raws, 0, 3, 9)
+
+
+def test_fetch_from_a_chunk_whose_entries_do_not_walk_is_a_chunk_error(wire_twin):
+    raws = [R.to_stored(None, b"v%d" % i, [], 5) for i in range(3)]
+    good = core.encode_chunk(raws, 0, 5)
+    for bad in (core.build_chunk(core.encode_entries(raws)[:-1], 3, 3, 5, 0),       # overruns the section
+                core.build_chunk(core.encode_entries(raws), 3, 4, 5, 0),            # header says 4 records
+                good[:-2]):                                                          # data cut short
+        out = bytearray(b"x")
+        with pytest.raises(ChunkError):
+            wire_twin.kafka_chunk_batch(bad, 0, 0, 5, out, R.from_stored)
+        assert out == b"x"
+
+
+@needs_compiled
+@PROPERTY
+@given(st.data())
+def test_fetch_from_a_chunk_twins_agree_on_mutated_chunks(data):
+    from riverbed.shells import _wire
+    raws = [data.draw(st.sampled_from(_stored_records())) for _ in range(data.draw(st.integers(1, 6)))]
+    chunk = bytearray(_chunk_forms(raws)[data.draw(st.sampled_from(["simple", "sub-batch"]))])
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(48, len(chunk) - 1))
+        chunk[at] = data.draw(st.integers(0, 255))
+    skip = data.draw(st.integers(0, len(raws)))
+    a, b = bytearray(b"a"), bytearray(b"a")
+    ra = _outcome(_wire.kafka_chunk_batch, bytes(chunk), skip, 3, 11, a, R.from_stored)
+    rb = _outcome(_pywire.kafka_chunk_batch, bytes(chunk), skip, 3, 11, b, R.from_stored)
+    assert ra == rb and a == b
+
+
+@pytest.mark.parametrize("seqs", [[], [(0, 3)], [(5, 2), (7, 0), (100, 3)], [((1 << 63) - 2, 2)]])
+def test_sequence_ids_are_each_batchs_run_as_big_endian_u64s(wire_twin, seqs):
+    want = b"".join(struct.pack(">Q", base + i) for base, n in seqs for i in range(n))
+    assert wire_twin.kafka_sequence_ids(seqs) == want
+
+
+def test_sequence_ids_past_int64_or_negative_are_refused(wire_twin):
+    with pytest.raises(OverflowError):
+        wire_twin.kafka_sequence_ids([((1 << 63) - 2, 3)])
+    with pytest.raises(ValueError):
+        wire_twin.kafka_sequence_ids([(-1, 1)])

@@ -14,7 +14,7 @@ import pytest
 
 import rawwire
 from procs import ServerProcess
-from rawwire import connect, frame, props, read_stream, s  # noqa: F401  (read_stream: cluster tests import it here)
+from rawwire import connect, entry_records, frame, props, read_stream, s  # noqa: F401  (older cluster tests import read_stream, entry_records from here)
 
 pytestmark = pytest.mark.integration
 

@@ -2,6 +2,7 @@
 a private etcd per test (etcdproc.py) and three ``riverbed serve`` nodes joined to it. Every process
 started here is stopped at teardown."""
 
+import contextlib
 import shutil
 
 import pytest
@@ -20,12 +21,20 @@ def etcd(tmp_path):
     proc.stop()
 
 
-@pytest.fixture
-def cluster3(tmp_path, etcd):
-    """etcd and three nodes (lease TTL 1 s), all stopped at teardown."""
-    c = Cluster(tmp_path, etcd)
+@contextlib.contextmanager
+def running_cluster(tmp_path, etcd, **kwargs):
+    """A started :class:`Cluster` (``kwargs`` as its constructor's: ``n``, ``lease_ttl``, ``extra``,
+    ``node_extra``) on ``etcd``; every node is stopped when the block ends, however it ends."""
+    c = Cluster(tmp_path, etcd, **kwargs)
     try:
         c.start()
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture
+def cluster3(tmp_path, etcd):
+    """etcd and three nodes (lease TTL 1 s), all stopped at teardown."""
+    with running_cluster(tmp_path, etcd) as c:
+        yield c

@@ -6,14 +6,13 @@ so that the final log can be checked whatever the stored form (BSON, JSON text, 
 import json
 import re
 import socket
-import struct
 import urllib.error
 import urllib.request
 
-import bson
 import zmq
 
 import rawwire
+from bsonwire import RawBson
 
 MARKER = re.compile(rb"(rmq|bson|zmq|ws|ream)-(\d+)")
 RMQ_BATCH = re.compile(rb"m-\d+")
@@ -55,42 +54,27 @@ class BsonPub:
     """BSON/TCP PUB with a request id: RESPONSE ok after the commit."""
 
     def __init__(self, port, stream, timeout=5.0):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.raw = RawBson(port, timeout=timeout)
         self.stream = stream
-        self.buf = b""
+        self.timeout = timeout
         self.rid = 0
-        self._send("CONNECT", {"version": "0.1"})
-        assert self._recv()["frame"]["ok"] is True
-
-    def _send(self, ftype, frame):
-        self.s.sendall(bson.encode({"type": ftype, "frame": frame}))
-
-    def _recv(self):
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack_from("<i", self.buf)[0]
-                if len(self.buf) >= n:
-                    doc, self.buf = self.buf[:n], self.buf[n:]
-                    return bson.decode(doc)
-            chunk = self.s.recv(1 << 16)
-            if not chunk:
-                raise ConnectionError("closed")
-            self.buf += chunk
 
     def publish(self, n):
         self.rid += 1
-        self._send("PUB", {"channel": self.stream, "event": {"m": "bson-%d" % n}, "rID": self.rid})
+        self.raw.send("PUB", {"channel": self.stream, "event": {"m": "bson-%d" % n}, "rID": self.rid})
         try:
             while True:
-                f = self._recv()["frame"]
+                f = self.raw.recv(self.timeout)["frame"]
                 if f.get("rID") == self.rid:
                     return bool(f.get("ok"))
+        except EOFError:
+            raise ConnectionError("closed") from None
         except socket.timeout:
-            self.s.close()
-            raise ConnectionError("no answer")
+            self.raw.close()
+            raise ConnectionError("no answer") from None
 
     def close(self):
-        self.s.close()
+        self.raw.close()
 
 
 class ZmqPub:

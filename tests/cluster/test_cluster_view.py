@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 import rawwire
+from chromium import browser, open_page  # noqa: F401  (browser: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -208,23 +209,7 @@ def test_api_cluster_on_a_lone_node(tmp_path):
 
 # ------------------------------------------------------------------------------------ the dashboard
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TIMEOUT_MS = 20_000
-
-
-@pytest.fixture
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (ci/ensure-chromium.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the test extra's playwright is not installed")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 @pytest.mark.slow
@@ -235,12 +220,8 @@ def test_dashboard_shows_the_cluster_and_a_paused_replicas_lag(tmp_path, etcd, b
         leader = create_placed(cluster)
         replicas = sorted(n for n in cluster.nodes if n != leader)
         viewer = cluster.nodes[replicas[1]]
-        ctx = browser.new_context(viewport={"width": 1280, "height": 1200})
-        page = ctx.new_page()
-        page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-                if m.type in ("error", "warning") else None)
-        page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-        page.goto(f"http://127.0.0.1:{viewer.ports['http']}/", wait_until="load")
+        ctx, page = open_page(browser, f"http://127.0.0.1:{viewer.ports['http']}/", problems, height=1200,
+                              failed_requests=False)
         page.wait_for_selector("#cluster-panel:not([hidden])", timeout=TIMEOUT_MS)
         # three nodes, all up, with their stream ports
         page.wait_for_function("() => document.querySelectorAll('#nodes tbody tr.up').length === 3",

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from clusterproc import Cluster
+from clusterfixtures import running_cluster
 
 from riverbed.shells.bson_tcp.client import BsonClient, BsonError
 
@@ -102,12 +102,8 @@ def leader_of(c, name, not_this=None):
 
 @pytest.fixture
 def docs3(tmp_path, etcd):
-    c = Cluster(tmp_path, etcd, extra=LISTENERS)
-    try:
-        c.start()
+    with running_cluster(tmp_path, etcd, extra=LISTENERS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def ream(c, node):

@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 
 import rawwire
-from clusterproc import Cluster
+from clusterfixtures import running_cluster
 from fwdclients import markers, publisher
 from test_replication import connect, leader_of, publish_batches, stream_of, wait_placed
-from test_rmq_dedup import read_stream
+from rawwire import read_stream
 
 pytestmark = pytest.mark.integration
 
@@ -32,12 +32,8 @@ ALL_LISTENERS = ("--bson-port", "0", "--zmq-port", "0", "--ws-port", "0", "--tex
 @pytest.fixture
 def cluster3all(tmp_path, etcd):
     """etcd and three nodes with every listener on (loopback, port 0)."""
-    c = Cluster(tmp_path, etcd, extra=ALL_LISTENERS)
-    try:
-        c.start()
+    with running_cluster(tmp_path, etcd, extra=ALL_LISTENERS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def forwarded_metric(srv, stream):

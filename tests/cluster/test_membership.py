@@ -39,7 +39,7 @@ def members(st, stream):
 
 
 def test_add_replica_copies_the_log_byte_identical_then_follows(cluster3):
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     n1, n2 = cluster3.nodes["n1"], cluster3.nodes["n2"]
     cl = connect(n1.port)
     # the nodes run --fsync never; this stream asks for fsync=always, on every member (its arguments
@@ -89,7 +89,7 @@ def test_add_replica_copies_the_log_byte_identical_then_follows(cluster3):
 
 
 def test_delete_replica_follower_then_leader_hands_over_last_member_stays(cluster3):
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     n1 = cluster3.nodes["n1"]
     cl = connect(n1.port)
     assert cl.create("trio", {"queue-leader-locator": "client-local"}) == rawwire.OK

@@ -27,7 +27,7 @@ from clusterproc import Cluster
 from etcdproc import EtcdProcess
 from fwdclients import publisher
 from test_replication import connect, stream_of, wait_placed
-from test_rmq_dedup import entry_records
+from rawwire import entry_records
 
 from riverbed.engine import core
 from riverbed.engine.format import H_CHUNK_ID, LEN_CHUNK_HEADER

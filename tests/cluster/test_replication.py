@@ -116,7 +116,7 @@ def leader_of(cluster, stream, not_this=None, timeout=15):
 
 def test_two_members_down_holds_confirms_then_one_back_resumes(tmp_path, etcd):
     from clusterproc import Cluster
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     c = Cluster(tmp_path, etcd, extra=("--replication-timeout", "2"))
     try:
         c.start()
@@ -176,7 +176,7 @@ def failover_round(c, stream, old, ref, next_id, confirmed):
 
 
 def test_kill_leader_new_leader_confirms_nothing_confirmed_lost(cluster3):
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     n1 = cluster3.nodes["n1"]
     cl = connect(n1.port)
     assert cl.create("pay") == rawwire.OK
@@ -280,7 +280,7 @@ def test_metadata_frame(cluster3):
 
 
 def test_sigstop_leader_rejoins_as_member_and_keeps_what_it_confirmed(cluster3):
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     n1 = cluster3.nodes["n1"]
     cl = connect(n1.port)
     assert cl.create("halt") == rawwire.OK
@@ -403,7 +403,7 @@ def test_partition_leader_from_both_members_minority_confirms_nothing(tmp_path, 
     them, which confirms; the old leader then follows it and drops what it never confirmed."""
     from clusterproc import Cluster
     from tcpproxy import CuttableProxy
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     proxy = CuttableProxy()
     c = Cluster(tmp_path, etcd, extra=("--replication-timeout", "3"),
                 node_extra={"n1": ("--advertised-replication-port", str(proxy.port))})
@@ -500,7 +500,7 @@ def test_100k_messages_byte_identical_and_consumed_from_a_replica(cluster3):
 def test_etcd_restart_nothing_fails_over_committed_stays_readable(cluster3):
     """etcd stops: no failover happens, committed records stay readable, the leader stops confirming
     once its lease could have expired; etcd returns: the stream has a leader and confirms again."""
-    from test_rmq_dedup import read_stream
+    from rawwire import read_stream
     n1 = cluster3.nodes["n1"]
     cl = connect(n1.port)
     assert cl.create("calm") == rawwire.OK

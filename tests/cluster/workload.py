@@ -20,15 +20,9 @@ import threading
 import time
 
 import rawwire
-from rawwire import frame, props, s
+from rawwire import KEY_CREDIT, KEY_DELIVER, KEY_SUBSCRIBE, delivered_chunk, frame, props, s
 
-KEY_SUBSCRIBE = 0x07
-KEY_DELIVER = 0x08
-KEY_CREDIT = 0x09
-OFFSET_FIRST, OFFSET_AT = 1, 4
-LEN_CHUNK_HEADER = 48
-POS_CHUNK_FIRST_OFFSET = 24      # in the chunk header: the offset of its first record
-POS_DATA_LEN = 36
+OFFSET_AT = 4
 
 
 def body_of(ref, seq):
@@ -40,22 +34,8 @@ def parse_body(body):
     return ref.decode(), int(seq)
 
 
-def entry_records(data):
-    """The records of a chunk's data section (simple entries; rawwire publishes no sub-batches)."""
-    out, pos = [], 0
-    while pos < len(data):
-        (n,) = struct.unpack_from(">I", data, pos)
-        out.append(bytes(data[pos + 4:pos + 4 + n]))
-        pos += 4 + n
-    return out
-
-
 def connect(port, host="127.0.0.1", timeout=3.0):
-    c = rawwire.RawClient(port, host=host, timeout=timeout)
-    if c.handshake() != rawwire.OK:
-        c.close()
-        raise ConnectionError("handshake refused")
-    return c
+    return rawwire.connect(port, host=host, timeout=timeout)
 
 
 class Leaders:
@@ -227,9 +207,8 @@ class Consumer(threading.Thread):
             key, _, body = f
             if key != KEY_DELIVER or body[0] != 0:
                 continue
-            first = struct.unpack_from(">Q", body, 1 + POS_CHUNK_FIRST_OFFSET)[0]
-            data_len = struct.unpack_from(">I", body, 1 + POS_DATA_LEN)[0]
-            for k, rec in enumerate(entry_records(body[1 + LEN_CHUNK_HEADER:1 + LEN_CHUNK_HEADER + data_len])):
+            first, records = delivered_chunk(body)
+            for k, rec in enumerate(records):
                 if first + k >= self.next_offset:
                     self.seen.append((first + k, rec))
                     self.next_offset = first + k + 1
@@ -241,28 +220,7 @@ def read_log(port, stream, settle=0.5, timeout=30.0, client=None):
     as a list indexed by offset. ``client``: a connected, authenticated RawClient to use instead."""
     c = client or connect(port, timeout=5.0)
     try:
-        code, _ = c.request(KEY_SUBSCRIBE, struct.pack(">B", 0) + s(stream) + struct.pack(">HH", OFFSET_FIRST, 10)
-                            + props({}))
-        assert code == rawwire.OK
-        log = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if c.pushed:
-                f = c.pushed.pop(0)
-            else:
-                try:
-                    f = c.recv_frame(settle)
-                except socket.timeout:
-                    return log
-            assert f is not None, "the node closed the reading connection"
-            key, _, body = f
-            if key == KEY_DELIVER and body[0] == 0:
-                first = struct.unpack_from(">Q", body, 1 + POS_CHUNK_FIRST_OFFSET)[0]
-                assert first == len(log), f"chunk at {first} after {len(log)} records"
-                data_len = struct.unpack_from(">I", body, 1 + POS_DATA_LEN)[0]
-                log.extend(entry_records(body[1 + LEN_CHUNK_HEADER:1 + LEN_CHUNK_HEADER + data_len]))
-                c.send(frame(KEY_CREDIT, struct.pack(">BH", 0, 1)))
-        raise AssertionError(f"{stream!r} still delivering after {timeout} s")
+        return c.read_from_first(stream, settle, timeout)
     finally:
         c.close()
 

@@ -31,7 +31,9 @@ class ServerProcess:
         self._ready = threading.Event()
         self._reader = None
 
-    def start(self, timeout=20):
+    def start(self, timeout=60):
+        # 60 s: under make test's parallel workers on a busy 2-core machine an interpreter start and the
+        # imports have taken over 20 s; a healthy server logs its ports in about one
         env = dict(os.environ)
         env.update(self.env or {})
         # every other listener off unless the test turns it on (the last flag given wins), so that servers

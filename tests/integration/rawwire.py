@@ -6,6 +6,15 @@ import struct
 import time
 
 OK = 0x01
+KEY_PUBLISH_CONFIRM = 0x03
+KEY_PUBLISH_ERROR = 0x04
+KEY_SUBSCRIBE = 0x07
+KEY_DELIVER = 0x08
+KEY_CREDIT = 0x09
+OFFSET_FIRST = 1
+LEN_CHUNK_HEADER = 48
+POS_CHUNK_FIRST_OFFSET = 24      # in the chunk header: the offset of its first record
+POS_DATA_LEN = 36
 
 
 def s(text):
@@ -112,18 +121,24 @@ class RawClient:
     def publish_confirmed(self, pid, messages, timeout=5.0):
         """Publish and wait for confirms (or errors) of every id; returns ({id}, {id: code})."""
         self.publish(pid, messages)
-        want = {i for i, _ in messages}
-        confirmed, errors = set(), {}
+        confirmed, errors = self.wait_confirms({i for i, _ in messages}, timeout)
+        return set(confirmed), errors
+
+    def wait_confirms(self, want, timeout=5.0):
+        """Read PublishConfirm and PublishError frames until every id in ``want`` has one; returns
+        ``([id] in the order confirmed, repeats kept, {id: code})``. Other frames go to ``pushed``.
+        Raises ConnectionError when the server closes, socket.timeout past ``timeout`` seconds."""
+        confirmed, errors = [], {}
         deadline = time.monotonic() + timeout
-        while want - confirmed - set(errors):
+        while set(want) - set(confirmed) - set(errors):
             f = self.recv_frame(max(0.01, deadline - time.monotonic()))
             if f is None:
                 raise ConnectionError("closed while waiting for confirms")
             k, _, body = f
-            if k == 0x03:
+            if k == KEY_PUBLISH_CONFIRM:
                 n = struct.unpack_from(">i", body, 1)[0]
-                confirmed.update(struct.unpack_from(">%dQ" % n, body, 5))
-            elif k == 0x04:
+                confirmed.extend(struct.unpack_from(">%dQ" % n, body, 5))
+            elif k == KEY_PUBLISH_ERROR:
                 n = struct.unpack_from(">i", body, 1)[0]
                 for j in range(n):
                     i, c = struct.unpack_from(">QH", body, 5 + 10 * j)
@@ -131,6 +146,32 @@ class RawClient:
             else:
                 self.pushed.append(f)
         return confirmed, errors
+
+    def read_from_first(self, stream, settle=0.5, timeout=10.0, sub_id=0):
+        """Every record of ``stream`` (subscription ``sub_id`` at FIRST, credit 10) until ``settle``
+        seconds pass without a chunk: the list indexed by offset (a chunk that does not start where the
+        last ended fails). A cluster node's readers stop at the committed offset."""
+        code, _ = self.request(KEY_SUBSCRIBE, struct.pack(">B", sub_id) + s(stream)
+                               + struct.pack(">HH", OFFSET_FIRST, 10) + props({}))
+        assert code == OK, f"Subscribe {stream!r}: code {code:#x}"
+        log = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.pushed:
+                f = self.pushed.pop(0)
+            else:
+                try:
+                    f = self.recv_frame(settle)
+                except socket.timeout:
+                    return log
+            assert f is not None, "the server closed the reading connection"
+            key, _, body = f
+            if key == KEY_DELIVER and body[0] == sub_id:
+                first, records = delivered_chunk(body)
+                assert first == len(log), f"chunk at {first} after {len(log)} records"
+                log.extend(records)
+                self.send(frame(KEY_CREDIT, struct.pack(">BH", sub_id, 1)))
+        raise AssertionError(f"{stream!r} still delivering after {timeout} s")
 
     def stream_stats(self, stream):
         code, rest = self.request(0x1C, s(stream))
@@ -166,3 +207,48 @@ class RawClient:
         except socket.timeout:
             return False
         return False
+
+
+def entry_records(data):
+    """The records of an Osiris data section (simple entries and uncompressed sub-batches)."""
+    out, pos = [], 0
+    while pos < len(data):
+        (n,) = struct.unpack_from(">I", data, pos)
+        if n & 0x80000000:
+            _, nrec, _, size = struct.unpack_from(">BHII", data, pos)
+            inner, q = data[pos + 11:pos + 11 + size], 0
+            for _ in range(nrec):
+                (m,) = struct.unpack_from(">I", inner, q)
+                out.append(bytes(inner[q + 4:q + 4 + m]))
+                q += 4 + m
+            pos += 11 + size
+        else:
+            out.append(bytes(data[pos + 4:pos + 4 + n]))
+            pos += 4 + n
+    return out
+
+
+def delivered_chunk(body):
+    """``(first offset, [record bytes])`` of a Deliver v1 body (subscription id, then the chunk)."""
+    first = struct.unpack_from(">Q", body, 1 + POS_CHUNK_FIRST_OFFSET)[0]
+    data_len = struct.unpack_from(">I", body, 1 + POS_DATA_LEN)[0]
+    return first, entry_records(body[1 + LEN_CHUNK_HEADER:1 + LEN_CHUNK_HEADER + data_len])
+
+
+def connect(port, host="127.0.0.1", timeout=5.0):
+    """A RawClient past the handshake as guest; raises ConnectionError if it is refused."""
+    c = RawClient(port, host=host, timeout=timeout)
+    if c.handshake() != OK:
+        c.close()
+        raise ConnectionError("handshake refused")
+    return c
+
+
+def read_stream(port, stream, settle=0.5, timeout=10.0):
+    """Every record stored in ``stream`` on the server at ``port``: RawClient.read_from_first on a
+    connection of its own."""
+    c = connect(port)
+    try:
+        return c.read_from_first(stream, settle, timeout)
+    finally:
+        c.close()

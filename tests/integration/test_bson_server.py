@@ -11,6 +11,7 @@ import bson
 import pytest
 from bson.int64 import Int64
 
+from bsonwire import RawBson as Raw
 from procs import ServerProcess
 from riverbed.shells.bson_tcp.client import BsonClient, BsonError
 
@@ -45,76 +46,6 @@ def fresh(prefix="ch"):
 
 
 # ------------------------------------------------------------------------------------- raw sockets
-
-class Raw:
-    """A raw socket speaking frames."""
-
-    def __init__(self, port, connect=True):
-        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.buf = b""
-        if connect:
-            self.send("CONNECT", {"version": "0.1"})
-            r = self.recv()
-            assert r == {"type": "RESPONSE", "frame": {"ok": True}}, r
-
-    def send(self, ftype, frame):
-        self.s.sendall(bson.encode({"type": ftype, "frame": frame}))
-
-    def sendraw(self, data):
-        self.s.sendall(data)
-
-    def recv(self, timeout=10):
-        self.s.settimeout(timeout)
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack_from("<i", self.buf)[0]
-                if len(self.buf) >= n:
-                    doc, self.buf = self.buf[:n], self.buf[n:]
-                    return bson.decode(doc)
-            chunk = self.s.recv(1 << 20)
-            if not chunk:
-                raise EOFError
-            self.buf += chunk
-
-    def recv_raw_len(self, timeout=10):
-        """(decoded frame, encoded length)."""
-        self.s.settimeout(timeout)
-        while True:
-            if len(self.buf) >= 4:
-                n = struct.unpack_from("<i", self.buf)[0]
-                if len(self.buf) >= n:
-                    doc, self.buf = self.buf[:n], self.buf[n:]
-                    return bson.decode(doc), n
-            chunk = self.s.recv(1 << 20)
-            if not chunk:
-                raise EOFError
-            self.buf += chunk
-
-    def closed(self, timeout=5):
-        """True when the server closed the connection (after any frames still queued)."""
-        self.s.settimeout(timeout)
-        try:
-            while True:
-                chunk = self.s.recv(65536)
-                if not chunk:
-                    return True
-                self.buf += chunk
-        except (ConnectionResetError, BrokenPipeError):
-            return True
-        except socket.timeout:
-            return False
-
-    def quiet(self, t=0.3):
-        """No frame within ``t`` seconds."""
-        try:
-            f = self.recv(t)
-        except socket.timeout:
-            return True
-        raise AssertionError(f"unexpected frame {f}")
-
-    def close(self):
-        self.s.close()
-
 
 # --------------------------------------------------------------------------------------- CONNECT
 

@@ -5,20 +5,17 @@ record count rises as records are published through rstream."""
 
 import asyncio
 import json
-import os
 import threading
 import uuid
 
 import pytest
 from rstream import Producer
 
+from chromium import browser, open_page  # noqa: F401  (browser: a fixture)
 from procs import ServerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CREDS = dict(username="guest", password="guest")
 TIMEOUT_MS = 15_000
 
@@ -60,29 +57,8 @@ def srv(tmp_path_factory):
     assert s.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed at {CHROMIUM} (ci/ensure-chromium.sh installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the test extra's playwright is not installed")
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-def open_page(browser, srv, problems):
-    ctx = browser.new_context(http_credentials=CREDS, viewport={"width": 1280, "height": 900})
-    page = ctx.new_page()
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} {r.failure}")
-            if not r.url.endswith("/api/events") else None)
-    page.goto(f"http://127.0.0.1:{srv.ports['http']}/", wait_until="load")
-    return ctx, page
+def open_dashboard(browser, srv, problems):
+    return open_page(browser, f"http://127.0.0.1:{srv.ports['http']}/", problems, credentials=CREDS)
 
 
 def records_cell(page, name):
@@ -91,7 +67,7 @@ def records_cell(page, name):
 
 def test_dashboard_shows_a_new_stream_and_its_count_rising(browser, srv):
     problems = []
-    ctx, page = open_page(browser, srv, problems)
+    ctx, page = open_dashboard(browser, srv, problems)
     try:
         page.wait_for_selector("#status.live", timeout=TIMEOUT_MS)
         name = f"dash-{uuid.uuid4().hex[:8]}"

@@ -8,36 +8,23 @@ filter values, sub-entry batches, super-stream partitions, after a restart (the 
 the sequence comes from LMDB) and after the stream is deleted and created again.
 """
 
-import socket
 import struct
-import time
 
 import pytest
 
 import rawwire
 from procs import ServerProcess
-from rawwire import frame, props, s
+from rawwire import connect, entry_records, frame, props, read_stream, s  # noqa: F401  (older cluster tests import read_stream, entry_records from here)
 
 pytestmark = pytest.mark.integration
 
 KEY_PUBLISH = 0x02
 KEY_QUERY_PUBLISHER_SEQUENCE = 0x05
-KEY_SUBSCRIBE = 0x07
-KEY_DELIVER = 0x08
-KEY_CREDIT = 0x09
 KEY_CREATE_SUPER_STREAM = 0x1D
 KEY_DELETE_SUPER_STREAM = 0x1E
-OFFSET_FIRST = 1
-LEN_CHUNK_HEADER = 48
 
 
 # ------------------------------------------------------------------------------------ raw helpers
-
-def connect(port):
-    c = rawwire.RawClient(port)
-    assert c.handshake() == rawwire.OK
-    return c
-
 
 def query_sequence(c, ref, stream):
     code, rest = c.request(KEY_QUERY_PUBLISHER_SEQUENCE, s(ref) + s(stream))
@@ -58,7 +45,7 @@ def publish_entries(c, pid, entries, timeout=5.0):
     """Publish v1 of ``[(publishing id, entry bytes)]`` and wait for a confirm or error of each id."""
     body = struct.pack(">Bi", pid, len(entries)) + b"".join(struct.pack(">Q", i) + e for i, e in entries)
     c.send(frame(KEY_PUBLISH, body))
-    return wait_confirms(c, {i for i, _ in entries}, timeout)
+    return c.wait_confirms({i for i, _ in entries}, timeout)
 
 
 def publish_v2(c, pid, messages, timeout=5.0):
@@ -66,74 +53,7 @@ def publish_v2(c, pid, messages, timeout=5.0):
     body = struct.pack(">Bi", pid, len(messages)) + b"".join(
         struct.pack(">Q", i) + s(fv) + simple(m) for i, fv, m in messages)
     c.send(frame(KEY_PUBLISH, body, version=2))
-    return wait_confirms(c, {i for i, _, _ in messages}, timeout)
-
-
-def wait_confirms(c, want, timeout):
-    confirmed, errors = [], {}
-    deadline = time.monotonic() + timeout
-    while set(want) - set(confirmed) - set(errors):
-        f = c.recv_frame(max(0.01, deadline - time.monotonic()))
-        assert f is not None, "the server closed the connection while confirms were due"
-        k, _, body = f
-        if k == 0x03:
-            n = struct.unpack_from(">i", body, 1)[0]
-            confirmed.extend(struct.unpack_from(">%dQ" % n, body, 5))
-        elif k == 0x04:
-            n = struct.unpack_from(">i", body, 1)[0]
-            for j in range(n):
-                i, code = struct.unpack_from(">QH", body, 5 + 10 * j)
-                errors[i] = code
-        else:
-            c.pushed.append(f)
-    return confirmed, errors
-
-
-def entry_records(data):
-    """The records of an Osiris data section (simple entries and uncompressed sub-batches)."""
-    out, pos = [], 0
-    while pos < len(data):
-        (n,) = struct.unpack_from(">I", data, pos)
-        if n & 0x80000000:
-            _, nrec, _, size = struct.unpack_from(">BHII", data, pos)
-            inner, q = data[pos + 11:pos + 11 + size], 0
-            for _ in range(nrec):
-                (m,) = struct.unpack_from(">I", inner, q)
-                out.append(bytes(inner[q + 4:q + 4 + m]))
-                q += 4 + m
-            pos += 11 + size
-        else:
-            out.append(bytes(data[pos + 4:pos + 4 + n]))
-            pos += 4 + n
-    return out
-
-
-def read_stream(port, stream, settle=0.5, timeout=10.0):
-    """Every record stored in ``stream``, read with Subscribe FIRST until ``settle`` s pass without one."""
-    c = connect(port)
-    try:
-        code, _ = c.request(KEY_SUBSCRIBE, struct.pack(">B", 0) + s(stream) + struct.pack(">HH", OFFSET_FIRST, 10)
-                            + props({}))
-        assert code == rawwire.OK
-        records = []
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if c.pushed:
-                f = c.pushed.pop(0)
-            else:
-                try:
-                    f = c.recv_frame(settle)
-                except socket.timeout:
-                    return records
-            assert f is not None
-            key, _, body = f
-            if key == KEY_DELIVER and body[0] == 0:
-                data_len = struct.unpack_from(">I", body, 1 + 36)[0]
-                records.extend(entry_records(body[1 + LEN_CHUNK_HEADER:1 + LEN_CHUNK_HEADER + data_len]))
-                c.send(frame(KEY_CREDIT, struct.pack(">BH", 0, 1)))
-        raise AssertionError(f"{stream!r} still delivering after {timeout} s")
-    finally:
-        c.close()
+    return c.wait_confirms({i for i, _, _ in messages}, timeout)
 
 
 @pytest.fixture

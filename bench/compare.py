@@ -62,7 +62,9 @@ import time
 
 from bench import _floors, _procs
 from bench._client import machine_stat
+from bench._cluster import NatsCluster, RiverbedCluster
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
+from bench._scaleup import RiverbedPair, scaleup_goal_lines
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
                               PEER_MEMORY_STREAMS, use_memory_streams, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W,
                               SAME_LOG, SCALEUP_WORKLOADS, W, spec)
@@ -432,10 +434,8 @@ def main(argv=None):
                if args.durable_list else None)
     # the cluster rows' brokers (bench._cluster), only when a cluster workload runs
     want_cluster = any(w in CLUSTER_WORKLOADS for w in args.workload_list)
-    from bench._cluster import NatsCluster, RiverbedCluster
     rb_cluster = RiverbedCluster(log=log) if want_cluster else None
     replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
-    from bench._scaleup import RiverbedPair, scaleup_goal_lines
     rb_pair = RiverbedPair(log=log) if any(w in SCALEUP_WORKLOADS for w in args.workload_list) else None
     started = []
     runs = []
@@ -590,28 +590,8 @@ def main(argv=None):
 
     meta["loadavg_end"] = os.getloadavg()
     up = [p for p in PEER_NAMES if p in peers]
-    rows = []
-    for wname in args.workload_list:
-        if W[wname].get("cluster"):
-            # one row on the single node, one on the cluster beside NATS R3
-            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
-                         "cols": {}})
-            cols = {p: (pw, PEER_W[pw]["server"]) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers}
-            rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
-                         "label": W[wname]["label"] + " [3 nodes, R3]"})
-            continue
-        if W[wname].get("scaleup"):
-            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
-                         "cols": {}})
-            rows.append({"workload": wname, "riverbed": RiverbedPair.name, "cols": {},
-                         "label": W[wname]["label"] + " [2 nodes]"})
-            continue
-        cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
-        cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
-        rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
-    for wname in args.durable_list:
-        rows.append(dict(rows[args.workload_list.index(wname)], riverbed=durable.name,
-                         label=f"{W[wname]['label']} [Riverbed fsync={args.durable_fsync}]"))
+    rows = table_layout(args.workload_list, args.durable_list, durable.name if durable else None,
+                        args.durable_fsync, peers)
     summary = summarise(runs, row_pairs(rows))
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
@@ -688,6 +668,37 @@ def main(argv=None):
               ("" if args.no_chart or not summary else f"   chart: {os.path.relpath(png_path)}"))
     return 1 if meta.get("interrupted") else 0
 
+
+
+def table_layout(workload_list, durable_list, durable_name, durable_fsync, peers):
+    """The table's rows, in order: ``{"workload", "riverbed" (the Riverbed broker's name), "label",
+    "cols" ({peer: (peer workload, peer broker)})}``. A cluster or scale-up workload has two rows (one
+    node, then the cluster); each durable workload gets one more row on the durable Riverbed, a copy of
+    its single-node row."""
+    rows = []
+    for wname in workload_list:
+        if W[wname].get("cluster"):
+            # one row on the single node, one on the cluster beside NATS R3
+            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+                         "cols": {}})
+            cols = {p: (pw, PEER_W[pw]["server"]) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers}
+            rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
+                         "label": W[wname]["label"] + " [3 nodes, R3]"})
+            continue
+        if W[wname].get("scaleup"):
+            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+                         "cols": {}})
+            rows.append({"workload": wname, "riverbed": RiverbedPair.name, "cols": {},
+                         "label": W[wname]["label"] + " [2 nodes]"})
+            continue
+        cols = {"rabbitmq": (wname, "rabbitmq")} if "rabbitmq" in peers and W[wname].get("rabbitmq", True) else {}
+        cols.update({p: (pw, p) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers})
+        rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"], "cols": cols})
+    for wname in durable_list if durable_name else ():
+        # the workload's own single-node row (not the list index: cluster rows come in pairs)
+        base = next(r for r in rows if r["workload"] == wname and r["riverbed"] == "riverbed")
+        rows.append(dict(base, riverbed=durable_name, label=f"{W[wname]['label']} [Riverbed fsync={durable_fsync}]"))
+    return rows
 
 def same_log_costs(summary):
     """The Kafka rows' server CPU per record beside the RabbitMQ Stream shell's on the same Riverbed

@@ -48,3 +48,16 @@ def test_goals_are_judged_against_the_floor_of_the_same_run():
     assert "MISSED" in got[("publish-rstream-raw", "server_us_per_msg", False, "append")]["text"]
     # a row that did not run is not judged
     assert not any(k[0] == "latency-rbfly" for k in got)
+
+
+def test_a_durable_row_copies_its_own_workloads_row_when_cluster_rows_come_first():
+    # cluster and scale-up workloads have two rows each: the durable row must still copy latency-rstream's
+    from bench.compare import table_layout
+    rows = table_layout(["scaleup-publish", "cluster-latency", "latency-rstream"], ["latency-rstream"],
+                        "riverbed-batch", "batch", peers={})
+    assert [(r["workload"], r["riverbed"]) for r in rows] == [
+        ("scaleup-publish", "riverbed"), ("scaleup-publish", "riverbed-pair"),
+        ("cluster-latency", "riverbed"), ("cluster-latency", "riverbed-cluster"),
+        ("latency-rstream", "riverbed"), ("latency-rstream", "riverbed-batch")]
+    assert rows[-1]["label"].endswith("[Riverbed fsync=batch]") and rows[-1]["label"].startswith("confirm latency")
+    assert table_layout(["latency-rstream"], ["latency-rstream"], None, "none", peers={})[-1]["riverbed"] == "riverbed"

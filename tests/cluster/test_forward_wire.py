@@ -9,13 +9,8 @@ import pytest
 from riverbed.engine import core
 from riverbed.engine.layout import PublishingIds
 from riverbed.shells.cluster import forward_wire as fw
-from riverbed.shells.cluster.wire import LEN_FRAME_HEADER, WireError
-
-
-def payload_of(frame_bytes):
-    length, kind = struct.unpack_from(">IB", frame_bytes)
-    assert len(frame_bytes) == 4 + length
-    return kind, frame_bytes[LEN_FRAME_HEADER:]
+from riverbed.shells.cluster.wire import WireError
+from wirecheck import mutations, payload_of
 
 
 def samples():
@@ -69,17 +64,8 @@ def test_mutated_frames_decode_or_raise_wire_error():
     rng = random.Random(23)
     for frame_bytes in samples():
         kind, p = payload_of(frame_bytes)
-        for _ in range(400):
-            b = bytearray(p)
-            for _ in range(rng.randint(1, 4)):
-                op = rng.random()
-                if op < 0.4 and b:
-                    b[rng.randrange(len(b))] = rng.randrange(256)
-                elif op < 0.7 and b:
-                    del b[rng.randrange(len(b)):]
-                else:
-                    b[rng.randrange(len(b) + 1):0] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 6)))
+        for mutant in mutations(p, rng):
             try:
-                fw.decode_frame(kind, bytes(b))
+                fw.decode_frame(kind, mutant)
             except WireError:
                 pass

@@ -10,12 +10,7 @@ import pytest
 from riverbed.shells.cluster import read_wire as rw
 from riverbed.shells.cluster import wire
 from riverbed.shells.cluster.wire import LEN_FRAME_HEADER, WireError
-
-
-def payload_of(frame_bytes):
-    length, kind = struct.unpack_from(">IB", frame_bytes)
-    assert len(frame_bytes) == 4 + length
-    return kind, frame_bytes[LEN_FRAME_HEADER:]
+from wirecheck import payload_of
 
 
 def test_committed_round_trip():

@@ -33,6 +33,21 @@ def running_cluster(tmp_path, etcd, **kwargs):
         c.stop()
 
 
+@contextlib.contextmanager
+def module_cluster(tmp_path_factory, name, **kwargs):
+    """A private etcd and a started :class:`Cluster` (``kwargs`` as for :func:`running_cluster`) for a whole
+    test module (a ``scope="module"`` fixture yields it); skips without etcd; everything stopped at the end."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
+    tmp = tmp_path_factory.mktemp(name)
+    proc = EtcdProcess(tmp / "etcd").start()
+    try:
+        with running_cluster(tmp, proc, **kwargs) as c:
+            yield c
+    finally:
+        proc.stop()
+
+
 @pytest.fixture
 def cluster3(tmp_path, etcd):
     """etcd and three nodes (lease TTL 1 s), all stopped at teardown."""

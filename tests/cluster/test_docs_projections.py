@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from clusterproc import Cluster
+from clusterfixtures import running_cluster
 from test_docstore import CHANGELOG, LISTENERS, Ream, bson_find, bson_query, eventually, leader_of, run, sized, stream_of
 
 from riverbed.shells.bson_tcp.client import BsonClient
@@ -24,12 +24,8 @@ STARTED = "projection 'views' on 'clicks'"
 
 @pytest.fixture
 def docs3(tmp_path, etcd):
-    c = Cluster(tmp_path, etcd, extra=LISTENERS)
-    try:
-        c.start()
+    with running_cluster(tmp_path, etcd, extra=LISTENERS) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def publish(c, node, events):

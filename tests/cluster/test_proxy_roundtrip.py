@@ -9,7 +9,6 @@ import asyncio
 import base64
 import json
 import re
-import shutil
 import socket
 import struct
 import subprocess
@@ -23,8 +22,7 @@ import pytest
 import zmq
 
 import rawwire
-from clusterproc import Cluster
-from etcdproc import EtcdProcess
+from clusterfixtures import module_cluster
 from fwdclients import publisher
 from test_replication import connect, stream_of, wait_placed
 from rawwire import entry_records
@@ -45,21 +43,12 @@ IDLE = 3.0          # seconds (RIVERBED_OBSERVER_IDLE_SECONDS of the nodes)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
-    tmp = tmp_path_factory.mktemp("proxy")
-    etcd = EtcdProcess(tmp / "etcd").start()
-    c = Cluster(tmp, etcd, extra=ALL_LISTENERS)
     with pytest.MonkeyPatch.context() as mp:
         # observer copies unread for this long are dropped (a new reader makes one again): short here, so
         # that the tests below also read through copies made again
         mp.setenv("RIVERBED_OBSERVER_IDLE_SECONDS", str(IDLE))
-        try:
-            c.start()
+        with module_cluster(tmp_path_factory, "proxy", extra=ALL_LISTENERS) as c:
             yield c
-        finally:
-            c.stop()
-            etcd.stop()
 
 
 def marker(text):

@@ -13,8 +13,7 @@ import time
 import pytest
 
 import rawwire
-from clusterproc import Cluster
-from etcdproc import EtcdProcess
+from clusterfixtures import module_cluster
 from test_replication import connect, leader_of, publish_batches, wait_placed
 
 pytestmark = pytest.mark.integration
@@ -27,18 +26,8 @@ LEASE_TTL = 1.0
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    import shutil
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed (ci/ensure-etcd.sh installs Debian's etcd-server)")
-    tmp = tmp_path_factory.mktemp("sac")
-    etcd = EtcdProcess(tmp / "etcd").start()
-    c = Cluster(tmp, etcd, lease_ttl=LEASE_TTL)
-    try:
-        c.start()
+    with module_cluster(tmp_path_factory, "sac", lease_ttl=LEASE_TTL) as c:
         yield c
-    finally:
-        c.stop()
-        etcd.stop()
 
 
 class SacConsumer:

@@ -117,12 +117,7 @@ class _Link:
     async def _run(self):
         writer = None
         try:
-            reg = self.fwd.node.nodes.get(self.node)
-            if reg is None or not reg.get("replication_port"):
-                raise ConnectionError(f"{self.node} is not a live node")
-            host = reg.get("advertised_host") or "127.0.0.1"
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, reg["replication_port"]),
-                                                    CONNECT_TIMEOUT)
+            reader, writer = await wire.open_node(self.fwd.node, self.node, CONNECT_TIMEOUT)
             writer.write(fw.encode_hello(self.fwd.node.name))
             self.writer = writer
             self.pump()

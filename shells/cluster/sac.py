@@ -140,12 +140,7 @@ class _Link:
     async def _run(self):
         writer = None
         try:
-            reg = self.sac.node.nodes.get(self.node)
-            if reg is None or not reg.get("replication_port"):
-                raise ConnectionError(f"{self.node} is not a live node")
-            host = reg.get("advertised_host") or "127.0.0.1"
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, reg["replication_port"]),
-                                                    CONNECT_TIMEOUT)
+            reader, writer = await wire.open_node(self.sac.node, self.node, CONNECT_TIMEOUT)
             writer.write(sw.encode_hello(self.sac.node.name))
             writer.writelines(self.pending)
             self.pending = []

@@ -19,6 +19,7 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
     OFFSETS   leader -> member   JSON {reference: offset}: consumer offsets (StoreOffset) that changed
 """
 
+import asyncio
 import json
 import struct
 
@@ -184,3 +185,14 @@ def decode(kind, payload):
     if fn is None:
         raise WireError(f"unknown frame type {kind}")
     return fn(payload)
+
+
+async def open_node(cluster_node, name, timeout=2.0):
+    """``(reader, writer)`` of a new connection to node ``name``'s replication port, as ``cluster_node`` (a
+    ClusterNode) last read its registration. Raises ConnectionError when the node is not live, and what the
+    dial raises (OSError, asyncio.TimeoutError after ``timeout`` seconds)."""
+    reg = cluster_node.nodes.get(name)
+    if reg is None or not reg.get("replication_port"):
+        raise ConnectionError(f"{name} is not a live node")
+    host = reg.get("advertised_host") or "127.0.0.1"
+    return await asyncio.wait_for(asyncio.open_connection(host, reg["replication_port"]), timeout)

@@ -34,7 +34,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import membership, placement, viewhold
+from riverbed.shells.cluster import membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
@@ -413,6 +413,9 @@ class ClusterNode(ReplicationPlane):
         if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
                 or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
             return False
+        st = self.leading.get(name)
+        if st is not None and view.member_behind(st, value["next"], self.nodes):
+            return False        # a live member fell behind: its lag shows now, not half a TTL later
         return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
 
     async def _maybe_elect(self, name, p, rev):

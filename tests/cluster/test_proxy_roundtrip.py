@@ -444,37 +444,41 @@ def create_on(c, srv, name, args):
 
 
 def test_reads_through_nodes_that_have_not_seen_a_new_stream_yet(cluster):
-    """A stream made on n1 is read at once through n3, whose view of the cluster is held (it has not read
-    the new placements): a member whose copy its control loop has not made yet, and a node that holds
-    no copy. Each read path that could answer "no such stream" asks etcd first (REST ``last``, the HTTP
-    API's stats, RabbitMQ Stream Metadata and Subscribe, Kafka Metadata and Fetch). Then the copy that
-    n1, its view held too, made a stream with before placing it on another node: a read there follows
-    that stream's leader (it adopts the copy), it does not wait in vain for a copy nothing updates."""
+    """Streams made on n1 are read at once through n3, whose view of the cluster is held (it has not read
+    the new placements): as a member whose copy its control loop has not made yet (one stream per read
+    path, so that each is the first reader: the five protocols' subscriptions, a REST ``last``, the HTTP
+    API's stats) and as a node holding no copy. Each path that could answer "no such stream" asks etcd
+    first, also RabbitMQ Stream and Kafka Metadata and a Kafka Fetch. Then the copy that n1, its view
+    held too, made a stream with before placing it on another node: a read there follows that stream's
+    leader (n1 adopts the copy); it does not wait in vain for a copy nothing updates."""
     c = cluster
     n1, n3 = c.nodes["n1"], c.nodes["n3"]
     local = {"queue-leader-locator": "client-local"}
+    firsts = (*READERS, "rest", "api")
+    expected = [(i, ("ream", i)) for i in range(2)]
     with view_held(c, "n3"):
-        create_on(c, n1, "held3", dict(local, **{"initial-cluster-size": "3"}))   # n3 a member, copy not made
+        for first in firsts:       # n3 a member, its copy not made
+            create_on(c, n1, f"held-{first}", dict(local, **{"initial-cluster-size": "3"}))
         create_on(c, n1, "held1", dict(local, **{"initial-cluster-size": "1"}))   # n3 holds no copy
-        pub = publisher("ream", n1, "held3")
-        for i in range(3):
-            assert pub.publish(i)
-        pub.close()
-        pub = publisher("ream", n1, "held1")
-        for i in range(2):
-            assert pub.publish(i)
-        pub.close()
-        for stream, n in (("held3", 3), ("held1", 2)):
+        for stream in [f"held-{f}" for f in firsts] + ["held1"]:
+            pub = publisher("ream", n1, stream)
+            for i in range(2):
+                assert pub.publish(i)
+            pub.close()
+        for stream in ("held-rmq", "held1"):
             assert rmq_metadata(n3, stream) == (rawwire.OK, n1.port), stream
             md = kafka_call(n3, kc.API_METADATA, 9, {"topics": [{"name": stream}], "allow_auto_topic_creation": False})
             (t,) = md["topics"]
             assert t["error_code"] == 0 and t["partitions"][0]["leader_id"] == node_id("n1"), (stream, t)
-            assert rest_last(n3, stream) == [(n - 1, ("ream", n - 1))], stream
-            assert rmq_read(n3, stream, n) == [(i, ("ream", i)) for i in range(n)], stream
-        req = urllib.request.Request(f"http://127.0.0.1:{n3.ports['http']}/api/streams/held3",
+        for proto, read in READERS.items():
+            assert read(n3, f"held-{proto}", 2) == expected, proto
+        assert rest_last(n3, "held-rest") == expected[-1:]
+        req = urllib.request.Request(f"http://127.0.0.1:{n3.ports['http']}/api/streams/held-api",
                                      headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
         with urllib.request.urlopen(req, timeout=20) as r:
             assert r.status == 200
+        assert rest_last(n3, "held1") == expected[-1:]
+        assert rmq_read(n3, "held1", 2) == expected
         # a Kafka Fetch of a stream n3 has not heard of and holds no copy of: not "unknown topic" but
         # "not the leader" (the client asks Metadata again, which names n1, and fetches there)
         create_on(c, n1, "held1k", dict(local, **{"initial-cluster-size": "1"}))
@@ -484,7 +488,7 @@ def test_reads_through_nodes_that_have_not_seen_a_new_stream_yet(cluster):
                  "forgotten_topics_data": []}
         res = kafka_call(n3, kc.API_FETCH, 12, fetch)["responses"][0]["partitions"][0]
         assert res["error_code"] == kc.ERR_NOT_LEADER_OR_FOLLOWER, res
-    # n1 made "left1" and placed it on the node leading fewest streams (n1 leads held3 and held1): its
+    # n1 made "left1" and placed it on the node leading fewest streams (n1 leads the held-* ones): its
     # own copy, which no role keeps up to date, stays while its view is held
     with view_held(c, "n1"):
         create_on(c, n1, "left1", {"initial-cluster-size": "1"})

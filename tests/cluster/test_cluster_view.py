@@ -112,21 +112,22 @@ def lag_of(doc, node):
 
 def pause_and_watch(cluster, leader, paused, sample):
     """Publish through the leader, SIGSTOP ``paused`` until ``sample()`` (the lag of ``paused`` as some
-    view shows it) has been above 0 for SEEN_FOR s, or for PAUSE_MAX s, then SIGCONT. Returns (lags while
-    paused, lags after, publisher)."""
+    view shows it) has been above 0, and above what it showed before the pause, for SEEN_FOR s (or for
+    PAUSE_MAX s), then SIGCONT. Returns (lags while paused, lags after, publisher)."""
     pub = Publisher(cluster.nodes[leader].port)
     pub.start()
     pid = cluster.nodes[paused].proc.pid
     during, after = [], []
     try:
         time.sleep(0.5)
+        before = sample() or 0     # positions are reported at intervals: a running member may show some lag
         os.kill(pid, signal.SIGSTOP)
         t0 = time.monotonic()
         seen = None
         try:
             while time.monotonic() < t0 + PAUSE_MAX and (seen is None or time.monotonic() < seen + SEEN_FOR):
                 during.append(sample())
-                if seen is None and (during[-1] or 0) > 0:
+                if seen is None and (during[-1] or 0) > before:
                     seen = time.monotonic()
                 time.sleep(0.2)
         finally:
@@ -144,7 +145,8 @@ def pause_and_watch(cluster, leader, paused, sample):
         pub.stop.set()
         os.kill(pid, signal.SIGCONT)
     assert pub.error is None, pub.error
-    print(f"lag of {paused} while paused: {during}; after SIGCONT: {after}; {pub.confirmed} confirmed")
+    print(f"lag of {paused} before: {before}; while paused: {during}; after SIGCONT: {after}; "
+          f"{pub.confirmed} confirmed")
     return during, after, pub
 
 

@@ -1,4 +1,11 @@
-"""BSON/TCP (mewbase) shell benchmark, next to the RabbitMQ Stream shell, one ``riverbed serve``, one run.
+"""BSON/TCP (mewbase) shell benchmark, next to a bare BSON relay and the RabbitMQ Stream shell, one run.
+
+Workloads 1 and 2 run against both ``riverbed serve`` (every event stored) and the bare relay (``--relay``
+mode of this script, its own process): asyncio (uvloop when installed), the same ``bson`` codec, each frame
+decoded with ``bson.decode``, a PUB answered RESPONSE {ok, rID} and forwarded as a RECEV encoded with
+``bson.encode`` to each subscriber of its channel, replies written once per read; no storage, no auth, no
+flow control. It is the ceiling for "the protocol library doing nothing but relaying" (issue 26); the
+ratios riverbed/relay of rate and server CPU per event are printed.
 
 Workloads (100-byte events by default):
 
@@ -13,7 +20,7 @@ For each: events/s and the server's CPU (utime+stime from /proc) per event. On a
 Python clients compete with the server for CPU, so the per-event CPU figure is the one to compare.
 
     .venv/bin/python bench/bson_bench.py [--n 200000] [--size 100] [--depth 1000] [--subscribers 2]
-        [--fsync never]
+        [--fsync never] [--rounds 1] [--no-rmq]
 """
 
 import argparse
@@ -21,6 +28,7 @@ import asyncio
 import os
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,6 +42,105 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 from procs import ServerProcess  # noqa: E402
 
 _I32 = struct.Struct("<i")
+
+
+# ------------------------------------------------------------------------------------------ relay
+
+class _RelayConn(asyncio.Protocol):
+    """One connection of the bare relay; ``channels`` maps a channel name to its subscribers' (conn, subID)."""
+
+    def __init__(self, channels, positions):
+        self.channels = channels
+        self.positions = positions
+        self.buf = b""
+        self.out = []
+        self.transport = None
+        self.sub_ids = 0
+
+    def connection_made(self, transport):
+        self.transport = transport
+        transport.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc):
+        for subs in self.channels.values():
+            subs[:] = [x for x in subs if x[0] is not self]
+
+    def data_received(self, data):
+        buf = self.buf + data if self.buf else data
+        pos, end = 0, len(buf)
+        touched = set()
+        encode = bson.encode
+        while end - pos >= 4:
+            n = _I32.unpack_from(buf, pos)[0]
+            if end - pos < n:
+                break
+            doc = bson.decode(buf[pos:pos + n])
+            pos += n
+            ftype, f = doc["type"], doc.get("frame") or {}
+            if ftype == "PUB":
+                channel = f["channel"]
+                at = self.positions.get(channel, 0)
+                self.positions[channel] = at + 1
+                now = bson.int64.Int64(int(time.time() * 1000))
+                for conn, sub_id in self.channels.get(channel, ()):
+                    conn.out.append(encode({"type": "RECEV", "frame": {"subID": sub_id, "pos": bson.int64.Int64(at),
+                                                                       "timestamp": now, "event": f["event"]}}))
+                    touched.add(conn)
+                self.out.append(encode({"type": "RESPONSE", "frame": {"ok": True, "rID": f["rID"]}}))
+            elif ftype == "SUBSCRIBE":
+                self.channels.setdefault(f["channel"], []).append((self, self.sub_ids))
+                self.out.append(encode({"type": "SUBRESPONSE", "frame": {"ok": True, "rID": f["rID"],
+                                                                         "subID": self.sub_ids}}))
+                self.sub_ids += 1
+            elif ftype == "CONNECT":
+                self.out.append(encode({"type": "RESPONSE", "frame": {"ok": True}}))
+            elif ftype != "ACKEV":       # CREATECHANNEL and anything else: ok
+                self.out.append(encode({"type": "RESPONSE", "frame": {"ok": True, "rID": f.get("rID")}}))
+        self.buf = buf[pos:]
+        touched.add(self)
+        for conn in touched:
+            if conn.out:
+                conn.transport.write(b"".join(conn.out))
+                conn.out.clear()
+
+
+def relay_main():
+    """The bare relay's process: prints ``listening bson 127.0.0.1:<port>``, then serves until killed."""
+    channels, positions = {}, {}
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: _RelayConn(channels, positions), "127.0.0.1", 0)
+        print(f"listening bson 127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+        await asyncio.Event().wait()
+    try:
+        import uvloop
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+
+
+class Relay:
+    """The bare relay as a child process, with the ``ports`` / ``cpu_seconds`` / ``stop`` of a ServerProcess."""
+
+    def __init__(self):
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--relay"], stdout=subprocess.PIPE,
+                                     stdin=subprocess.DEVNULL)
+        line = self.proc.stdout.readline().decode()
+        if not line.startswith("listening"):
+            self.proc.kill()
+            raise RuntimeError(f"the relay did not start: {line!r}")
+        self.ports = {"bson": int(line.rsplit(":", 1)[1])}
+        self.pid = self.proc.pid
+
+    def cpu_seconds(self):
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self):
+        self.proc.terminate()
+        return self.proc.wait(10)
 
 
 def event(i, size):
@@ -152,21 +259,22 @@ def subscriber(port, channel, n, ready, result):
     s.close()
 
 
-def bench_bson(srv, a):
+def bench_bson(srv, a, tag=""):
+    """Workloads 1 and 2 on ``srv`` (a ServerProcess or a Relay); channels ``bench-pub<tag>``, ``bench-fan<tag>``."""
     port = srv.ports["bson"]
     out = {}
     c0 = srv.cpu_seconds()
-    dt = pipelined_publish(port, "bench-pub", a.n, a.size, a.depth)
+    dt = pipelined_publish(port, "bench-pub" + tag, a.n, a.size, a.depth)
     cpu = srv.cpu_seconds() - c0
     out["bson_pub"] = (a.n / dt, cpu / a.n * 1e6)
 
     ready = threading.Semaphore(0)
     results = []
-    threads = [threading.Thread(target=subscriber, args=(port, "bench-fan", a.n, ready, results), daemon=True)
+    threads = [threading.Thread(target=subscriber, args=(port, "bench-fan" + tag, a.n, ready, results), daemon=True)
                for _ in range(a.subscribers)]
     # the channel must exist before subscribing to "new events only"
     s = connect(port)
-    s.sendall(bson.encode({"type": "CREATECHANNEL", "frame": {"name": "bench-fan", "rID": 1}}))
+    s.sendall(bson.encode({"type": "CREATECHANNEL", "frame": {"name": "bench-fan" + tag, "rID": 1}}))
     count_frames(s, 1)
     s.close()
     for t in threads:
@@ -175,7 +283,7 @@ def bench_bson(srv, a):
         ready.acquire()
     c0 = srv.cpu_seconds()
     t0 = time.perf_counter()
-    pipelined_publish(port, "bench-fan", a.n, a.size, a.depth)
+    pipelined_publish(port, "bench-fan" + tag, a.n, a.size, a.depth)
     for t in threads:
         t.join()
     dt = max(results) - t0
@@ -226,13 +334,13 @@ async def bench_rmq(srv, a):
     return out
 
 
-def bson_consume(srv, a):
+def bson_consume(srv, a, tag=""):
     """One BSON subscriber reading the pipelined-PUB channel from the start (the RECEV path alone)."""
     port = srv.ports["bson"]
     c0 = srv.cpu_seconds()
     t0 = time.perf_counter()
     s = connect(port)
-    s.sendall(bson.encode({"type": "SUBSCRIBE", "frame": {"channel": "bench-pub", "rID": 1,
+    s.sendall(bson.encode({"type": "SUBSCRIBE", "frame": {"channel": "bench-pub" + tag, "rID": 1,
                                                           "startPos": bson.int64.Int64(0)}}))
     counter = FrameCounter(s)
     counter.count(1)
@@ -256,31 +364,67 @@ def main():
     ap.add_argument("--depth", type=int, default=1000)
     ap.add_argument("--subscribers", type=int, default=2)
     ap.add_argument("--fsync", default="never")
+    ap.add_argument("--rounds", type=int, default=1, help="relay/riverbed rounds of workloads 1 and 2 (best kept)")
+    ap.add_argument("--no-rmq", action="store_true", help="skip the RECEV-from-start and RabbitMQ Stream rows")
+    ap.add_argument("--relay", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.relay:
+        relay_main()
+        return
+    rounds = {"relay": [], "riverbed": []}
     with tempfile.TemporaryDirectory() as d:
-        srv = ServerProcess(os.path.join(d, "data"), "--bson-port", "0", "--fsync", a.fsync).start()
+        relay = Relay()
         try:
-            res = bench_bson(srv, a)
-            res.update(bson_consume(srv, a))
-            res.update(asyncio.run(bench_rmq(srv, a)))
+            srv = ServerProcess(os.path.join(d, "data"), "--bson-port", "0", "--fsync", a.fsync).start()
+        except BaseException:
+            relay.stop()
+            raise
+        try:
+            for r in range(a.rounds):
+                for label, target in (("relay", relay), ("riverbed", srv)):
+                    got = bench_bson(target, a, tag=f"-{r}")
+                    rounds[label].append(got)
+                    print(f"round {r} {label:8s} " + "   ".join(f"{k} {v[0]:,.0f}/s {v[1]:.2f} us"
+                                                             for k, v in got.items()), flush=True)
+            res = {}
+            if not a.no_rmq:
+                res.update(bson_consume(srv, a, tag="-0"))
+                res.update(asyncio.run(bench_rmq(srv, a)))
         except BaseException:
             print(srv.log()[-5000:], file=sys.stderr)
             raise
         finally:
+            relay.stop()
             code = srv.stop()
+
+    def best(rows, k):        # the best rate and the lowest CPU per event over the rounds
+        return max(x[k][0] for x in rows), min(x[k][1] for x in rows)
     print(f"{a.n:,} events of {a.size} B, fsync={a.fsync}, PUB pipeline depth {a.depth}, "
-          f"{a.subscribers} fan-out subscribers; server exit {code}")
-    print(f"{'workload':<34}{'events/s':>12}{'server CPU us/event':>22}")
+          f"{a.subscribers} fan-out subscribers, {a.rounds} round(s), best of each; server exit {code}")
     labels = {
         "bson_pub": "BSON pipelined PUB",
         "bson_fanout": f"BSON PUB->RECEV x{a.subscribers} (deliveries/s)",
+    }
+    print(f"{'workload':<36}{'relay ev/s':>12}{'riverbed':>11}{'ratio':>7}   {'relay us/ev':>11}{'riverbed':>9}"
+          f"{'ratio':>7}")
+    for k, label in labels.items():
+        (r_rate, r_cpu), (v_rate, v_cpu) = best(rounds["relay"], k), best(rounds["riverbed"], k)
+        res[k] = (v_rate, v_cpu)
+        print(f"{label:<36}{r_rate:>12,.0f}{v_rate:>11,.0f}{v_rate / r_rate:>7.2f}   {r_cpu:>11.2f}{v_cpu:>9.2f}"
+              f"{v_cpu / r_cpu:>7.2f}")
+    print("(goal, issue 26: riverbed >= 1.0x the relay's rate at <= 1.0x its CPU per event; riverbed stores "
+          "every event, the relay none)")
+    if a.no_rmq:
+        return
+    print(f"{'riverbed workload':<36}{'events/s':>12}{'server CPU us/event':>22}")
+    labels.update({
         "bson_consume": "BSON RECEV from start (1 sub)",
         "rmq_pub": "RabbitMQ Stream publish (rstream)",
         "rmq_consume": "RabbitMQ Stream consume (rstream)",
-    }
+    })
     for k, label in labels.items():
         rate, cpu = res[k]
-        print(f"{label:<34}{rate:>12,.0f}{cpu:>22.2f}")
+        print(f"{label:<36}{rate:>12,.0f}{cpu:>22.2f}")
     print(f"ratios: PUB rate BSON/RMQ {res['bson_pub'][0] / res['rmq_pub'][0]:.2f}, "
           f"PUB CPU/event BSON/RMQ {res['bson_pub'][1] / res['rmq_pub'][1]:.2f}, "
           f"RECEV CPU/event vs RMQ consume {res['bson_consume'][1] / res['rmq_consume'][1]:.2f}")

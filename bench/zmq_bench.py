@@ -163,11 +163,18 @@ def main():
             time.sleep(0.05)
         relay_port = int(open(port_file).read())
         print(f"{args.messages:,} PUT -> MESSAGE, {args.size} B bodies, one subscriber; riverbed fsync={args.fsync}")
+        rows = []
         for r in range(args.rounds):
             bare, bare_cpu = measure("relay", relay.pid, relay_port, args.messages, args.size, b"bench%d" % r)
             ours, ours_cpu = measure("riverbed", srv.pid, srv.ports["zmq"], args.messages, args.size, b"bench%d" % r)
+            rows.append((bare, bare_cpu, ours, ours_cpu))
             print(f"ratio     riverbed/relay rate {ours / bare:.0%}   CPU per message x{ours_cpu / bare_cpu:.2f}"
                   f"   (goal: >= 50% of the relay's rate, every message stored)")
+        # best of the rounds on each side: the highest rate, the lowest CPU per message
+        bare, ours = max(x[0] for x in rows), max(x[2] for x in rows)
+        bare_cpu, ours_cpu = min(x[1] for x in rows), min(x[3] for x in rows)
+        print(f"best      riverbed/relay rate x{ours / bare:.2f}   CPU per message x{ours_cpu / bare_cpu:.2f}   "
+              f"(issue 26: >= 1.0x the rate at <= 1.0x the CPU)")
     finally:
         relay.kill()
         relay.wait()

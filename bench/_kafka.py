@@ -32,7 +32,7 @@ CONSUME_BATCH = 10_000
 # records and queued.max.messages.kbytes; past either it waits fetch.queue.backoff.ms (default 1 s)
 # before fetching again, however fast the application drains the queue
 CONSUME_CONF = {"fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20, "fetch.wait.max.ms": 100,
-                "queued.max.messages.kbytes": 256 << 10, "fetch.queue.backoff.ms": 1}
+                "fetch.queue.backoff.ms": 1}
 PRODUCE_BATCH = 10_000
 QUEUE_MESSAGES = 1_000_000
 
@@ -77,7 +77,7 @@ def _count(msgs):
     if any(map(Message.error, msgs)):
         ok = [m for m in msgs if m.error() is None]
         return len(ok), sum(len(m.value() or b"") for m in ok)
-    return len(msgs), sum(map(len, map(Message.value, msgs)))
+    return len(msgs), sum(map(len, msgs))        # a Message's len is its value's
 
 
 def _admin(a):

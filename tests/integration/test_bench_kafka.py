@@ -103,24 +103,50 @@ def test_native_produce_row_stores_what_it_counts(server):
     assert (lo, hi) == (0, N + 1)          # the untimed first record, then the timed N
 
 
-def test_native_client_stops_when_its_parent_goes_away_before_go(server):
-    # the harness kills a client that overruns: the program it started must not stay behind
+def test_native_client_dies_with_its_parent_mid_run(server):
+    # the harness kills a client that overruns its run: the program it started, still consuming (the
+    # topic never gets the records it waits for), must not stay behind
     import subprocess as sp
+    import textwrap
+    import time
     from confluent_kafka.admin import AdminClient, NewTopic
     exe = native_or_skip()
     bs = f"127.0.0.1:{server.ports['kafka']}"
     admin = AdminClient({"bootstrap.servers": bs})
-    admin.create_topics([NewTopic("kb-empty", 1, 1)])["kb-empty"].result(30)
-    p = sp.Popen([exe, "consume", bs, "kb-empty", "5", "fetch.wait.max.ms=10"], stdin=sp.PIPE, stdout=sp.PIPE,
-                 stderr=sp.PIPE, text=True)
+    admin.create_topics([NewTopic("kb-orphan", 1, 1)])["kb-orphan"].result(30)
+    parent = sp.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, time
+        p = subprocess.Popen([{exe!r}, "consume", {bs!r}, "kb-orphan", "5"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline() == "READY\\n"
+        p.stdin.write("GO\\n")
+        p.stdin.flush()
+        print(p.pid, flush=True)
+        time.sleep(120)
+        """)], stdout=sp.PIPE, text=True)
     try:
-        assert p.stdout.readline() == "READY\n"
-        p.stdin.close()             # no GO: the parent went away
-        assert p.wait(30) == 2 and "no GO" in p.stderr.read()
+        pid = int(parent.stdout.readline())
+        time.sleep(0.5)
+        assert state(pid) not in (None, "Z")       # consuming, waiting for records that never come
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while state(pid) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert state(pid) in (None, "Z")
     finally:
-        if p.poll() is None:
-            p.kill()
-        admin.delete_topics(["kb-empty"])["kb-empty"].result(30)
+        if parent.poll() is None:
+            parent.kill()
+        admin.delete_topics(["kb-orphan"])["kb-orphan"].result(30)
+
+
+def state(pid):
+    """A process's state letter (Z: exited, not yet reaped), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def test_compare_sets_the_native_rows_cost_beside_the_rabbitmq_stream_rows_and_judges_the_goals():

@@ -128,6 +128,7 @@ def main(argv=None):
             if a.callgrind:
                 subprocess.run(["callgrind_control", "-i", "off", str(srv.pid)], check=True, capture_output=True)
         finally:
+            pid = srv.pid
             srv.stop(timeout=900)
     n = a.n
     load = os.getloadavg()[0]
@@ -139,7 +140,8 @@ def main(argv=None):
     for k in sorted(c1["threads"]):
         d_t = c1["threads"][k] - c0["threads"].get(k, 0.0)
         if d_t > 0:
-            print(f"    thread {k}: {d_t * 1e6 / n:.3f} us/record")
+            role = " (main: the event loop)" if k.endswith(f"/{pid}") else ""
+            print(f"    thread {k}{role}: {d_t * 1e6 / n:.3f} us/record")
     for k in ("syscr", "syscw", "rchar", "wchar", "minflt", "majflt", "voluntary_ctxt", "nonvoluntary_ctxt"):
         print(f"  {k}: {(c1[k] - c0[k]) / n:.5f}/record ({c1[k] - c0[k]:,})")
     if a.callgrind:

@@ -811,13 +811,13 @@ class _Staged:
         ends = counts = None
         if req.publisher is not None and ids is not None:
             last = self.seq(s.sid, req.publisher)
-            if type(ids) is PublishingIds:
+            if isinstance(ids, PublishingIds):
                 # summarised by the caller: no per-id work unless some entry is a duplicate
                 fresh = ids.increasing and len(ids) > 0 and ids.first > last
             else:
                 fresh = ids and ids[0] > last and all(ids[i] < ids[i + 1] for i in range(len(ids) - 1))
             if fresh:
-                new_last = ids.last if type(ids) is PublishingIds else ids[-1]
+                new_last = ids.last if isinstance(ids, PublishingIds) else ids[-1]
             else:
                 data, ends, counts, filters, dups, new_last = self._drop_duplicates(data, ids, filters, last)
                 sealed = False

@@ -1,7 +1,8 @@
 """The chunk data CRC (a chunk header's DataCrc: zlib's CRC-32, format.py) through the fastest code at hand.
 
 ISA-L's ``crc32_gzip_refl`` (python-isal, a dependency in pyproject.toml) folds with carry-less multiplies
-(PCLMULQDQ) and takes a 1 MiB buffer about twenty times faster than the system zlib's table-driven loop;
+(PCLMULQDQ) and takes a 1 MiB buffer about 7.5 times faster than the system zlib's table-driven loop here
+(2,977 against 397 MiB/s at load 11; 68 instructions against 608 for a Kafka record's 158 stored bytes);
 both give the same value for every input and start value (tests/engine/test_crc.py). Without python-isal
 the CRC falls back to zlib's and :data:`IMPL` says so: the test suite then fails (``test_fast_crc_in_use``)
 rather than let a build lose the fast path silently, as it does for a missing compiled core.

@@ -84,7 +84,7 @@ bench-compare: install
 # FUZZ_ACCUMULATE=1: FUZZ_RUNS is a total over runs (.fuzz/totals/), each run adds to it; `python -m
 # tests.fuzz.runner totals` prints the sums.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,record,chunk,replication
+FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,kafka,record,chunk,replication
 FUZZ_RUNS ?= 0
 fuzz: install
 	@$(BIN)/python -c "import atheris" 2>/dev/null || $(PIP) install -q -e '.[test,fuzz]'

@@ -54,6 +54,7 @@ test-compiled: install
 	@ci/npm-rmq-js-deps.sh >/dev/null
 	@ci/ensure-chromium.sh
 	@ci/ensure-etcd.sh
+	@ci/ensure-librdkafka.sh
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --serial exclude $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest --serial only $(PYTEST_ARGS) || [ $$? -eq 5 ]
 

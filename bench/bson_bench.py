@@ -357,6 +357,11 @@ def bson_consume(srv, a, tag=""):
     return {"bson_consume": (a.n / dt, (srv.cpu_seconds() - c0) / a.n * 1e6)}
 
 
+def _ratio(ours, theirs):
+    # a short run can read 0 s of CPU (clock ticks of 10 ms)
+    return f"{ours / theirs:.2f}" if theirs else "n/a"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=200_000)
@@ -410,8 +415,8 @@ def main():
     for k, label in labels.items():
         (r_rate, r_cpu), (v_rate, v_cpu) = best(rounds["relay"], k), best(rounds["riverbed"], k)
         res[k] = (v_rate, v_cpu)
-        print(f"{label:<36}{r_rate:>12,.0f}{v_rate:>11,.0f}{v_rate / r_rate:>7.2f}   {r_cpu:>11.2f}{v_cpu:>9.2f}"
-              f"{v_cpu / r_cpu:>7.2f}")
+        print(f"{label:<36}{r_rate:>12,.0f}{v_rate:>11,.0f}{_ratio(v_rate, r_rate):>7s}   {r_cpu:>11.2f}{v_cpu:>9.2f}"
+              f"{_ratio(v_cpu, r_cpu):>7s}")
     print("(goal, issue 26: riverbed >= 1.0x the relay's rate at <= 1.0x its CPU per event; riverbed stores "
           "every event, the relay none)")
     if a.no_rmq:

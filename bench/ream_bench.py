@@ -286,6 +286,11 @@ def bench_select(port, rows, indexed_runs=300, plain_runs=7):
     return load_rate, idx, plain
 
 
+def _ratio(ours, theirs):
+    # a short run can read 0 s of CPU (clock ticks of 10 ms)
+    return f"{ours / theirs:.2f}" if theirs else "n/a"
+
+
 def relay_rounds(relay, srv, a):
     """The pipelined publish and the live publish -> deliver on the relay and riverbed, ``a.rounds`` times;
     prints each and the best of each side with the ratios."""
@@ -304,8 +309,8 @@ def relay_rounds(relay, srv, a):
     for wl, label in (("publish", "pipelined EVENT PUBLISH"), ("live", "publish -> 1 live subscriber")):
         best = [(max(x[0] for x in rows[wl, s]), min(x[1] for x in rows[wl, s])) for s in ("relay", "riverbed")]
         (r_rate, r_cpu), (v_rate, v_cpu) = best
-        print(f"{label:<30}{r_rate:>12,.0f}{v_rate:>11,.0f}{v_rate / r_rate:>7.2f}   {r_cpu:>11.2f}{v_cpu:>9.2f}"
-              f"{v_cpu / r_cpu:>7.2f}")
+        print(f"{label:<30}{r_rate:>12,.0f}{v_rate:>11,.0f}{_ratio(v_rate, r_rate):>7s}   {r_cpu:>11.2f}{v_cpu:>9.2f}"
+              f"{_ratio(v_cpu, r_cpu):>7s}")
     print("(goal, issue 26: riverbed >= 1.0x the relay's rate at <= 1.0x its CPU per event; riverbed stores "
           "every event, the relay none)")
 

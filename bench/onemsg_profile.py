@@ -20,7 +20,9 @@ Tools (``--tool``):
   ``callgrind_control -i on`` for the timed messages only: instructions per message, which do not move with
   the machine's load (the profile is kept with ``--out``; read it with ``callgrind_annotate``);
 - ``strace``: ``strace -c -f`` attached for the timed messages: system calls per message;
-- ``pyspy``: ``py-spy record --native`` over the timed messages, folded stacks into ``--out``.
+- ``pyspy``: ``py-spy record --native`` over the timed messages, folded stacks into ``--out``;
+- ``perf``: ``perf record -g`` of the server (kernel included) over the timed messages, into ``--out``
+  (``perf report -i OUT --no-children --sort dso,sym``).
 
     .venv/bin/python -m bench.onemsg_profile --target riverbed --tool callgrind --messages 20000
 """
@@ -160,10 +162,19 @@ def echo_client(port, size):
     return types.SimpleNamespace(close=s.close), run
 
 
+def callgrind_total(path):
+    """Instructions in one callgrind dump (its ``summary:`` or ``totals:`` line)."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", choices=("riverbed", "echo"), default="riverbed")
-    ap.add_argument("--tool", choices=("cpu", "callgrind", "strace", "pyspy"), default="cpu")
+    ap.add_argument("--tool", choices=("cpu", "callgrind", "strace", "pyspy", "perf"), default="cpu")
     ap.add_argument("--messages", type=int, default=20000, help="timed messages (default 20,000)")
     ap.add_argument("--warmup", type=int, default=2000, help="untimed messages first (default 2,000)")
     ap.add_argument("--size", type=int, default=100, help="message body, bytes (default 100)")
@@ -190,6 +201,10 @@ def main(argv=None):
             helper = subprocess.Popen(["strace", "-c", "-f", "-o", out, "-p", str(srv.pid)],
                                       stderr=subprocess.DEVNULL)
             time.sleep(1.0)     # attached to every thread
+        elif a.tool == "perf":
+            helper = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-p", str(srv.pid), "-o", out],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         elif a.tool == "pyspy":
             pyspy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
             helper = subprocess.Popen([pyspy, "record", "-p", str(srv.pid), "-r", "500", "-f", "raw", "--native",
@@ -204,6 +219,11 @@ def main(argv=None):
         cpu = proc_cpu(srv.pid) - cpu0
         faults = minor_faults(srv.pid) - flt0
         if a.tool == "callgrind":
+            # dump the timed part, then count an idle window of the same length: what the server does by
+            # the clock (ticks, the writer's wake-ups), which valgrind's slowness stretches over each message
+            subprocess.run(["callgrind_control", "-d", str(srv.pid)], check=True, capture_output=True)
+            time.sleep(wall)
+            subprocess.run(["callgrind_control", "-d", str(srv.pid)], check=True, capture_output=True)
             subprocess.run(["callgrind_control", "-i", "off", str(srv.pid)], check=True, capture_output=True)
         elif helper is not None:
             helper.send_signal(signal.SIGINT)
@@ -219,10 +239,10 @@ def main(argv=None):
     print(f"  server CPU {cpu / n * 1e6:.1f} µs/msg, round trip p50 {lat[n // 2] / 1e3:.0f} µs, "
           f"p99 {lat[int(n * 0.99)] / 1e3:.0f} µs, {n / wall:,.0f} msgs/s, {faults / n:.2f} minor faults/msg")
     if a.tool == "callgrind":
-        text = subprocess.run(["callgrind_annotate", out], capture_output=True, text=True).stdout
-        m = re.search(r"([\d,]+) \(100.0%\)\s+PROGRAM TOTALS", text) or re.search(r"([\d,]+)\s+PROGRAM TOTALS", text)
-        total = int(m.group(1).replace(",", "")) if m else 0
-        print(f"  callgrind: {total:,} instructions, {total / n:,.0f} per message (profile: {out})")
+        timed, idle = callgrind_total(out + ".1"), callgrind_total(out + ".2")
+        print(f"  callgrind: {timed:,} instructions over the timed messages, {timed / n:,.0f} per message; "
+              f"an idle window as long: {idle:,}; the difference {(timed - idle) / n:,.0f} per message "
+              f"(profiles: {out}.1, {out}.2)")
     elif a.tool == "strace":
         with open(out) as f:
             summary = f.read()
@@ -233,6 +253,8 @@ def main(argv=None):
                 print(f"  {parts[-1]}: {int(parts[3]) / n:.2f} per message")
     elif a.tool == "pyspy":
         print(f"  py-spy folded stacks: {out}")
+    elif a.tool == "perf":
+        print(f"  perf data: {out} (perf report -i {out} --no-children --sort dso,sym)")
 
 
 if __name__ == "__main__":

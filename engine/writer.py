@@ -189,7 +189,7 @@ class _Writer(threading.Thread):
             return None
         ids = req.ids
         publisher = req.publisher if ids is not None else None
-        if publisher is not None and (type(ids) is not PublishingIds or not ids.increasing or not ids.raw):
+        if publisher is not None and (not isinstance(ids, PublishingIds) or not ids.increasing or not len(ids)):
             return None
         started = time.perf_counter()
         if req.crc_pending:

@@ -34,7 +34,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import membership, placement
+from riverbed.shells.cluster import membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
@@ -225,6 +225,8 @@ class ClusterNode(ReplicationPlane):
 
     async def _refresh(self):
         """Read nodes and placements from etcd and take the role each stream gives this node."""
+        if viewhold.held(self.name):
+            return          # a test holds this node's view where it is (viewhold.py)
         # the four directories in one request (most of an idle node's CPU was these calls); the super
         # stream definitions are read again by superstreams.refresh if this node changed one meanwhile
         generation = self.superstreams.generation
@@ -411,6 +413,9 @@ class ClusterNode(ReplicationPlane):
         if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
                 or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
             return False
+        st = self.leading.get(name)
+        if st is not None and view.member_behind(st, value["next"], self.nodes):
+            return False        # a live member fell behind: its lag shows now, not half a TTL later
         return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
 
     async def _maybe_elect(self, name, p, rev):

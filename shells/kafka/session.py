@@ -295,18 +295,26 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id, {
                 "throttle_time_ms": 0, "brokers": brokers, "cluster_id": CLUSTER_ID,
                 "controller_id": controller, "topics": [entry(n) for n in names]})
-        creatable = [n for n in missing if auto and self._allowed(CONFIGURE, n) and self._allowed(WRITE, n)]
-        if not creatable:
-            answer()
-            return
-        left = [len(creatable)]
 
-        def created(exc):
-            left[0] -= 1
-            if left[0] == 0:
+        def create_missing(known=()):
+            creatable = [n for n in missing if n not in known and auto and self._allowed(CONFIGURE, n)
+                         and self._allowed(WRITE, n)]
+            if not creatable:
                 answer()
-        for n in creatable:
-            self.broker.ensure_stream(n, created)
+                return
+            left = [len(creatable)]
+
+            def created(exc):
+                left[0] -= 1
+                if left[0] == 0:
+                    answer()
+            for n in creatable:
+                self.broker.ensure_stream(n, created)
+        if missing and self.broker.cluster is not None:
+            # a topic made on another node a moment ago is asked of etcd before it is called unknown
+            self.broker.find_streams(missing, self._later(create_missing))
+            return
+        create_missing()
 
     def _not_leader(self, topic, index):
         """(NOT_LEADER_OR_FOLLOWER, why) when this cluster member does not lead that partition, else None.
@@ -488,7 +496,22 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     # --------------------------------------------------------------------------------------------- Fetch
 
     def _on_fetch(self, hdr, req):
-        _Fetch(self, hdr, req, self._slot()).run()
+        fetch = _Fetch(self, hdr, req, self._slot())
+        unknown = [t["topic"] for t in req["topics"] if self.broker.cluster is not None
+                   and self.shell.partitions(t["topic"]) is None]
+        if unknown:
+            # in a cluster, a topic made on another node a moment ago is asked of etcd first
+            self.broker.find_streams(unknown, self._later(lambda found: fetch.run()))
+            return
+        fetch.run()
+
+    def _unknown_here(self, stream):
+        """The error of a read of ``stream`` that this node holds no copy of: NOT_LEADER_OR_FOLLOWER when a
+        cluster places it on other nodes (the client asks Metadata again and goes to its leader), else
+        UNKNOWN_TOPIC_OR_PARTITION."""
+        if self.broker.cluster is not None and self.broker.has_stream_anywhere(stream):
+            return C.ERR_NOT_LEADER_OR_FOLLOWER
+        return C.ERR_UNKNOWN_TOPIC_OR_PARTITION
 
     # --------------------------------------------------------------------------------------- ListOffsets
 
@@ -520,7 +543,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                     else:
                         res["offset"], res["timestamp"] = self._offset_for_time(stream, ts, budget)
                 except StreamNotFound:
-                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    res["error_code"] = self._unknown_here(stream)
                 except RiverbedError:
                     res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
         self._reply(hdr, {"throttle_time_ms": 0, "topics": topics})
@@ -627,7 +650,7 @@ class _Fetch:
                 try:
                     first, hw = s.shell.offsets(stream)
                 except StreamNotFound:
-                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    res["error_code"] = s._unknown_here(stream)
                     continue
                 res.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=first)
                 off = p["fetch_offset"]
@@ -686,15 +709,40 @@ def _read_batches(broker, stream, offset, limit):
     return out
 
 
+class _ProducerIds(PublishingIds):
+    """An idempotent producer's sequences as the engine's PublishingIds, packed one id a record only when
+    the writer asks for them: its duplicate check reads ``first``, ``last``, ``increasing`` and the count,
+    and needs the ids themselves only for a batch that is a retry."""
+
+    __slots__ = ("_seqs", "_count", "_raw")
+
+    def __init__(self, seqs, first, last, increasing):    # noqa: super().__init__ would pack them now
+        self._seqs = seqs
+        self._count = sum(n for _, n in seqs)
+        self._raw = None
+        self.first = first
+        self.last = last
+        self.increasing = increasing
+        self._ints = None
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def raw(self):
+        if self._raw is None:
+            self._raw = wire.kafka_sequence_ids(self._seqs)
+        return self._raw
+
+
 def _sequence_ids(seqs):
     """An idempotent producer's sequences, ``(base sequence, records)`` per batch, as the engine's
-    PublishingIds: packed once, first, last and whether they rise, so the writer's duplicate check costs
-    nothing per record unless a batch is a retry."""
+    PublishingIds: first, last and whether they rise, so the writer's duplicate check costs nothing per
+    record unless a batch is a retry (the ids are packed then: :class:`_ProducerIds`)."""
     seqs = [s for s in seqs if s[1]]
-    raw = wire.kafka_sequence_ids(seqs)
     increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
     last_base, last_n = seqs[-1]
-    return PublishingIds(raw, seqs[0][0], last_base + last_n - 1, increasing)
+    return _ProducerIds(seqs, seqs[0][0], last_base + last_n - 1, increasing)
 
 
 def _empty_batch(first, last):

@@ -864,6 +864,33 @@ class Engine(SuperStreamBindings):
         return self._submit(_OP_APPEND, _Append(stream, chunk, publishing_ids, publisher, None, num_entries,
                                                 num_records, True, not crc_done), on_done=on_done)
 
+    def append_chunk_now(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
+                         crc_done=True):
+        """:meth:`append_chunk` committed on the caller's thread before this returns, or not at all.
+
+        Returns ``(AppendResult, None)`` once committed, ``(None, exc)`` when the append failed (as the
+        Future of :meth:`append_chunk` would fail: StreamNotFound, StorageFull, ...), or None when it
+        cannot be committed inline: fsync is not ``never``, the stream asks for a sync, the writer has
+        work queued or running, the chunk is over INLINE_MAX_BYTES or is not one sealable chunk. Then
+        nothing was done and the caller appends the usual way. What it stores and when it is durable
+        is exactly what :meth:`append_chunk` stores (the same group-commit code runs, for one append):
+        a one-message publish skips two thread-safe hand-offs and a completion callback."""
+        if (not self._inline or len(chunk) > INLINE_MAX_BYTES or num_entries > MAX_CHUNK_ENTRIES
+                or self._writer is None or self._closed):
+            return None
+        if publisher is not None:
+            _check_name(publisher, "publisher reference")
+        if type(chunk) is not bytearray:
+            raise InvalidArgument("a chunk to append must be a bytearray (the writer stamps it in place)")
+        s = self._streams.get(stream)
+        if s is not None and s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > self.fsync_rank:
+            return None     # the stream asks for a sync: never on the caller's thread (an event loop)
+        got = []
+        req = _Append(stream, chunk, publishing_ids, publisher, None, num_entries, num_records, True, not crc_done)
+        if not self._writer.commit_inline((_OP_APPEND, (req,), Done(lambda res, exc: got.append((res, exc))))):
+            return None
+        return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
+
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None, on_done=None):
         """Append an Osiris data section (simple and/or sub-batch entries, format.py) to ``stream``.

@@ -9,6 +9,8 @@ cdef extern from "Python.h":
     char* _ba_ptr "PyByteArray_AS_STRING"(PyObject* ba)
     Py_ssize_t _ba_len "PyByteArray_GET_SIZE"(PyObject* ba)
     bint _is_bytearray "PyByteArray_CheckExact"(PyObject* o)
+    ctypedef struct PyByteArrayObject:
+        Py_ssize_t ob_alloc     # bytes allocated (one more than the most the size can reach in place)
 
 
 cdef enum:
@@ -62,12 +64,18 @@ cdef int c_abuf_set(ABuf* b, Py_ssize_t size) except -1:
 
 
 cdef inline int c_abuf_reserve(ABuf* b, Py_ssize_t extra) except -1:
-    # Grow geometrically (CPython's own 1/8 over-allocation would realloc, and copy, every few chunks of a
-    # batch). The trim to ``n`` at the end of a call then gives back less than half, which CPython does
-    # without a realloc, and the next call grows into the same allocation for free.
+    # The size is trimmed to the filled part after every call, which CPython does without giving back the
+    # allocation (ob_alloc): grow into that first, for free, and only past it ask for more, geometrically.
+    # Asking for twice the *size* instead would realloc on nearly every call, and a realloc of a
+    # multi-megabyte buffer that cannot grow in place copies all of it (five buffers grow side by side).
     cdef Py_ssize_t need = b.n + extra
+    cdef Py_ssize_t room
     if need > b.cap:
-        c_abuf_set(b, need if need > 2 * b.cap else 2 * b.cap)
+        room = (<PyByteArrayObject*>b.ba).ob_alloc - 1
+        if need <= room:
+            c_abuf_set(b, room)
+        else:
+            c_abuf_set(b, need if need > 2 * room else 2 * room)
     return 0
 
 

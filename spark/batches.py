@@ -20,8 +20,9 @@ from riverbed.engine import Engine, core
 from riverbed.spark import jsonbatch
 
 FIXED_COLUMNS = ("stream", "partition", "offset", "timestamp", "chunk_id")
-DEFAULT_BATCH_BYTES = 8 << 20      # body bytes per Arrow batch: ~80k rows of 100 B, a few ms of work
+DEFAULT_BATCH_BYTES = 16 << 20     # body bytes per Arrow batch: ~160k rows of 100 B, ~15 ms of work
 CHUNKS_PER_TXN = 1024              # chunks visited per LMDB read transaction (bounded by bytes too)
+BYTES_PER_TXN = 1 << 20            # stored bytes per LMDB read transaction, at most
 
 _engines = {}
 _engines_lock = threading.Lock()
@@ -70,14 +71,24 @@ class BatchBuilder:
         self.partition = partition
         self.decode = decode
         self.decoded_fields = list(decoded_fields)
+        self._constant = None       # (stream column, partition column), sliced for every batch
+
+    def _constants(self, n):
+        # The stream and partition columns repeat one value: made once, a batch takes a zero-copy slice
+        # from the start (which the Arrow IPC writer sends as is), not n fresh values every batch.
+        if self._constant is None or len(self._constant[0]) < n:
+            size = max(n, 2 * len(self._constant[0])) if self._constant is not None else n
+            self._constant = (pa.repeat(pa.scalar(self.stream, pa.string()), size),
+                              pa.repeat(pa.scalar(self.partition, pa.int32()), size))
+        stream, partition = self._constant
+        return (stream, partition) if len(stream) == n else (stream.slice(0, n), partition.slice(0, n))
 
     def build(self, bufs):
         offsets, timestamps, chunk_ids, value_offsets, data = bufs
         n = len(offsets) // 8
         body = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(value_offsets), pa.py_buffer(data)])
         cols = [
-            pa.repeat(pa.scalar(self.stream, pa.string()), n),
-            pa.repeat(pa.scalar(self.partition, pa.int32()), n),
+            *self._constants(n),
             pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
             pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(timestamps)]),
             pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(chunk_ids)]),
@@ -101,8 +112,8 @@ class BatchBuilder:
 
 def read_local(path, stream, start, end, builder, batch_bytes=DEFAULT_BATCH_BYTES, verify=True):
     """Yield RecordBatches of the committed records of ``stream`` with offsets in ``[start, end)`` from the
-    data directory ``path``. Each LMDB read transaction covers at most ``batch_bytes`` of chunks, so no
-    transaction outlives a yield. Raises StreamNotFound and ChunkError (naming stream and chunk id)."""
+    data directory ``path``, each of about ``batch_bytes`` of bodies (it ends with the read transaction
+    that takes it past that: at most BYTES_PER_TXN more). No LMDB read transaction outlives a yield. Raises StreamNotFound and ChunkError (naming stream and chunk id)."""
     tune_malloc()
     eng = engine_for(path)
     state = [core.new_arrow_buffers()]
@@ -111,8 +122,10 @@ def read_local(path, stream, start, end, builder, batch_bytes=DEFAULT_BATCH_BYTE
         # map_chunks has checked the header and CRC already (verify=...); only the walk is left
         core.chunk_to_arrow(view, start, end, state[0], False)
 
-    for _ in eng.map_chunks(stream, add, start, end, chunks_per_txn=CHUNKS_PER_TXN, bytes_per_txn=batch_bytes,
-                            verify=verify):
+    # A batch is cut only between transactions (map_chunks calls ``add`` for a whole transaction before it
+    # yields): short transactions keep a batch within BYTES_PER_TXN of ``batch_bytes``.
+    for _ in eng.map_chunks(stream, add, start, end, chunks_per_txn=CHUNKS_PER_TXN,
+                            bytes_per_txn=min(batch_bytes, BYTES_PER_TXN), verify=verify):
         if len(state[0][4]) >= batch_bytes:
             bufs, state[0] = state[0], core.new_arrow_buffers()
             if len(bufs[0]):

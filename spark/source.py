@@ -29,7 +29,7 @@ Options (all strings, as Spark passes them):
                        Spark conf, so set it on a cluster)
     maxRecordsPerTrigger  streaming: records per micro-batch, shared out over the streams
     verifyCrc          ``true`` (default) checks every chunk's CRC on read
-    batchBytes         body bytes per Arrow batch (default 8 MiB)
+    batchBytes         body bytes per Arrow batch (default 16 MiB)
 
 Columns: ``stream`` string, ``partition`` int (a super stream partition's number; for a plain stream,
 its position among all the streams read, 0 when there is one), ``offset`` bigint, ``timestamp`` timestamp

@@ -93,6 +93,23 @@ def test_out_accumulates_several_chunks(twin):
     assert (offsets, ts, ids, bodies, n) == ([0, 1, 2], [1000, 1000, 2000], [0, 0, 2], [b"a", b"bb", b"ccc"], 1)
 
 
+def test_many_chunks_grow_the_buffers_geometrically():
+    # A batch is hundreds of chunks appended to one set of buffers. Each call of the compiled core trims
+    # the buffers to what they hold; growing again must reuse the allocation CPython keeps, not realloc
+    # (and maybe copy the megabytes held so far) on every call: count the reallocations of the data
+    # buffer. (The pure twin's bytearray.extend grows by CPython's own 1/8 steps.)
+    if core.NO_EXTENSIONS:
+        pytest.skip("RIVERBED_NO_EXTENSIONS=1")
+    out = core.new_arrow_buffers()
+    allocs = set()
+    for i in range(400):
+        core.chunk_to_arrow(core.encode_chunk([bytes([i % 251]) * 100] * 100, i * 100, 0), out=out)
+        allocs.add(out[4].__alloc__())
+    assert len(out[4]) == 400 * 100 * 100
+    assert unpack(out + (0,))[3][-1] == bytes([399 % 251]) * 100
+    assert len(allocs) <= 24, len(allocs)
+
+
 def test_bloom_is_skipped_and_wire_form_is_read(twin):
     chunk = mixed_chunk(twin, bloom=bytes(16))
     stored = unpack(twin.chunk_to_arrow(chunk))

@@ -4,7 +4,7 @@ The document is ``riverbed cluster status --json``'s (:func:`riverbed.shells.clu
 read from etcd: nodes up/down with their addresses, each stream's epoch, leader and members with
 ``committed_offset`` and ``lag``), plus ``"self"``, the name of the node that answers (the HTTP layer adds
 ``"forwarded"``, :mod:`riverbed.shells.http.cluster`). A member's ``lag`` is the records it holds fewer than the leader's log, from the positions each
-member reports to etcd (at most ``POLL_MAX`` old; a paused member's position stays as it was until its
+member reports to etcd (at most half a lease TTL old, node.py ``PROGRESS_EVERY``; a paused member's position stays as it was until its
 lease expires, so its lag grows while the leader's log does).
 
 Reads are shared: one etcd read serves every caller for ``CACHE_TTL`` seconds. Loop thread only.

@@ -152,7 +152,12 @@ class ClusterNode(ReplicationPlane):
     async def register(self, addresses):
         """Publish this node's listener addresses (``stream_port``, ``http_port``, ...)."""
         self.address.update(addresses)
-        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+        try:
+            await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+        except EtcdError:
+            # the lease expired while the listeners started (a loaded machine, a short TTL: etcd answers
+            # "lease not found"): a new one, which registers the addresses too
+            await self._new_lease()
         await self.etcd.put(self.prefix + "known/" + self.name, {"name": self.name})   # no lease: "down", not "unknown"
 
     async def stop(self):

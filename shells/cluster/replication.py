@@ -154,7 +154,12 @@ class ReplicationPlane:
             sent_offsets, offsets_seen = {}, -1
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
-                chunks, seqs = self.engine.read_for_replica(name, pos)
+                # most wakes (a commit moved, the heartbeat clock) find no new chunk: no read transaction
+                # (and no scan of the publisher sequences) for them
+                if pos < self.engine._current(name).next_offset:
+                    chunks, seqs = self.engine.read_for_replica(name, pos)
+                else:
+                    chunks, seqs = (), None
                 for i, (chunk_id, raw) in enumerate(chunks):
                     if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
                         writer.write(wire.json_frame(wire.SEQS, seqs))

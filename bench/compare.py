@@ -178,6 +178,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
         n = args.memory_msgs
     else:
         n = args.n_send if (args.n_send and sp["client"] in ("rbfly-raw", "rbfly-amqp")) else args.n
+        n = int(n * sp.get("n_scale", 1))
     tag = f"{os.getpid()}-{rnd}-{attempt}-{int(time.time() * 1000) % 10**8}"
     clients = []
     rec = {"workload": wname, "broker": broker.name, "round": rnd, "attempt": attempt, "n_per_client": n,

@@ -54,10 +54,6 @@ SERIAL = (
     "tests/cluster/test_failover.py",              # failover p50 and max bounds
     "tests/cluster/test_nemesis.py",               # a leader again within a bound after each fault
     "tests/cluster/test_partition_netns.py",       # lease expiry against the partition's timing
-    # a paused replica's lag seen rising within a bound; a read right after a stream is made on another
-    # node (each failed once under the parallel run's load, 2026-11-26)
-    "tests/cluster/test_cluster_view.py::test_dashboard_shows_the_cluster_and_a_paused_replicas_lag",
-    "tests/cluster/test_proxy_roundtrip.py::test_read_your_writes_through_another_node",
 )
 # The benches share one group (one worker, one after another): each looks for processes left behind by
 # its temporary directory's prefix, and none should find another bench's.

@@ -329,6 +329,33 @@ class Broker:
             return
         self.cluster.forwarding.lookup(name, lambda placed, exc: cb(bool(placed)))
 
+    def find_streams(self, names, cb):
+        """``cb(found)``: the set of ``names`` that exist here or, in a cluster, are placed on other
+        nodes, each miss asked of etcd first as :meth:`find_stream` does (all at once): the one check for
+        a request that answers "no such stream" (Metadata of every protocol). The server's own streams
+        (internal.py) are never found. ``cb`` runs on the loop, at once when no lookup is needed."""
+        found, ask = set(), []
+        for name in set(names):
+            if not name or is_internal(name):
+                continue
+            if self.has_stream_anywhere(name):
+                found.add(name)
+            elif self.cluster is not None:
+                ask.append(name)
+        if not ask:
+            cb(found)
+            return
+        left = [len(ask)]
+
+        def one(name, placed):
+            if placed:
+                found.add(name)
+            left[0] -= 1
+            if left[0] == 0:
+                cb(found)
+        for name in ask:
+            self.cluster.forwarding.lookup(name, lambda placed, exc, name=name: one(name, placed))
+
     def needs_copy(self, name):
         """Whether a reader of ``name`` here must first wait for :meth:`when_readable`: only in a cluster,
         on a node that holds no copy of it (or a copy still catching up for its first reader). False on a
@@ -549,7 +576,9 @@ class Broker:
     def resolve_after_writes(self, stream, spec, cb):
         """``cb(offset, exc)`` with ``spec`` resolved once every write the engine had already accepted
         has committed: a NEXT reader then starts after every message the broker received before it
-        asked, not just the committed ones."""
+        asked, not just the committed ones. In a cluster, on a node that does not lead ``stream``, NEXT
+        is also resolved only once this node's copy holds what the leader has committed now
+        (:meth:`catch_up`; at most ``--replication-timeout`` later)."""
         def resolved(res, exc):
             if exc is None:
                 try:
@@ -560,7 +589,10 @@ class Broker:
         if spec.kind != "next":
             resolved(None, None)
             return
-        self._call(self.engine.sync, resolved)
+        # in a cluster, on a node that does not lead the stream, NEXT is the committed end as the leader
+        # knows it: this node's copy catches up to it first (catch_up), so a subscriber on a member a few
+        # chunks behind does not start before records the leader had confirmed when it asked
+        self.catch_up(stream, lambda: self._call(self.engine.sync, resolved))
 
     def read_chunks(self, stream, offset, n):
         """Up to ``n`` committed chunks from the one holding ``offset`` (engine.read_chunks)."""

@@ -41,7 +41,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import membership, placement
+from riverbed.shells.cluster import membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
@@ -237,6 +237,13 @@ class ClusterNode(ReplicationPlane):
                                 await membership.promote(self, st)
                             if self._cut_off(st, now):
                                 await self._resign(st)
+                # a live member fell behind (paused, slow): the leader reports its position on every
+                # tick, so the member's lag shows at once (view.member_behind), not at the next reconcile
+                if self.etcd_view.current and any(view.member_behind(st, st.local_next(), self.nodes)
+                                                  for st in list(self.leading.values())):
+                    await self._report_progress()
+            except EtcdError as e:
+                log.debug("cluster: control loop: %s", e)
             except Exception:
                 log.exception("cluster: control loop failed")
             if now >= next_reconcile:
@@ -280,6 +287,8 @@ class ClusterNode(ReplicationPlane):
     async def _refresh(self):
         """Take nodes and placements from the watched copy of etcd's keys (etcdview.py) and take the role
         each stream gives this node."""
+        if viewhold.held(self.name):
+            return          # a test holds this node's view where it is (viewhold.py)
         # the super stream definitions are read again by superstreams.refresh if this node changed one
         # after this point
         generation = self.superstreams.generation
@@ -467,6 +476,9 @@ class ClusterNode(ReplicationPlane):
         if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
                 or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
             return False
+        st = self.leading.get(name)
+        if st is not None and view.member_behind(st, value["next"], self.nodes):
+            return False        # a live member fell behind: its lag shows now, not half a TTL later
         return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
 
     async def _maybe_elect(self, name, p, rev):

@@ -74,10 +74,23 @@ class Observers:
 
     def ready(self, name):
         """Whether the local copy of ``name`` (which exists) may be read now: a member's always; an
-        observer's once caught up, and not while it is being dropped."""
+        observer's once caught up; not while it is being dropped, nor while no role keeps it up to date
+        (:meth:`stale`)."""
         if name in self.node._member_deleting:
             return False
-        return name not in self.streams or self._caught_up(name)
+        if name in self.streams:
+            return self._caught_up(name)
+        return not self.stale(name)
+
+    def stale(self, name):
+        """Whether the local copy of ``name`` is one that nothing keeps up to date: the placement (as this
+        node knows it) names this node neither member nor learner, and it does not observe it. So is the
+        copy a node made a stream with before placing it on another node, or the one a ``delete-replica``
+        left, until the control loop drops it: a reader must not be served from it (it would wait in vain
+        for the leader's committed offset, then find it deleted). :meth:`observe` adopts it instead."""
+        entry = self.node.placements.get(name)
+        return (entry is not None and name not in self.node.leading
+                and not membership.take_part(self.node, name, entry[0]))
 
     def heard_commit(self, name, offset):
         """The leader sent COMMIT ``offset`` to this node's copy of ``name`` (replication.py hook)."""
@@ -135,7 +148,10 @@ class Observers:
             if entry is None:
                 raise CopyTimeout(f"stream {name!r} does not exist on the cluster")
             if membership.take_part(node, name, entry[0]):
-                # a member (or learner) whose copy is being made by the control loop: wait for it
+                if not node.engine.has_stream(name) and name not in node._member_creating:
+                    # a member (or learner) whose control loop has not taken its role yet (its view of
+                    # the cluster is a poll or a watch event behind): taken now, as that loop would
+                    await node._take_role(name, entry[0], entry[1])
                 while not node.engine.has_stream(name):
                     if time.monotonic() >= deadline:
                         raise CopyTimeout(f"this node's member copy of {name!r} is not there yet")
@@ -146,6 +162,15 @@ class Observers:
                 await node._create_local(name, entry[0].get("arguments") or {})
                 if not node.engine.has_stream(name):
                     raise CopyTimeout(f"cannot make a copy of {name!r} here")
+                self.follow(name, entry[0])
+            elif name not in self.streams:
+                # a copy here that no role keeps up to date (stale()): adopted as this node's observer
+                # copy; the leader truncates what it does not hold, as for any copy that follows it
+                log.info("cluster: %s observes %s (adopting the copy it holds; following its leader)",
+                         node.name, name)
+                self.streams[name] = None
+                if node.engine.read_limit(name) is None:
+                    node.engine.set_read_limit(name, 0)
                 self.follow(name, entry[0])
             while not self._caught_up(name) and name in self.streams:
                 if time.monotonic() >= deadline:

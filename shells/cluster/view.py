@@ -4,8 +4,12 @@ The document is ``riverbed cluster status --json``'s (:func:`riverbed.shells.clu
 read from etcd: nodes up/down with their addresses, each stream's epoch, leader and members with
 ``committed_offset`` and ``lag``), plus ``"self"``, the name of the node that answers (the HTTP layer adds
 ``"forwarded"``, :mod:`riverbed.shells.http.cluster`). A member's ``lag`` is the records it holds fewer than the leader's log, from the positions each
-member reports to etcd (at most half a lease TTL old, node.py ``PROGRESS_EVERY``; a paused member's position stays as it was until its
-lease expires, so its lag grows while the leader's log does).
+member reports to etcd. Reports that only move forward are written at most every half lease TTL
+(node.py ``_progress_can_wait``), except the leader's while a live member has fallen behind
+(:func:`member_behind`): then the leader reports its log's end on every tick of its control loop (at most
+0.25 s apart), so a paused or slow member's lag shows within a tick, a read of this view and a dashboard
+interval, and grows while the leader's log does (the paused member's own position stays as it was until
+its lease expires).
 
 Reads are shared: one etcd read serves every caller for ``CACHE_TTL`` seconds. Loop thread only.
 """
@@ -13,6 +17,9 @@ Reads are shared: one etcd read serves every caller for ``CACHE_TTL`` seconds. L
 import time
 
 CACHE_TTL = 0.5              # seconds one etcd read of the cluster state is served from memory
+# seconds without an acknowledgement after which a live member holding less than the leader's log counts
+# as behind (a member keeping up acknowledges each batch within milliseconds, an idle one holds it all)
+BEHIND_AFTER = 0.5
 
 _cache = {}                  # id(node) -> (monotonic time, document)
 
@@ -39,3 +46,14 @@ def for_user(doc, can_read):
     nodes = [dict(n, leads=[s for s in n["leads"] if can_read(s)]) for n in doc["nodes"]]
     return dict(doc, streams=streams, nodes=nodes,
                 forwarded={k: v for k, v in doc.get("forwarded", {}).items() if can_read(k)})
+
+
+def member_behind(st, head, live):
+    """Whether a member of ``st`` (a :class:`~riverbed.shells.cluster.replication.Leading`) that is up
+    (in ``live``, the node's view of the live nodes) holds less than ``head`` (the leader's log end) and
+    has not acknowledged anything for BEHIND_AFTER seconds: the leader then reports its position at once,
+    so the view shows that member's lag now. A member that is down (its lease gone) counts not: its lag
+    is unknown (null) anyway, and the leader's reports go back to their usual pace."""
+    now = time.monotonic()
+    return any(m != st.node.name and m in live and st.acked.get(m, 0) < head
+               and now - st.heard.get(m, st.since) >= BEHIND_AFTER for m in st.members)

@@ -295,18 +295,26 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             self._answer(slot, hdr.api_key, hdr.version, hdr.correlation_id, {
                 "throttle_time_ms": 0, "brokers": brokers, "cluster_id": CLUSTER_ID,
                 "controller_id": controller, "topics": [entry(n) for n in names]})
-        creatable = [n for n in missing if auto and self._allowed(CONFIGURE, n) and self._allowed(WRITE, n)]
-        if not creatable:
-            answer()
-            return
-        left = [len(creatable)]
 
-        def created(exc):
-            left[0] -= 1
-            if left[0] == 0:
+        def create_missing(known=()):
+            creatable = [n for n in missing if n not in known and auto and self._allowed(CONFIGURE, n)
+                         and self._allowed(WRITE, n)]
+            if not creatable:
                 answer()
-        for n in creatable:
-            self.broker.ensure_stream(n, created)
+                return
+            left = [len(creatable)]
+
+            def created(exc):
+                left[0] -= 1
+                if left[0] == 0:
+                    answer()
+            for n in creatable:
+                self.broker.ensure_stream(n, created)
+        if missing and self.broker.cluster is not None:
+            # a topic made on another node a moment ago is asked of etcd before it is called unknown
+            self.broker.find_streams(missing, self._later(create_missing))
+            return
+        create_missing()
 
     def _not_leader(self, topic, index):
         """(NOT_LEADER_OR_FOLLOWER, why) when this cluster member does not lead that partition, else None.
@@ -488,7 +496,22 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
     # --------------------------------------------------------------------------------------------- Fetch
 
     def _on_fetch(self, hdr, req):
-        _Fetch(self, hdr, req, self._slot()).run()
+        fetch = _Fetch(self, hdr, req, self._slot())
+        unknown = [t["topic"] for t in req["topics"] if self.broker.cluster is not None
+                   and self.shell.partitions(t["topic"]) is None]
+        if unknown:
+            # in a cluster, a topic made on another node a moment ago is asked of etcd first
+            self.broker.find_streams(unknown, self._later(lambda found: fetch.run()))
+            return
+        fetch.run()
+
+    def _unknown_here(self, stream):
+        """The error of a read of ``stream`` that this node holds no copy of: NOT_LEADER_OR_FOLLOWER when a
+        cluster places it on other nodes (the client asks Metadata again and goes to its leader), else
+        UNKNOWN_TOPIC_OR_PARTITION."""
+        if self.broker.cluster is not None and self.broker.has_stream_anywhere(stream):
+            return C.ERR_NOT_LEADER_OR_FOLLOWER
+        return C.ERR_UNKNOWN_TOPIC_OR_PARTITION
 
     # --------------------------------------------------------------------------------------- ListOffsets
 
@@ -520,7 +543,7 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
                     else:
                         res["offset"], res["timestamp"] = self._offset_for_time(stream, ts, budget)
                 except StreamNotFound:
-                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    res["error_code"] = self._unknown_here(stream)
                 except RiverbedError:
                     res["error_code"] = C.ERR_KAFKA_STORAGE_ERROR
         self._reply(hdr, {"throttle_time_ms": 0, "topics": topics})
@@ -627,7 +650,7 @@ class _Fetch:
                 try:
                     first, hw = s.shell.offsets(stream)
                 except StreamNotFound:
-                    res["error_code"] = C.ERR_UNKNOWN_TOPIC_OR_PARTITION
+                    res["error_code"] = s._unknown_here(stream)
                     continue
                 res.update(high_watermark=hw, last_stable_offset=hw, log_start_offset=first)
                 off = p["fetch_offset"]

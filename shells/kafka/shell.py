@@ -94,7 +94,8 @@ class KafkaShell:
         parts = self.broker.partitions(topic)
         if parts:
             return parts
-        if self.broker.has_stream(topic):
+        # in a cluster, also a stream placed on other nodes only: Metadata names its leader
+        if self.broker.has_stream_anywhere(topic):
             return [topic]
         return None
 

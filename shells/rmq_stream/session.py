@@ -503,9 +503,12 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         cluster = getattr(self.broker, "cluster", None)
         if cluster is not None:
             # a cluster member: each stream's leader and replicas with their advertised addresses, also
-            # for a stream this node holds no copy of (a client routes itself to its members)
-            brokers, entries = cluster.rmq_metadata(streams, self.broker.has_stream_anywhere, (host, port))
-            self._send(encode_metadata_response(corr, brokers, entries))
+            # for a stream this node holds no copy of (a client routes itself to its members); a stream
+            # this node has not heard of yet is asked of etcd first (made elsewhere a moment ago)
+            def found(names):
+                brokers, entries = cluster.rmq_metadata(streams, names.__contains__, (host, port))
+                self._send(encode_metadata_response(corr, brokers, entries))
+            self.broker.find_streams(streams, self._later(found))
             return
         entries = [(s, RC_OK, 0, []) if s and has(s) else (s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, [])
                    for s in streams]

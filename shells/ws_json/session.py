@@ -240,10 +240,9 @@ class ResendJob:
 
     def start(self):
         broker = self.session.shell.broker
-        # on a cluster node that does not lead the stream, first up to what its leader has committed
-        # (read-your-writes across nodes); at once elsewhere
-        broker.catch_up(self.log_stream, lambda: broker.resolve_after_writes(self.log_stream, OffsetSpec.next(),
-                                                                             self._bounds))
+        # on a cluster node that does not lead the stream, NEXT waits until this node's copy holds what
+        # its leader has committed (read-your-writes across nodes: Broker.resolve_after_writes)
+        broker.resolve_after_writes(self.log_stream, OffsetSpec.next(), self._bounds)
 
     def _bounds(self, next_offset, exc):
         if exc is not None:

@@ -370,9 +370,12 @@ class McSession(SessionKernel):
 
     def _copy_first(self, req):
         """A SUB on a cluster node holding no copy of a topic's stream: the node makes the copies from
-        their leaders first (remote_read.py), and the SUB takes its turn once they are ready. False when
-        no copy is needed (the SUB runs as usual, at once)."""
-        names = []
+        their leaders first (remote_read.py), and the SUB takes its turn once they are ready. A SUB from
+        the next message on a node that does not lead the stream waits until its copy holds what the
+        leader has committed (Broker.catch_up), so it starts at the committed end as the leader knows it.
+        False when neither is needed (the SUB runs as usual, at once: always on a lone node)."""
+        names, behind = [], []
+        from_next = self.broker.cluster is not None and req.header(HDR_OFFSET) is None
         for topic in req.body:
             try:
                 name = codec.topic_name(topic)
@@ -380,13 +383,15 @@ class McSession(SessionKernel):
                 continue         # the SUB itself refuses it
             if self.broker.needs_copy(name):
                 names.append(name)
-        if not names:
+            elif from_next and self.broker.has_stream(name) and self.broker.cluster.check_write(name) is not None:
+                behind.append(name)      # a member or an observer: NEXT as the leader knows it
+        if not names and not behind:
             return False
         entry = [False, lambda: self._run(req)]
         self.queue.append(entry)
-        left = [len(names)]
+        left = [len(names) + len(behind)]
 
-        def ready(exc):
+        def ready(exc=None):
             left[0] -= 1
             if left[0] == 0:
                 entry[0] = True
@@ -394,6 +399,8 @@ class McSession(SessionKernel):
         for name in names:
             # not _later: the entry counts in this session's pending_ops until it has run
             self.broker.when_readable(name, ready)
+        for name in behind:
+            self.broker.catch_up(name, ready)
         return True
 
     def in_order(self, fn):

@@ -19,8 +19,14 @@ from chromium import browser, open_page  # noqa: F401  (browser: a fixture)
 pytestmark = pytest.mark.integration
 
 STREAM = "view-orders"
-LEASE_TTL = 4.0          # long enough that a member paused for PAUSE seconds keeps its lease (and stays up)
-PAUSE = 2.5
+# A member is paused until its lag has been seen, for PAUSE_MAX seconds at most. It keeps its lease (and
+# stays up, its position reported) that long: keepalives go every TTL/4, so the lease lasts >= 0.75 TTL.
+# The lag shows within a poll (0.25 s) after the member has been silent for view.BEHIND_AFTER (the leader
+# then reports its log's end at once), plus a read of the view (view.CACHE_TTL) and, on the dashboard, a
+# snapshot interval: about 2.3 s at most on an idle machine, so PAUSE_MAX leaves room for a loaded one.
+LEASE_TTL = 8.0
+PAUSE_MAX = 5.0
+SEEN_FOR = 0.6           # seconds the member stays paused once its lag shows (a few more samples)
 
 
 def get(srv, path):
@@ -105,22 +111,28 @@ def lag_of(doc, node):
 
 
 def pause_and_watch(cluster, leader, paused, sample):
-    """Publish through the leader, SIGSTOP ``paused`` for PAUSE s, then SIGCONT; ``sample()`` returns the
-    lag of ``paused`` as some view shows it. Returns (lags while paused, lags after, publisher)."""
+    """Publish through the leader, SIGSTOP ``paused`` until ``sample()`` (the lag of ``paused`` as some
+    view shows it) has been above 0, and above what it showed before the pause, for SEEN_FOR s (or for
+    PAUSE_MAX s), then SIGCONT. Returns (lags while paused, lags after, publisher)."""
     pub = Publisher(cluster.nodes[leader].port)
     pub.start()
     pid = cluster.nodes[paused].proc.pid
     during, after = [], []
     try:
         time.sleep(0.5)
+        before = sample() or 0     # positions are reported at intervals: a running member may show some lag
         os.kill(pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        seen = None
         try:
-            t_end = time.monotonic() + PAUSE
-            while time.monotonic() < t_end:
+            while time.monotonic() < t0 + PAUSE_MAX and (seen is None or time.monotonic() < seen + SEEN_FOR):
                 during.append(sample())
+                if seen is None and (during[-1] or 0) > before:
+                    seen = time.monotonic()
                 time.sleep(0.2)
         finally:
             os.kill(pid, signal.SIGCONT)
+        print(f"lag first seen {seen - t0:.2f} s after SIGSTOP" if seen else "lag not seen while paused")
         pub.stop.set()
         pub.join(30)
         deadline = time.monotonic() + 20
@@ -133,7 +145,8 @@ def pause_and_watch(cluster, leader, paused, sample):
         pub.stop.set()
         os.kill(pid, signal.SIGCONT)
     assert pub.error is None, pub.error
-    print(f"lag of {paused} while paused: {during}; after SIGCONT: {after}; {pub.confirmed} confirmed")
+    print(f"lag of {paused} before: {before}; while paused: {during}; after SIGCONT: {after}; "
+          f"{pub.confirmed} confirmed")
     return during, after, pub
 
 

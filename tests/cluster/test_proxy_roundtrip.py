@@ -7,8 +7,11 @@ Real etcd and three ``riverbed serve`` nodes, one cluster for the module."""
 
 import asyncio
 import base64
+import contextlib
 import json
+import os
 import re
+import signal
 import socket
 import struct
 import subprocess
@@ -29,14 +32,16 @@ from rawwire import entry_records
 
 from riverbed.engine import core
 from riverbed.engine.format import H_CHUNK_ID, LEN_CHUNK_HEADER
+from riverbed.shells.cluster.kafka_view import node_id
+from riverbed.shells.kafka import codec as kc
 
 pytestmark = pytest.mark.integration
 
-ALL_LISTENERS = ("--bson-port", "0", "--zmq-port", "0", "--ws-port", "0", "--text-port", "0")
+ALL_LISTENERS = ("--bson-port", "0", "--zmq-port", "0", "--ws-port", "0", "--text-port", "0", "--kafka-port", "0")
 PROTOCOLS = ("rmq", "bson", "zmq", "ws", "ream")
 MARK = re.compile(r"(rmq|bson|zmq|ws|ream)-(\d+)")
-KEY_SUBSCRIBE, KEY_DELIVER, KEY_CREDIT = 0x07, 0x08, 0x09
-OFFSET_FIRST = 1
+KEY_SUBSCRIBE, KEY_DELIVER, KEY_CREDIT, KEY_METADATA = 0x07, 0x08, 0x09, 0x0F
+OFFSET_FIRST, OFFSET_NEXT = 1, 3
 ROUNDS = 8
 IDLE = 3.0          # seconds (RIVERBED_OBSERVER_IDLE_SECONDS of the nodes)
 
@@ -47,7 +52,11 @@ def cluster(tmp_path_factory):
         # observer copies unread for this long are dropped (a new reader makes one again): short here, so
         # that the tests below also read through copies made again
         mp.setenv("RIVERBED_OBSERVER_IDLE_SECONDS", str(IDLE))
+        # a node whose file is in this directory reads no new cluster state from etcd (viewhold.py)
+        hold_dir = tmp_path_factory.mktemp("hold")
+        mp.setenv("RIVERBED_CLUSTER_HOLD_DIR", str(hold_dir))
         with module_cluster(tmp_path_factory, "proxy", extra=ALL_LISTENERS) as c:
+            c.hold_dir = hold_dir
             yield c
 
 
@@ -374,6 +383,167 @@ def test_an_idle_observer_copy_is_dropped_and_made_again(cluster):
     assert pub.publish(3)
     pub.close()
     assert bson_read(outside, "idle", 4) == expected + [(3, ("ream", 3))]
+
+
+# ------------------------------------------------------------- nodes a change has not reached yet
+
+@contextlib.contextmanager
+def view_held(c, *names):
+    """The view of the cluster of nodes ``names`` held where it is while the block runs: they read no new
+    nodes or placements from etcd (RIVERBED_CLUSTER_HOLD_DIR), as a node a poll or a watch event behind."""
+    for n in names:
+        (c.hold_dir / n).touch()
+    try:
+        yield
+    finally:
+        for n in names:
+            (c.hold_dir / n).unlink()
+
+
+def kafka_call(srv, api_key, version, body):
+    """One Kafka request to ``srv``'s Kafka listener; the decoded response."""
+    with socket.create_connection(("127.0.0.1", srv.ports["kafka"]), timeout=20) as s:
+        s.sendall(kc.encode_request(api_key, version, 7, "raw", body))
+        head = s.recv(4, socket.MSG_WAITALL)
+        data = s.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
+    return kc.decode_response(api_key, version, data)[1]
+
+
+def rmq_metadata(srv, stream):
+    """``(code, leader port)`` of ``stream`` in a RabbitMQ Stream Metadata answer of ``srv``."""
+    cl = connect(srv.port)
+    try:
+        code, rest = cl.request(KEY_METADATA, struct.pack(">i", 1) + rawwire.s(stream))
+    finally:
+        cl.close()
+    # (``code`` is the first two bytes of the broker list's count: Metadata has no response code)
+    body = struct.pack(">H", code) + rest
+    n, pos, ports = struct.unpack_from(">i", body)[0], 4, {}
+    for _ in range(n):
+        ref, hl = struct.unpack_from(">Hh", body, pos)
+        pos += 4 + hl
+        ports[ref] = struct.unpack_from(">I", body, pos)[0]
+        pos += 4
+    (m,) = struct.unpack_from(">i", body, pos)
+    assert m == 1
+    sl = struct.unpack_from(">h", body, pos + 4)[0]
+    pos += 6 + sl
+    rc, leader = struct.unpack_from(">HH", body, pos)
+    return rc, ports.get(leader)
+
+
+def create_on(c, srv, name, args):
+    """Create ``name`` through ``srv`` and wait until etcd places it (not until its members report: a
+    member whose view is held never does)."""
+    cl = connect(srv.port)
+    try:
+        assert cl.create(name, args) == rawwire.OK
+    finally:
+        cl.close()
+    c.wait(lambda st: stream_of(st, name) is not None, what=f"{name} placed")
+
+
+def test_reads_through_nodes_that_have_not_seen_a_new_stream_yet(cluster):
+    """Streams made on n1 are read at once through n3, whose view of the cluster is held (it has not read
+    the new placements): as a member whose copy its control loop has not made yet (one stream per read
+    path, so that each is the first reader: the five protocols' subscriptions, a REST ``last``, the HTTP
+    API's stats) and as a node holding no copy. Each path that could answer "no such stream" asks etcd
+    first, also RabbitMQ Stream and Kafka Metadata and a Kafka Fetch. Then the copy that n1, its view
+    held too, made a stream with before placing it on another node: a read there follows that stream's
+    leader (n1 adopts the copy); it does not wait in vain for a copy nothing updates."""
+    c = cluster
+    n1, n3 = c.nodes["n1"], c.nodes["n3"]
+    local = {"queue-leader-locator": "client-local"}
+    firsts = (*READERS, "rest", "api")
+    expected = [(i, ("ream", i)) for i in range(2)]
+    with view_held(c, "n3"):
+        for first in firsts:       # n3 a member, its copy not made
+            create_on(c, n1, f"held-{first}", dict(local, **{"initial-cluster-size": "3"}))
+        create_on(c, n1, "held1", dict(local, **{"initial-cluster-size": "1"}))   # n3 holds no copy
+        for stream in [f"held-{f}" for f in firsts] + ["held1"]:
+            pub = publisher("ream", n1, stream)
+            for i in range(2):
+                assert pub.publish(i)
+            pub.close()
+        for stream in ("held-rmq", "held1"):
+            assert rmq_metadata(n3, stream) == (rawwire.OK, n1.port), stream
+            md = kafka_call(n3, kc.API_METADATA, 9, {"topics": [{"name": stream}], "allow_auto_topic_creation": False})
+            (t,) = md["topics"]
+            assert t["error_code"] == 0 and t["partitions"][0]["leader_id"] == node_id("n1"), (stream, t)
+        for proto, read in READERS.items():
+            assert read(n3, f"held-{proto}", 2) == expected, proto
+        assert rest_last(n3, "held-rest") == expected[-1:]
+        req = urllib.request.Request(f"http://127.0.0.1:{n3.ports['http']}/api/streams/held-api",
+                                     headers={"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()})
+        with urllib.request.urlopen(req, timeout=20) as r:
+            assert r.status == 200
+        assert rest_last(n3, "held1") == expected[-1:]
+        assert rmq_read(n3, "held1", 2) == expected
+        # a Kafka Fetch of a stream n3 has not heard of and holds no copy of: not "unknown topic" but
+        # "not the leader" (the client asks Metadata again, which names n1, and fetches there)
+        create_on(c, n1, "held1k", dict(local, **{"initial-cluster-size": "1"}))
+        fetch = {"max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+                 "topics": [{"topic": "held1k", "partitions": [{"partition": 0, "fetch_offset": 0,
+                                                                "partition_max_bytes": 1 << 20}]}],
+                 "forgotten_topics_data": []}
+        res = kafka_call(n3, kc.API_FETCH, 12, fetch)["responses"][0]["partitions"][0]
+        assert res["error_code"] == kc.ERR_NOT_LEADER_OR_FOLLOWER, res
+    # n1 made "left1" and placed it on the node leading fewest streams (n1 leads the held-* ones): its
+    # own copy, which no role keeps up to date, stays while its view is held
+    with view_held(c, "n1"):
+        create_on(c, n1, "left1", {"initial-cluster-size": "1"})
+        st = wait_placed(c, "left1")
+        leader = stream_of(st, "left1")["leader"]
+        assert leader != "n1", st
+        pub = publisher("ream", c.nodes[leader], "left1")
+        for i in range(2):
+            assert pub.publish(i)
+        pub.close()
+        assert rest_last(n1, "left1") == [(1, ("ream", 1))]
+        assert rmq_read(n1, "left1", 2) == [(0, ("ream", 0)), (1, ("ream", 1))]
+
+
+def test_a_subscription_from_next_on_a_lagging_member_starts_at_the_committed_end(cluster):
+    """A member that fell behind (SIGSTOP while its leader committed more with the other member) gets a
+    Subscribe from ``next`` (sent while it is stopped, so it is the first thing it reads when it runs
+    again): the subscription starts at the committed end as the leader knows it, not at this member's
+    own end; the first record it delivers is the one published after it subscribed."""
+    c = cluster
+    members = make_stream(c, "lagn", 3)
+    leader = stream_of(c.status(), "lagn")["leader"]
+    lagging = c.nodes[sorted(members - {leader})[0]]
+    pub = rawwire.RawClient(c.nodes[leader].port, timeout=20)
+    assert pub.handshake() == rawwire.OK and pub.declare_publisher(1, "lagn") == rawwire.OK
+    ok, _ = pub.publish_confirmed(1, [(i, b"before-%d" % i) for i in range(10)], timeout=20)
+    assert len(ok) == 10
+    sub = connect(lagging.port)
+    os.kill(lagging.proc.pid, signal.SIGSTOP)
+    try:
+        # committed by the leader and the other member; the lagging one holds none of it
+        ok, _ = pub.publish_confirmed(1, [(10 + i, b"x" * 200) for i in range(2000)], timeout=20)
+        assert len(ok) == 2000
+        corr = sub.next_corr()
+        sub.send(rawwire.frame(KEY_SUBSCRIBE, struct.pack(">I", corr) + struct.pack(">B", 0) + rawwire.s("lagn")
+                               + struct.pack(">HH", OFFSET_NEXT, 10) + struct.pack(">I", 0)))
+    finally:
+        os.kill(lagging.proc.pid, signal.SIGCONT)
+    try:
+        resp = sub.wait_for(KEY_SUBSCRIBE | 0x8000, corr, timeout=20)
+        assert struct.unpack_from(">H", resp, 4)[0] == rawwire.OK
+        ok, _ = pub.publish_confirmed(1, [(5000, b"after")], timeout=20)
+        assert ok == {5000}
+        deadline = time.monotonic() + 20
+        while True:
+            f = sub.pushed.pop(0) if sub.pushed else sub.recv_frame(20)
+            assert f is not None and time.monotonic() < deadline
+            key, _, body = f
+            if key == KEY_DELIVER and body[0] == 0:
+                first, records = rawwire.delivered_chunk(body)
+                break
+        assert (first, records[:1]) == (2010, [b"after"])
+    finally:
+        sub.close()
+        pub.close()
 
 
 def test_an_observer_follows_the_next_leader(cluster):

@@ -30,14 +30,15 @@ def test_scaleup_goal_is_the_pairs_rate_over_one_nodes():
 def test_bench_compare_runs_the_scaleup_row_with_each_node_leading_one_stream(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none", "--no-floors",
-                        "--workloads", "scaleup-publish", "--n", "200000", "--rounds", "1", "--max-tries", "1",
+                        "--workloads", "scaleup-publish", "--n", "25000", "--rounds", "1", "--max-tries", "1",
                         "--quiet-wait", "0", "--durable-fsync", "none", "--no-chart", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((tmp_path / "run.json").read_text())
     by = {run["broker"]: run for run in doc["runs"]}
     assert by["riverbed"]["ok"] and by[RiverbedPair.name]["ok"], [run.get("error") for run in doc["runs"]]
-    assert by[RiverbedPair.name]["n"] == 400000
+    # the row sends n_scale (8) × --n per process, so that a run lasts long enough to judge scaling
+    assert by[RiverbedPair.name]["n_per_client"] == 200000 and by[RiverbedPair.name]["n"] == 400000
     # both nodes worked: each led the stream its client made there (initial-cluster-size 1, client-local);
     # 200,000 messages a client, so that each node's CPU is well above /proc's 10 ms tick
     n1, n2 = by[RiverbedPair.name]["server_node_cpu_s"]

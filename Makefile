@@ -54,6 +54,7 @@ test-compiled: install
 	@ci/npm-rmq-js-deps.sh >/dev/null
 	@ci/ensure-chromium.sh
 	@ci/ensure-etcd.sh
+	@ci/ensure-librdkafka.sh
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --serial exclude $(PYTEST_ARGS) || [ $$? -eq 5 ]
 	$(BIN)/python -m pytest --serial only $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
@@ -83,7 +84,7 @@ bench-compare: install
 # FUZZ_ACCUMULATE=1: FUZZ_RUNS is a total over runs (.fuzz/totals/), each run adds to it; `python -m
 # tests.fuzz.runner totals` prints the sums.
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,record,chunk,replication
+FUZZ_TARGETS ?= rmq,bson,zmq,ws,ream,kafka,record,chunk,replication
 FUZZ_RUNS ?= 0
 fuzz: install
 	@$(BIN)/python -c "import atheris" 2>/dev/null || $(PIP) install -q -e '.[test,fuzz]'

@@ -63,6 +63,8 @@ PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-r3-publish", "nats-r3-cons
 PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume")})
 # Riverbed's Kafka shell with confluent-kafka (librdkafka): bench._kafka
 PEER_CLIENTS.update({w: "bench._kafka" for w in ("kafka-produce", "kafka-consume")})
+# the same rows with librdkafka driven from C (bench/kafka_native.c): bench._kafka_native
+PEER_CLIENTS.update({w: "bench._kafka_native" for w in ("kafka-produce-native", "kafka-consume-native")})
 
 
 # --------------------------------------------------------------------------------------------------

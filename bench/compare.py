@@ -14,7 +14,8 @@ What it does:
    "in the page cache"), and a second one with ``--durable-fsync`` (default ``batch``) for the
    separately labelled durable rows;
 3. runs every workload against Riverbed and RabbitMQ (the same real clients; the Kafka rows, ``bench._kafka``
-   with confluent-kafka against Riverbed's Kafka port, only against Riverbed), and each workload's Redis
+   with confluent-kafka and ``bench._kafka_native`` with librdkafka driven from C, against Riverbed's Kafka
+   port, only against Riverbed), and each workload's Redis
    and NATS counterpart (their own clients: ``bench._redis``, ``bench._nats``; the mapping is
    ``bench._workloads.PEER_MAP``), interleaved, ``--rounds`` rounds, each run in its own client process
    (``bench._client``) on a fresh stream that is deleted afterwards; a run during which other processes
@@ -60,7 +61,7 @@ import sys
 import threading
 import time
 
-from bench import _floors, _procs
+from bench import _floors, _kafka_native, _procs
 from bench._client import machine_stat
 from bench._cluster import NatsCluster, RiverbedCluster
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
@@ -448,6 +449,9 @@ def main(argv=None):
         "loadavg_start": os.getloadavg(), "args": {k: v for k, v in vars(args).items()},
         "clients": versions(), "skipped_peers": {},
     }
+    # the native Kafka rows need their C client built (untimed, once): without a compiler or librdkafka's
+    # header they are left out, and the reason is printed
+    args.workload_list, meta["skipped_native"] = _kafka_native.prepare(args.workload_list, log)
     bar = None
     try:
         for name, srv in list(peers.items()):
@@ -658,6 +662,8 @@ def main(argv=None):
                   + "; ".join(f"{sp['label']} ({sp['kind']} rows)" for sp in PEER_W.values() if sp["peer"] == p))
     for p, why in meta["skipped_peers"].items():
         print(f"{PEER_LABELS[p]}: skipped, it could not be installed or started ({why})")
+    if meta["skipped_native"]:
+        print(f"Native Kafka rows ({', '.join(_kafka_native.WORKLOADS)}): left out ({meta['skipped_native']})")
     kept = [r for r in runs if r.get("kept")]
     noisy = [r for r in kept if r.get("noisy")]
     failed = [r for r in runs if not r["ok"]]

@@ -6,7 +6,8 @@ reference and its docstrings are the spec for every function here. The code is s
 package-dir mapping). The protocols' frame parsers (RabbitMQ Stream Publish, mewbase PUB, both frame
 splitters) are not here but in the shells' compiled module :mod:`riverbed.shells._wire`, which includes
 ``bytes.pxi``, ``crc.pxi`` and ``header.pxi`` from this folder. All functions are pure (no shared state)
-and thread-safe; the long byte loops (CRC, copies into a fresh result) run with the GIL released.
+and thread-safe; the long copies into a fresh result run with the GIL released, and the data CRC of a big
+buffer is ISA-L's (``crc.pxi``, :mod:`riverbed.engine.datacrc`).
 """
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t

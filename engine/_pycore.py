@@ -8,6 +8,7 @@ and the fallback when ``RIVERBED_NO_EXTENSIONS=1``; the engine picks an implemen
 import struct
 import zlib
 
+from riverbed.engine.datacrc import crc32 as _data_crc32
 from riverbed.engine.errors import ChunkError
 from riverbed.engine.format import (
     BLOOM_SEED_1, BLOOM_SEED_2, CHUNK_MAGIC_VERSION, CHUNK_USER, COMPRESSION_NONE, HEADER_STRUCT,
@@ -31,8 +32,9 @@ _SUB = struct.Struct(">BHII")
 
 
 def crc32(data, value=0):
-    """zlib crc32 of ``data`` (any buffer), continuing from ``value``."""
-    return zlib.crc32(data, value)
+    """zlib crc32 of ``data`` (any buffer), continuing from ``value`` (computed by
+    :mod:`riverbed.engine.datacrc`: ISA-L's when python-isal is installed)."""
+    return _data_crc32(data, value)
 
 
 def encode_entries(records):
@@ -63,7 +65,7 @@ def build_chunk(data, num_entries, num_records, timestamp, chunk_id, epoch=0, ch
                 bloom=b"", trailer=b""):
     """Header + bloom + data + trailer as one ``bytes``; computes the data CRC."""
     header = HEADER_STRUCT.pack(CHUNK_MAGIC_VERSION, chunk_type, num_entries, num_records, timestamp, epoch,
-                                chunk_id, zlib.crc32(data), len(data), len(trailer), len(bloom))
+                                chunk_id, _data_crc32(data), len(data), len(trailer), len(bloom))
     return b"".join((header, bloom, data, trailer))
 
 
@@ -100,7 +102,7 @@ def check_chunk(buf):
         raise ChunkError(f"lengths (bloom {bloom}, data {data_len}, trailer {trailer_len}) do not add up "
                          f"to the stored {len(buf)} bytes")
     start = LEN_CHUNK_HEADER + bloom
-    crc = zlib.crc32(memoryview(buf)[start:start + data_len])
+    crc = _data_crc32(memoryview(buf)[start:start + data_len])
     if crc != h[7]:
         raise ChunkError(f"data CRC 0x{crc:08x} does not match header CRC 0x{h[7]:08x}")
     return h
@@ -348,7 +350,7 @@ def _arrow_chunk(chunk, first_offset, end_offset, out, verify, wire):
         if verify:
             if LEN_CHUNK_HEADER + h[8] != len(mv):
                 raise ChunkError(f"data length {h[8]} does not add up to the delivered {len(mv)} bytes")
-            crc = zlib.crc32(mv[start:start + h[8]])
+            crc = _data_crc32(mv[start:start + h[8]])
             if crc != h[7]:
                 raise ChunkError(f"data CRC 0x{crc:08x} does not match header CRC 0x{h[7]:08x}")
     else:

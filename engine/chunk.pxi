@@ -2,7 +2,7 @@
 # riverbed.engine.format; the header struct and its writer are header.pxi.
 
 def crc32(data, value=0):
-    """zlib crc32 of ``data`` (any buffer), continuing from ``value``."""
+    """zlib crc32 of ``data`` (any buffer), continuing from ``value`` (big buffers through ISA-L: crc.pxi)."""
     cdef Py_buffer view
     # zlib.crc32 masks the start value to 32 bits; so do we (and a non-integer raises TypeError).
     cdef uint32_t start = <uint32_t>(<uint64_t>(value & 0xFFFFFFFF))
@@ -181,10 +181,10 @@ cdef void c_records_write(const Records* r, unsigned char* out) noexcept nogil:
         out += SIMPLE_HDR_LEN + n
 
 
-cdef void c_write_chunk_nogil(const Records* r, unsigned char* out, Header* h) noexcept nogil:
-    c_records_write(r, out + HDR_LEN)
-    # CRC over the fresh copy: it is still in cache.
-    h.crc = c_crc32_nogil(0, out + HDR_LEN, r.total)
+cdef void c_seal_chunk(unsigned char* out, Header* h, Py_ssize_t data_at) noexcept:
+    # the data CRC (right after the copy, so the data is still in cache), then the header; with the GIL
+    # held, as c_crc32's fast path needs it
+    h.crc = c_crc32(0, out + data_at, h.data_len)
     c_put_header(out, h)
 
 
@@ -265,16 +265,14 @@ def encode_sub_batch(records, compression=COMPRESSION_NONE, compress=None):
 
 # ---- chunks -------------------------------------------------------------------------------------------
 
-cdef void c_fill_chunk_nogil(unsigned char* out, Header* h, const Py_buffer* bloom, const Py_buffer* data,
+cdef void c_fill_chunk_nogil(unsigned char* out, const Py_buffer* bloom, const Py_buffer* data,
                              const Py_buffer* trailer) noexcept nogil:
     cdef unsigned char* q = out + HDR_LEN
     memcpy(q, bloom.buf, bloom.len)
     q += bloom.len
     memcpy(q, data.buf, data.len)
-    h.crc = c_crc32_nogil(0, q, data.len)
     q += data.len
     memcpy(q, trailer.buf, trailer.len)
-    c_put_header(out, h)
 
 
 def build_chunk(data, num_entries, num_records, timestamp, chunk_id, epoch=0, chunk_type=CHUNK_USER,
@@ -316,9 +314,10 @@ def build_chunk(data, num_entries, num_records, timestamp, chunk_id, epoch=0, ch
         out = <unsigned char*>PyBytes_AS_STRING(result)
         if total >= NOGIL_MIN:
             with nogil:
-                c_fill_chunk_nogil(out, &h, &bv, &dv, &tv)
+                c_fill_chunk_nogil(out, &bv, &dv, &tv)
         else:
-            c_fill_chunk_nogil(out, &h, &bv, &dv, &tv)
+            c_fill_chunk_nogil(out, &bv, &dv, &tv)
+        c_seal_chunk(out, &h, HDR_LEN + bv.len)
     finally:
         if held >= 3:
             PyBuffer_Release(&tv)
@@ -359,9 +358,10 @@ cdef object c_encode_chunk(records, chunk_id, timestamp, epoch, bint writable):
             out = <unsigned char*>PyBytes_AS_STRING(result)
         if r.total >= NOGIL_MIN:
             with nogil:
-                c_write_chunk_nogil(&r, out, &h)
+                c_records_write(&r, out + HDR_LEN)
         else:
-            c_write_chunk_nogil(&r, out, &h)
+            c_records_write(&r, out + HDR_LEN)
+        c_seal_chunk(out, &h, HDR_LEN)
     finally:
         c_records_close(&r)
     return result

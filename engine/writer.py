@@ -24,7 +24,10 @@ from riverbed.engine import core
 from riverbed.engine.errors import (
     ChunkError, InvalidArgument, RiverbedError, StorageFull, StreamExists, StreamNotFound,
 )
-from riverbed.engine.format import H_CHUNK_ID, H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
+from riverbed.engine.format import (
+    CHUNK_MAGIC_VERSION, CHUNK_USER, H_CHUNK_ID, H_RECORDS, H_TIMESTAMP, HEADER_STRUCT, LEN_CHUNK_HEADER,
+    TRACKING_OFFSET, TRACKING_SEQUENCE,
+)
 from riverbed.engine.layout import (
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, TS_BIAS,
     AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
@@ -808,13 +811,13 @@ class _Staged:
         ends = counts = None
         if req.publisher is not None and ids is not None:
             last = self.seq(s.sid, req.publisher)
-            if type(ids) is PublishingIds:
+            if isinstance(ids, PublishingIds):
                 # summarised by the caller: no per-id work unless some entry is a duplicate
                 fresh = ids.increasing and len(ids) > 0 and ids.first > last
             else:
                 fresh = ids and ids[0] > last and all(ids[i] < ids[i + 1] for i in range(len(ids) - 1))
             if fresh:
-                new_last = ids.last if type(ids) is PublishingIds else ids[-1]
+                new_last = ids.last if isinstance(ids, PublishingIds) else ids[-1]
             else:
                 data, ends, counts, filters, dups, new_last = self._drop_duplicates(data, ids, filters, last)
                 sealed = False
@@ -839,6 +842,10 @@ class _Staged:
             if req.crc_pending:
                 _CRC.pack_into(req.data, H_CRC_OFFSET, core.crc32(data))
             self._write(s, req.data, records)
+            return res
+        if sealed and filters is None and (len(data) > s.chunk_max or records > s.chunk_max_records):
+            # a big Publish or Produce over the stream's bounds: cut where the core says, no copy
+            self._cut_in_place(s, p, req.data, res)
             return res
         if ends is None and entries is not None and entries <= MAX_CHUNK_ENTRIES:
             # the common case: the caller counted the entries and they fit in one chunk
@@ -948,6 +955,39 @@ class _Staged:
             p.records = records
             start = end
         p.unfiltered = True
+        res.last = s.next_offset + p.records - 1
+
+    def _cut_in_place(self, s, p, chunk, res):
+        """Store a caller's sealed ``chunk`` (a bytearray) that is over the stream's bytes or records per
+        chunk as several chunks, each a view of the caller's buffer: its header is written over the 48
+        bytes before its data (the end of the piece before, which its put has copied into the map) and
+        those bytes are put back after its own put, so the buffer is as it came should the transaction be
+        redone (MapFullError). A small last piece stays pending, as _add_cut leaves it, when other appends
+        of this commit may join it."""
+        whole = memoryview(chunk)
+        data = whole[LEN_CHUNK_HEADER:]
+        cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, s.chunk_max_records)
+        self._flush(s, p)
+        res.first = s.next_offset
+        epoch = self.engine.epochs.get(s.name, CHUNK_EPOCH)
+        start = 0
+        for k, (end, entries, records) in enumerate(cuts):
+            if k == len(cuts) - 1 and end - start < OWN_CHUNK_MIN and not self.alone:
+                p.parts.append(data[start:end])
+                p.size, p.entries, p.records, p.unfiltered = end - start, entries, records, True
+                break
+            ts, chunk_id = self._stamp(s)
+            crc = core.crc32(data[start:end])
+            # the piece's header goes at ``start`` of the whole buffer: its data starts 48 bytes on
+            saved = bytes(whole[start:start + LEN_CHUNK_HEADER]) if k else None
+            HEADER_STRUCT.pack_into(whole, start, CHUNK_MAGIC_VERSION, CHUNK_USER, entries, records, ts, epoch,
+                                    chunk_id, crc, end - start, 0, 0)
+            try:
+                self._store(s, whole[start:LEN_CHUNK_HEADER + end], records, ts, chunk_id)
+            finally:        # also when the put fails (MapFullError): the redo reads these bytes again
+                if saved is not None:
+                    whole[start:start + LEN_CHUNK_HEADER] = saved
+            start = end
         res.last = s.next_offset + p.records - 1
 
     def _flush(self, s, p):

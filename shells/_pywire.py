@@ -9,11 +9,11 @@ in :mod:`riverbed.shells.wire`. The chunk layout the Publish path writes is the 
 """
 
 import struct
-import zlib
 
 import crc32c as _crc32c
 
 from riverbed.engine import core as _core
+from riverbed.engine.datacrc import crc32 as _data_crc32
 from riverbed.engine.errors import FrameError, FrameTooLarge
 from riverbed.engine.format import CHUNK_MAGIC_VERSION, CHUNK_USER, HEADER_STRUCT
 from riverbed.shells._pybsonpub import bson_pub  # noqa: F401  (bsonpub.pxi is its compiled twin)
@@ -140,7 +140,7 @@ def publish_chunk(payload, crc=True):
     data = b"".join(parts)
     sealable = count <= 0xFFFF
     header = HEADER_STRUCT.pack(CHUNK_MAGIC_VERSION, CHUNK_USER, count if sealable else 0,
-                                records if sealable else 0, 0, 0, 0, zlib.crc32(data) if crc else 0, len(data),
+                                records if sealable else 0, 0, 0, 0, _data_crc32(data) if crc else 0, len(data),
                                 0, 0)
     increasing = all(ids[k] < ids[k + 1] for k in range(len(ids) - 1))
     return (publisher_id, count, bytearray(header + data), struct.pack(f">{count}Q", *ids),

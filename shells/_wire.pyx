@@ -9,7 +9,7 @@ reference and its docstrings are the spec. The chunk header, its CRC and the byt
 this module includes the engine's ``bytes.pxi``, ``crc.pxi`` and ``header.pxi`` (an ``include``, not a
 ``cimport``: a cimport between our own modules cannot resolve under the ``riverbed.*`` package-dir
 mapping), so the chunk layout has one definition. All functions are pure (no shared state) and thread-safe; the CRC of a big Publish
-runs with the GIL released.
+is ISA-L's (``crc.pxi``).
 """
 
 from libc.stdint cimport INT64_MAX, INT64_MIN, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t

@@ -76,7 +76,8 @@ cdef tuple c_publish_chunk(const unsigned char* p, Py_ssize_t end, bint crc):
     h.data_len = <uint32_t>data_len
     h.trailer_len = 0
     h.bloom = 0
-    # No one else holds the new bytearray, so its buffer stays put while c_crc32 releases the GIL.
+    # No one else holds the new bytearray, so its buffer stays put while c_crc32 runs (zlib's fallback
+    # releases the GIL).
     h.crc = c_crc32(0, out, <size_t>data_len) if crc else 0
     c_put_header(out - HDR_LEN, &h)
     return (p[4], count, chunk, ids, first, prev, increasing, records, subs)

@@ -26,6 +26,10 @@ log = logging.getLogger("riverbed.cluster")
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
 ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
+HEARTBEAT_WAKE = 0.2       # seconds: a parked member connection wakes this often to send its heartbeat
+# seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
+# one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
+COMMIT_DELAY = 0.005
 
 
 class ReplicationTimeout(RiverbedError):
@@ -46,8 +50,9 @@ class Leading:
         self.since = time.monotonic()
         self.heard = {}            # member -> monotonic time of its last ack or connection
         self.connected = {}        # member -> open connections from it
-        self.pokes = set()         # asyncio.Events of the connections serving members
+        self.feeds = set()         # the _Feed of each connection serving a member
         self.conns = set()         # their writers, closed on resignation
+        self._commit_timer = None  # sends a moved committed offset no chunk took along (COMMIT_DELAY)
         # nodes copying the log that do not count toward the majority yet (membership.py)
         self.learners = membership.learners_of(node.placements.get(name, ({}, 0))[0])
         self.frozen = False        # handing leadership over: the committed offset stays where it is
@@ -67,7 +72,14 @@ class Leading:
             self.committed = committed
             self.node.engine.set_read_limit(self.name, committed)
             self.release()
-            self.poke()
+            if self._commit_timer is None and self.feeds:
+                self._commit_timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._send_commit)
+
+    def _send_commit(self):
+        self._commit_timer = None
+        for feed in list(self.feeds):
+            if feed.sent_commit != self.committed:
+                feed.poke()
 
     def release(self):
         while self.waiting and self.waiting[0][0] <= self.committed:
@@ -99,8 +111,85 @@ class Leading:
             fn(exc)
 
     def poke(self):
-        for ev in self.pokes:
-            ev.set()
+        """New chunks (or a committed offset) for the members: each connection sends them now."""
+        for feed in list(self.feeds):
+            feed.poke()
+
+
+class _Feed:
+    """What a leader has sent one member connection, and how it sends more: from the connection's serving
+    task (catching up, heartbeats, a full socket buffer), or at once on a poke while that task is parked
+    and the socket's buffer is empty, so a publish's chunk leaves in the same loop turn as its append,
+    with no task wake-up in between. Every frame of one send goes in one ``writelines`` (one syscall; the
+    member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
+
+    __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
+                 "sent_at", "sent_offsets", "offsets_seen")
+
+    def __init__(self, plane, st, writer, pos, ev):
+        self.plane = plane
+        self.st = st
+        self.name = st.name
+        self.writer = writer
+        self.transport = writer.transport
+        self.ev = ev              # wakes the serving task
+        self.pos = pos            # the next offset the member gets
+        self.parked = False       # the serving task waits on ev: a poke may send itself
+        self.sent_commit = -1
+        self.sent_at = 0.0
+        self.sent_offsets = {}
+        self.offsets_seen = -1
+
+    def poke(self):
+        t = self.transport
+        if (self.parked and not t.get_write_buffer_size() and not t.is_closing()
+                and self.plane.leading.get(self.name) is self.st):
+            try:
+                if not self.send():
+                    return
+            except Exception:       # noqa: BLE001 - the serving task meets it again and ends the connection
+                pass
+        self.ev.set()
+
+    def send(self):
+        """Write what the member lacks: chunks from ``pos`` (with the publisher sequences before the last
+        chunk of a batch that reaches the log end), the committed offset if it moved or a heartbeat is
+        due, consumer offsets that changed. True when more chunks are waiting (the batch was cut short).
+        Raises StreamNotFound."""
+        plane = self.plane
+        engine = plane.engine
+        name = self.name
+        chunks, seqs = engine.read_for_replica(name, self.pos)
+        out = []
+        last = len(chunks) - 1
+        for i, (chunk_id, raw) in enumerate(chunks):
+            if seqs is not None and i == last:     # even {}: it ends the batch
+                out.append(wire.json_frame(wire.SEQS, seqs))
+            # header and chunk as two buffers: the chunk is not copied into a new frame
+            out.append(wire.head(wire.CHUNK, len(raw)))
+            out.append(raw)
+            self.pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+        committed = self.st.committed
+        now = time.monotonic()
+        if committed != self.sent_commit or now - self.sent_at >= plane.ttl / 4:
+            # also a heartbeat: the member answers a COMMIT with an ACK when it sent none for ACK_QUIET,
+            # so a connection gone silent (a partition leaves it open) does not count as hearing from it
+            self.sent_commit, self.sent_at = committed, now
+            out.append(wire.u64_frame(wire.COMMIT, committed))
+        version = engine.offsets_version
+        if version != self.offsets_seen:
+            # read only when a commit stored or deleted a consumer offset (of any stream): the read was a
+            # transaction and a dict compare on every wake
+            self.offsets_seen = version
+            offsets = engine.stored_offsets(name)
+            if offsets != self.sent_offsets:
+                # consumer offsets reach the members too, so a consumer resumes after a failover
+                out.append(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                          if self.sent_offsets.get(k) != v}))
+                self.sent_offsets = offsets
+        if out:
+            self.writer.writelines(out)
+        return bool(chunks) and seqs is None
 
 
 class ReplicationPlane:
@@ -111,6 +200,7 @@ class ReplicationPlane:
     async def _serve_member(self, reader, writer):
         st = None
         connected = None
+        feed = None
         ev = asyncio.Event()
         try:
             kind, payload = await wire.read_frame(reader)
@@ -141,7 +231,8 @@ class ReplicationPlane:
                 await writer.drain()
                 st = None
                 return
-            st.pokes.add(ev)
+            feed = _Feed(self, st, writer, pos, ev)
+            st.feeds.add(feed)
             st.conns.add(writer)
             st.acked[node] = pos
             st.connected[node] = st.connected.get(node, 0) + 1
@@ -150,47 +241,22 @@ class ReplicationPlane:
             loop = asyncio.get_running_loop()
             acks = loop.create_task(self._read_acks(reader, st, node))
             acks.add_done_callback(lambda t: t.cancelled() or t.exception())
-            sent_commit, sent_at = -1, 0.0
-            sent_offsets, offsets_seen = {}, -1
             while not acks.done() and self.leading.get(name) is st:
                 ev.clear()
-                # most wakes (a commit moved, the heartbeat clock) find no new chunk: no read transaction
-                # (and no scan of the publisher sequences) for them
-                if pos < self.engine._current(name).next_offset:
-                    chunks, seqs = self.engine.read_for_replica(name, pos)
-                else:
-                    chunks, seqs = (), None
-                for i, (chunk_id, raw) in enumerate(chunks):
-                    if seqs is not None and i == len(chunks) - 1:     # even {}: it ends the batch
-                        writer.write(wire.json_frame(wire.SEQS, seqs))
-                    # header and chunk as two buffers: the chunk is not copied into a new frame
-                    writer.writelines((wire.head(wire.CHUNK, len(raw)), raw))
-                    pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
-                if st.committed != sent_commit or time.monotonic() - sent_at >= self.ttl / 4:
-                    # also a heartbeat: the member answers every COMMIT with an ACK, so a connection
-                    # gone silent (a partition leaves it open) does not count as hearing from it
-                    sent_commit, sent_at = st.committed, time.monotonic()
-                    writer.write(wire.u64_frame(wire.COMMIT, sent_commit))
-                version = self.engine.offsets_version
-                if version != offsets_seen:
-                    # read only when a commit stored or deleted a consumer offset (of any stream): the
-                    # read was a transaction and a dict compare on every wake
-                    offsets_seen = version
-                    offsets = self.engine.stored_offsets(name)
-                    if offsets != sent_offsets:
-                        # consumer offsets reach the members too, so a consumer resumes after a failover
-                        writer.write(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
-                                                                    if sent_offsets.get(k) != v}))
-                        sent_offsets = offsets
+                more = feed.send()
                 await writer.drain()
-                if chunks and seqs is None:
+                if more:
                     await asyncio.sleep(0)
                     continue       # more to send at once
-                # woken by a poke or after 0.2 s (the heartbeat clock): a timer that sets the event
-                # costs less than wait_for's task and future on every wake
-                timer = loop.call_later(0.2, ev.set)
-                await ev.wait()
-                timer.cancel()
+                # woken by a poke that could not send itself, or after HEARTBEAT_WAKE: a timer that sets the
+                # event costs less than wait_for's task and future
+                timer = loop.call_later(HEARTBEAT_WAKE, ev.set)
+                feed.parked = True
+                try:
+                    await ev.wait()
+                finally:
+                    feed.parked = False
+                    timer.cancel()
             acks.cancel()
         except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
             pass
@@ -198,7 +264,8 @@ class ReplicationPlane:
             log.exception("cluster: serving a member failed")
         finally:
             if st is not None:
-                st.pokes.discard(ev)
+                if feed is not None:
+                    st.feeds.discard(feed)
                 st.conns.discard(writer)
                 if connected is not None:
                     st.connected[connected] -= 1
@@ -258,8 +325,9 @@ class ReplicationPlane:
 
     async def _follow_once(self, name, leader, epoch, reg):
         host = reg.get("advertised_host") or "127.0.0.1"
-        reader, writer = await asyncio.open_connection(host, reg["replication_port"])
         loop = asyncio.get_running_loop()
+        transport, conn = await loop.create_connection(lambda: _Following(self, name, epoch), host,
+                                                       reg["replication_port"])
         try:
             s = self.engine._current(name)
             last = None
@@ -270,78 +338,17 @@ class ReplicationPlane:
             hello = {"node": self.name, "stream": name, "epoch": epoch, "next": s.next_offset, "last": last}
             if self.observers.observing(name):
                 hello["observer"] = True
-            writer.write(wire.json_frame(wire.HELLO, hello))
-            await writer.drain()
-            # the highest offset acknowledged on this connection, and when the last ACK went out
-            durable = [s.next_offset, 0.0]
-            start = [last is None]          # an empty copy starts at the first chunk its leader sends
-            seqs = None
-            held, held_bytes = [], 0        # chunks received without the sequences that cover them yet
-            loop_thread = threading.get_ident()
-
-            def stored(res, exc, w=writer):
-                # runs once the batch is committed AND synced under the stream's fsync policy: on this
-                # thread when the engine committed inline (fsync=never, writer idle), so the ACK goes
-                # out at once, with no hop through the loop's wake-up pipe; else on the writer thread
-                if threading.get_ident() == loop_thread:
-                    if exc is None:
-                        self._ack(w, res, durable)
-                    else:
-                        w.close()
-                elif exc is None:
-                    if not w.is_closing():
-                        loop.call_soon_threadsafe(self._ack, w, res, durable)
-                else:
-                    loop.call_soon_threadsafe(w.close)
-            while True:
-                kind, payload = await wire.read_frame(reader)
-                if kind == wire.CHUNK:
-                    h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks below
-                    if h[H_EPOCH] > epoch or epoch < self.max_epoch.get(name, 0):
-                        # a leader of an older epoch than one this member has seen: refused
-                        raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
-                    if seqs is None and held_bytes + len(payload) <= MAX_UNSEQUENCED:
-                        # held until the publisher sequences that cover it arrive (SEQS comes with the last
-                        # chunk of a batch that reaches the leader's log end): a member whose leader dies
-                        # mid-batch then holds no chunk its dedup state does not count, so re-sent publishes
-                        # are not stored twice if it is elected
-                        held.append(payload)
-                        held_bytes += len(payload)
-                        continue
-                    # the held chunks and this one in ONE transaction (one commit, one sync, one ACK), the
-                    # sequences with them; a ChunkError (a bad CRC, a gap) stores none of them and drops
-                    # the connection; the member then asks again
-                    held.append(payload)
-                    self.engine.replicate_chunks(name, held, sequences=seqs, start=start[0], on_done=stored)
-                    start[0] = False
-                    held, held_bytes = [], 0
-                    seqs = None
-                elif kind == wire.SEQS:
-                    seqs = wire.decode_seqs(payload)
-                elif kind == wire.OFFSETS:
-                    for ref, off in wire.decode_offsets(payload).items():
-                        self.engine.store_offset(name, ref, off)
-                elif kind == wire.COMMIT:
-                    commit = wire.u64(payload)
-                    self.engine.set_read_limit(name, commit)
-                    self.observers.heard_commit(name, commit)
-                    if time.monotonic() - durable[1] >= ACK_QUIET:
-                        # the heartbeat's answer; a member that acknowledged a chunk a moment ago was
-                        # heard already (each publish moves the committed offset: answering every
-                        # COMMIT doubled the ACKs the leader reads)
-                        self._ack(writer, durable[0], durable)
-                elif kind == wire.TRUNCATE:
-                    cut = wire.u64(payload)
-                    if cut == wire.CUT_ALL:
-                        cut = max(self.engine._current(name).first_chunk, 0)
-                    log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
-                             leader, epoch)
-                    await asyncio.wrap_future(self.engine.truncate(name, cut))
-                    return
-                elif kind == wire.REFUSE:
-                    return
+            conn.begin(s.next_offset, last is None)
+            transport.write(wire.json_frame(wire.HELLO, hello))
+            cut = await conn.done            # the frames are handled as they arrive (_Following)
+            if cut is not None:
+                if cut == wire.CUT_ALL:
+                    cut = max(self.engine._current(name).first_chunk, 0)
+                log.info("cluster: %s truncates %s at %d to follow %s (epoch %d)", self.name, name, cut,
+                         leader, epoch)
+                await asyncio.wrap_future(self.engine.truncate(name, cut))
         finally:
-            writer.close()
+            transport.close()
 
     @staticmethod
     def _ack(writer, offset, durable):
@@ -349,3 +356,122 @@ class ReplicationPlane:
         durable[1] = time.monotonic()
         if not writer.is_closing():
             writer.write(wire.u64_frame(wire.ACK, offset))
+
+
+class _Following(asyncio.Protocol):
+    """A member's connection to the leader of one stream: each frame is handled in ``data_received`` as it
+    arrives, so a chunk is stored, and (committed inline, fsync=never) acknowledged, in the same loop turn
+    that read it, with no task wake-up in between. ``done`` resolves to None (REFUSE), to the offset a
+    TRUNCATE asks to cut at, or to the error that ends the connection (the leader closed it, a bad frame,
+    a refused chunk); :meth:`ReplicationPlane._follow_once` awaits it. Loop thread only, except ``stored``
+    (see there)."""
+
+    def __init__(self, plane, name, epoch):
+        self.plane = plane
+        self.name = name
+        self.epoch = epoch
+        self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.get_ident()
+        self.done = self.loop.create_future()
+        self.transport = None
+        self.buf = bytearray()
+        self.durable = [0, 0.0]     # the highest offset acknowledged here, and when the last ACK went out
+        self.start = False          # an empty copy starts at the first chunk its leader sends
+        self.seqs = None
+        self.held = []              # chunks received without the sequences that cover them yet
+        self.held_bytes = 0
+
+    def begin(self, next_offset, empty):
+        self.durable[0] = next_offset
+        self.start = empty
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    def connection_lost(self, exc):
+        self._finish(exc=exc or ConnectionResetError("the leader closed the replication connection"))
+
+    def _finish(self, result=None, exc=None):
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(result)
+            else:
+                self.done.set_exception(exc)
+
+    def data_received(self, data):
+        if self.done.done():
+            return
+        buf = self.buf
+        buf += data
+        try:
+            frames, used = wire.split_frames(buf)
+            if used:
+                del buf[:used]
+            for kind, payload in frames:
+                self._frame(kind, payload)
+                if self.done.done():
+                    return
+        except Exception as e:       # noqa: BLE001 - _follow tells the kinds apart (a bad frame, a refused chunk)
+            self._finish(exc=e)
+            self.transport.close()
+
+    def stored(self, res, exc):
+        """The engine's completion of a batch: it runs once the batch is committed AND synced under the
+        stream's fsync policy, on this thread when the engine committed inline (fsync=never, writer idle),
+        so the ACK goes out at once, with no hop through the loop's wake-up pipe; else on the writer
+        thread."""
+        t = self.transport
+        if threading.get_ident() == self.loop_thread:
+            if exc is None:
+                ReplicationPlane._ack(t, res, self.durable)
+            else:
+                t.close()
+        elif exc is None:
+            if not t.is_closing():
+                self.loop.call_soon_threadsafe(ReplicationPlane._ack, t, res, self.durable)
+        else:
+            self.loop.call_soon_threadsafe(t.close)
+
+    def _frame(self, kind, payload):
+        plane, name = self.plane, self.name
+        if kind == wire.CHUNK:
+            h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks below
+            epoch = self.epoch
+            if h[H_EPOCH] > epoch or epoch < plane.max_epoch.get(name, 0):
+                # a leader of an older epoch than one this member has seen: refused
+                raise wire.WireError(f"chunk of epoch {h[H_EPOCH]} from a leader at epoch {epoch}")
+            if self.seqs is None and self.held_bytes + len(payload) <= MAX_UNSEQUENCED:
+                # held until the publisher sequences that cover it arrive (SEQS comes with the last chunk
+                # of a batch that reaches the leader's log end): a member whose leader dies mid-batch then
+                # holds no chunk its dedup state does not count, so re-sent publishes are not stored twice
+                # if it is elected
+                self.held.append(payload)
+                self.held_bytes += len(payload)
+                return
+            # the held chunks and this one in ONE transaction (one commit, one sync, one ACK), the
+            # sequences with them; a ChunkError (a bad CRC, a gap) stores none of them and drops the
+            # connection; the member then asks again
+            held = self.held
+            held.append(payload)
+            self.held, self.held_bytes = [], 0
+            seqs, self.seqs = self.seqs, None
+            start, self.start = self.start, False
+            plane.engine.replicate_chunks(name, held, sequences=seqs, start=start, on_done=self.stored)
+        elif kind == wire.SEQS:
+            self.seqs = wire.decode_seqs(payload)
+        elif kind == wire.OFFSETS:
+            for ref, off in wire.decode_offsets(payload).items():
+                plane.engine.store_offset(name, ref, off)
+        elif kind == wire.COMMIT:
+            commit = wire.u64(payload)
+            plane.engine.set_read_limit(name, commit)
+            plane.observers.heard_commit(name, commit)
+            if time.monotonic() - self.durable[1] >= ACK_QUIET:
+                # the heartbeat's answer; a member that acknowledged a chunk a moment ago was heard already
+                # (each publish moves the committed offset: answering every COMMIT doubled the ACKs the
+                # leader reads)
+                ReplicationPlane._ack(self.transport, self.durable[0], self.durable)
+        elif kind == wire.TRUNCATE:
+            self._finish(wire.u64(payload))
+        elif kind == wire.REFUSE:
+            self._finish(None)

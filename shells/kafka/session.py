@@ -709,15 +709,40 @@ def _read_batches(broker, stream, offset, limit):
     return out
 
 
+class _ProducerIds(PublishingIds):
+    """An idempotent producer's sequences as the engine's PublishingIds, packed one id a record only when
+    the writer asks for them: its duplicate check reads ``first``, ``last``, ``increasing`` and the count,
+    and needs the ids themselves only for a batch that is a retry."""
+
+    __slots__ = ("_seqs", "_count", "_raw")
+
+    def __init__(self, seqs, first, last, increasing):    # noqa: super().__init__ would pack them now
+        self._seqs = seqs
+        self._count = sum(n for _, n in seqs)
+        self._raw = None
+        self.first = first
+        self.last = last
+        self.increasing = increasing
+        self._ints = None
+
+    def __len__(self):
+        return self._count
+
+    @property
+    def raw(self):
+        if self._raw is None:
+            self._raw = wire.kafka_sequence_ids(self._seqs)
+        return self._raw
+
+
 def _sequence_ids(seqs):
     """An idempotent producer's sequences, ``(base sequence, records)`` per batch, as the engine's
-    PublishingIds: packed once, first, last and whether they rise, so the writer's duplicate check costs
-    nothing per record unless a batch is a retry."""
+    PublishingIds: first, last and whether they rise, so the writer's duplicate check costs nothing per
+    record unless a batch is a retry (the ids are packed then: :class:`_ProducerIds`)."""
     seqs = [s for s in seqs if s[1]]
-    raw = wire.kafka_sequence_ids(seqs)
     increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
     last_base, last_n = seqs[-1]
-    return PublishingIds(raw, seqs[0][0], last_base + last_n - 1, increasing)
+    return _ProducerIds(seqs, seqs[0][0], last_base + last_n - 1, increasing)
 
 
 def _empty_batch(first, last):

@@ -36,9 +36,9 @@ Workloads (bodies are ``--size`` bytes, default 100):
   time).
 
 The other peers' workloads (``redis-*``, ``nats-*``) are in ``bench._redis`` and ``bench._nats``, and the
-server-bound load generator (``loadgen-publish``, ``loadgen-consume``: pre-encoded frames on a plain
-socket, any RabbitMQ Stream broker) in ``bench._loadgen``; they use the same Runner (READY/GO, snapshots,
-RESULT).
+server-bound load generator (``loadgen-publish``, ``loadgen-consume``, ``loadgen-latency``: pre-encoded
+frames on a plain socket, any RabbitMQ Stream broker) in ``bench._loadgen``; they use the same Runner
+(READY/GO, snapshots, RESULT).
 """
 
 import argparse
@@ -60,7 +60,7 @@ PEER_CLIENTS = {w: "bench._redis" for w in ("redis-publish", "redis-consume", "r
 PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-publish", "nats-consume", "nats-latency")})
 PEER_CLIENTS.update({w: "bench._nats" for w in ("nats-r3-publish", "nats-r3-consume", "nats-r3-latency")})
 # the server-bound load generator (raw frames, any RabbitMQ Stream broker): bench._loadgen
-PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume")})
+PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-consume", "loadgen-latency")})
 # Riverbed's Kafka shell with confluent-kafka (librdkafka): bench._kafka
 PEER_CLIENTS.update({w: "bench._kafka" for w in ("kafka-produce", "kafka-consume")})
 # the same rows with librdkafka driven from C (bench/kafka_native.c): bench._kafka_native
@@ -486,12 +486,12 @@ class Runner:
                            confirmed=state["confirmed"])
 
     def latency(self, lat):
-        """Record latencies (ns, one per message) as the result's n and p50/p99/max/mean in µs."""
+        """Record latencies (ns, one per message) as the result's n and p50/p99/p999/max/mean in µs."""
         lat.sort()
         k = len(lat)
         pct = lambda q: lat[min(k - 1, int(q * k))] / 1e3  # noqa: E731  (µs)
-        self.result.update(n=k, lat_p50_us=pct(0.50), lat_p99_us=pct(0.99), lat_max_us=lat[-1] / 1e3,
-                           lat_mean_us=sum(lat) / k / 1e3)
+        self.result.update(n=k, lat_p50_us=pct(0.50), lat_p99_us=pct(0.99), lat_p999_us=pct(0.999),
+                           lat_max_us=lat[-1] / 1e3, lat_mean_us=sum(lat) / k / 1e3)
 
 
 def parse_args(argv=None):

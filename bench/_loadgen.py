@@ -13,6 +13,12 @@ Run by ``bench._client`` (same READY/GO handshake, CPU snapshots and RESULT line
 - ``loadgen-consume``: the stream filled first (untimed, the same publisher), then Subscribe from
   ``first`` with credit ``--inflight``; of each Deliver it reads the 17 bytes up to the chunk header's
   record count, gives one credit back (a frame built once), and skips the rest of the frame unread.
+- ``loadgen-latency``: stop-and-wait, as the echo floor's client (``bench.loop_floor``) drives the bare
+  uvloop server: one Publish frame of one ``--size`` message (built once), then plain blocking socket
+  reads until its PublishConfirm, then the next; ``--warmup`` untimed, ``--timed`` timed, each from
+  the write to the confirm. The confirm latency and the server CPU per message of one message per
+  frame with a client that costs what the floor's costs (rstream and rbfly add their own time to the
+  p50 and their own frames to the server's work).
 
 Several processes: the harness's ``procs`` (each process its own connection and stream). Client CPU is
 the process's own (both threads), reported by the harness beside the server's.
@@ -21,6 +27,7 @@ the process's own (both threads), reported by the harness beside the server's.
 import socket
 import struct
 import threading
+import time
 
 from riverbed.shells.rmq_stream import codec
 from riverbed.shells.rmq_stream.constants import (
@@ -29,7 +36,7 @@ from riverbed.shells.rmq_stream.constants import (
     CMD_SUBSCRIBE, CMD_TUNE, OFFSET_TYPE_FIRST, RESPONSE,
 )
 
-WORKLOADS = ("loadgen-publish", "loadgen-consume")
+WORKLOADS = ("loadgen-publish", "loadgen-consume", "loadgen-latency")
 LEN_PEEK = 17            # size 4, key 2, version 2, subscription id 1, chunk magic 1, type 1, entries 2, records 4
 LEN_RECV_BUF = 4 << 20
 CODE_OK = 1
@@ -38,6 +45,7 @@ PUBLISHER_ID, SUBSCRIPTION_ID = 0, 0
 _U32 = struct.Struct(">I")
 _PEEK = struct.Struct(">IHHBBBHI")
 _HEAD = struct.Struct(">IHH")
+_KEY = struct.Struct(">H")
 
 
 class LoadgenError(RuntimeError):
@@ -199,6 +207,44 @@ def publish(conn, n, batch, body, inflight):
         raise LoadgenError(f"{state['errors']} messages answered with PublishError")
 
 
+def send_wait(conn, n, frame, lat=None):
+    """Send ``frame`` (a Publish of one message) ``n`` times, each after the confirm of the one before,
+    reading with plain blocking ``recv_into``; other frames (a heartbeat) are skipped. With ``lat`` (a
+    list), each round trip's nanoseconds, from the write to the whole PublishConfirm read, are appended.
+    Raises LoadgenError on a PublishError or when the broker closes the connection."""
+    sock = conn.sock
+    send = sock.sendall
+    recv_into = sock.recv_into
+    buf = conn.buf
+    mv = memoryview(buf)
+    clock = time.perf_counter_ns
+    have = conn.have
+    note = lat.append if lat is not None else None
+    for _ in range(n):
+        t = clock()
+        send(frame)
+        while True:
+            if have >= 6:
+                end = 4 + _U32.unpack_from(buf, 0)[0]
+                if have >= end:
+                    key = _KEY.unpack_from(buf, 4)[0]
+                    if have > end:
+                        buf[:have - end] = buf[end:have]
+                    have -= end
+                    if key == CMD_PUBLISH_CONFIRM:
+                        break
+                    if key == CMD_PUBLISH_ERROR:
+                        raise LoadgenError("a message was answered with PublishError")
+                    continue
+            k = recv_into(mv[have:])
+            if k == 0:
+                raise LoadgenError("the broker closed the connection")
+            have += k
+        if note is not None:
+            note(clock() - t)
+    conn.have = have
+
+
 def consume(conn, stream, n, credit):
     """Subscribe from the first offset and count records of user chunks until ``n``."""
     conn.request(CMD_SUBSCRIBE, struct.pack(">B", SUBSCRIPTION_ID) + codec.enc_string(stream) +
@@ -239,8 +285,8 @@ def _delete(a):
 
 
 async def run(runner):
-    """Run ``runner.a.workload`` (loadgen-publish or loadgen-consume) against ``--host``/``--port``; the
-    stream ``--stream`` is created here and deleted at the end. Blocking I/O: the event loop that
+    """Run ``runner.a.workload`` (loadgen-publish, loadgen-consume or loadgen-latency) against
+    ``--host``/``--port``; the stream ``--stream`` is created here and deleted at the end. Blocking I/O: the event loop that
     ``bench._client`` runs is idle meanwhile."""
     a = runner.a
     body = runner.body
@@ -253,6 +299,15 @@ async def run(runner):
             runner.start()
             publish(conn, a.n, batch, body, a.inflight)
             runner.stop()
+        elif a.workload == "loadgen-latency":
+            frame = publish_frame(1, body)
+            runner.wait_go()
+            send_wait(conn, a.warmup, frame)                     # untimed: the path is warm
+            lat = []
+            runner.start()
+            send_wait(conn, a.timed, frame, lat)
+            runner.stop()
+            runner.latency(lat)
         else:
             publish(conn, a.n, batch, body, a.inflight)          # untimed fill
             conn.close()

@@ -38,6 +38,11 @@ W = {
         procs=2),
     "loadgen-consume": dict(
         label="loadgen consume from first: count chunks, credit 16", client="loadgen-consume", kind="consume"),
+    # one message per frame, each confirmed before the next, from a client that costs what the echo
+    # floor's does (bench._floors): the confirm latency and server CPU rows of issue 26 without
+    # rstream's or rbfly's own time in them
+    "loadgen-latency": dict(
+        label="confirm latency, loadgen stop-and-wait (1 msg/frame)", client="loadgen-latency", kind="latency"),
     "memory-streams": dict(
         label="memory: streams × (1 publisher + 1 consumer), rstream", client="memory-rstream", kind="memory"),
     # the Kafka shell on the same log (bench._kafka): confluent-kafka, acks=all, idempotent. Riverbed only
@@ -114,7 +119,7 @@ for _w in ("publish-rstream-raw", "publish-rbfly-amqp-batch"):
 PEER_MAP["publish-2streams"] = {"redis": "redis-publish-2", "nats": "nats-publish-2"}
 for _w in ("consume-rstream", "consume-rbfly-raw", "consume-rbfly-amqp"):
     PEER_MAP[_w] = {"redis": "redis-consume", "nats": "nats-consume"}
-for _w in ("latency-rstream", "latency-rbfly"):
+for _w in ("latency-rstream", "latency-rbfly", "loadgen-latency"):
     PEER_MAP[_w] = {"redis": "redis-latency", "nats": "nats-latency"}
 for _w, _k in zip(CLUSTER_WORKLOADS, ("publish", "consume", "latency")):
     PEER_MAP[_w] = {"nats": f"nats-r3-{_k}"}
@@ -226,6 +231,7 @@ METRICS = {
     "setup_s": ("setup s (create streams)", "{:,.1f}", False),
     "lat_p50_us": ("confirm p50 µs", "{:,.0f}", False),
     "lat_p99_us": ("confirm p99 µs", "{:,.0f}", False),
+    "lat_p999_us": ("confirm p99.9 µs", "{:,.0f}", False),
     "lat_max_us": ("confirm max µs", "{:,.0f}", False),
     "other_cores": ("other busy cores", "{:.2f}", False),
 }
@@ -234,7 +240,7 @@ KIND_METRICS = {
                 "server_peak_anon_mb"],
     "consume": ["msgs_per_s", "mb_per_s", "server_us_per_msg", "client_us_per_msg", "server_peak_rss_mb",
                 "server_peak_anon_mb"],
-    "latency": ["lat_p50_us", "lat_p99_us", "lat_max_us", "server_us_per_msg", "server_peak_rss_mb",
+    "latency": ["lat_p50_us", "lat_p99_us", "lat_p999_us", "lat_max_us", "server_us_per_msg", "server_peak_rss_mb",
                 "server_peak_anon_mb"],
     "memory": ["server_peak_rss_mb", "server_peak_anon_mb", "server_rss_mb", "server_anon_mb", "setup_s"],
 }

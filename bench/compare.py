@@ -282,7 +282,7 @@ def derive(results, kind, size, peak_kb):
     }
     if kind == "latency":
         r = results[0]
-        m.update({k: r[k] for k in ("lat_p50_us", "lat_p99_us", "lat_max_us", "lat_mean_us")})
+        m.update({k: r.get(k) for k in ("lat_p50_us", "lat_p99_us", "lat_p999_us", "lat_max_us", "lat_mean_us")})
     elif kind == "memory":
         r = results[0]
         m.update(server_rss_mb=r["server_rss_kb"] / 1024, server_anon_mb=r["server_anon_kb"] / 1024,

@@ -1,8 +1,8 @@
 """The floor under every durable (fsync=batch) row: a bare LMDB commit with a sync, nothing else.
 
-One process opens an LMDB environment with the engine's batch flags (``sync=True, metasync=False``, the
-same ``writemap`` setting) in a temp dir on the data directory's filesystem, and commits N write
-transactions one after another, each putting one 100-byte value under a new key. It prints the commit
+One process opens an LMDB environment with the engine's batch flags (``engine.log.lmdb_flags("batch")``:
+``sync=True, metasync=False``, the engine's ``writemap`` setting for batch) in a temp dir on the data
+directory's filesystem, and commits N write transactions one after another, each putting one 100-byte value under a new key. It prints the commit
 latency p50/p99 (µs): what the disk's flush costs before a broker does any work. A confirm with
 fsync=batch cannot be faster than one such commit, so issue 26's goal for the fsync=batch confirm p50 is
 set against it (<= 2x this floor, measured in the same run).
@@ -18,7 +18,7 @@ import time
 
 import lmdb
 
-from riverbed.engine.log import WRITEMAP
+from riverbed.engine.log import lmdb_flags
 
 
 def measure(commits=2000, where=None, warmup=50):
@@ -27,7 +27,7 @@ def measure(commits=2000, where=None, warmup=50):
     ``where``: the directory to make the temp environment in (default: the system temp dir). Blocking;
     takes about commits x the disk's flush time. Removes what it made."""
     tmp = tempfile.mkdtemp(prefix="rb-fsync-floor-", dir=where)
-    env = lmdb.open(tmp, map_size=64 << 20, sync=True, metasync=False, writemap=WRITEMAP)
+    env = lmdb.open(tmp, map_size=64 << 20, **lmdb_flags("batch"))
     try:
         value = b"v" * 100
         lat = []

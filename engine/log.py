@@ -69,7 +69,24 @@ DEFAULT_FSYNC = "batch"
 # bytes: the map (the data file, reserved on disk: space.py) a new environment starts with; it grows by
 # doubling when full, in steps of at most 1 GiB
 DEFAULT_MAP_SIZE = 64 << 20
-WRITEMAP = os.environ.get("RIVERBED_WRITEMAP", "1") == "1"
+# MDB_WRITEMAP: "1" always, "0" never; unset: only with fsync=never (see lmdb_flags)
+WRITEMAP = os.environ.get("RIVERBED_WRITEMAP")
+
+
+def lmdb_flags(fsync):
+    """The LMDB environment flags of fsync policy ``fsync``: a dict of ``sync``, ``metasync`` and
+    ``writemap`` for ``lmdb.open`` (the fsync floor, bench/fsync_floor.py, opens with the same).
+
+    ``batch`` is LMDB's NOMETASYNC: one sync of the data pages per commit, before its meta page is
+    written; that meta page reaches the disk with the next commit's sync. WRITEMAP only with ``never``:
+    there pages stay dirty in the map and a commit is a few stores. Under a sync policy each commit's
+    sync leaves the map's pages clean and write-protected, so the next commit's puts take one page
+    fault per page they touch (~45 µs of a one-message commit on the VM of issue 26); without WRITEMAP
+    LMDB builds dirty pages in memory and writes them with pwrite, then fdatasync, and a batched append
+    is also cheaper (one copy instead of a fault per page). ``RIVERBED_WRITEMAP=1``/``0`` forces it."""
+    writemap = fsync == "never" if WRITEMAP is None else WRITEMAP == "1"
+    return {"sync": fsync != "never", "metasync": fsync == "always", "writemap": writemap}
+
 
 class OffsetSpec(namedtuple("OffsetSpec", "kind value")):
     """Where a reader starts: ``OffsetSpec.first()``, ``.last()``, ``.next()``, ``.offset(n)`` or
@@ -187,8 +204,7 @@ class Engine(SuperStreamBindings):
             self._lockfile = _take_writer_lock(self.path)
         self.env = lmdb.open(
             self.path, map_size=map_size, max_dbs=32, max_readers=1024, subdir=True, readonly=readonly,
-            sync=fsync != "never", metasync=fsync == "always", writemap=WRITEMAP, readahead=True,
-            lock=True, create=not readonly)
+            readahead=True, lock=True, create=not readonly, **lmdb_flags(fsync))
         # before the first write (open_db below writes): the map and lock.mdb reserved on disk, so no
         # write through the map can fault (SIGBUS) on a full filesystem; see space.py
         self._space = None
@@ -847,6 +863,33 @@ class Engine(SuperStreamBindings):
                                                     publisher, None, num_entries, num_records), on_done=on_done)
         return self._submit(_OP_APPEND, _Append(stream, chunk, publishing_ids, publisher, None, num_entries,
                                                 num_records, True, not crc_done), on_done=on_done)
+
+    def append_chunk_now(self, stream, chunk, *, num_entries, num_records, publishing_ids=None, publisher=None,
+                         crc_done=True):
+        """:meth:`append_chunk` committed on the caller's thread before this returns, or not at all.
+
+        Returns ``(AppendResult, None)`` once committed, ``(None, exc)`` when the append failed (as the
+        Future of :meth:`append_chunk` would fail: StreamNotFound, StorageFull, ...), or None when it
+        cannot be committed inline: fsync is not ``never``, the stream asks for a sync, the writer has
+        work queued or running, the chunk is over INLINE_MAX_BYTES or is not one sealable chunk. Then
+        nothing was done and the caller appends the usual way. What it stores and when it is durable
+        is exactly what :meth:`append_chunk` stores (the same group-commit code runs, for one append):
+        a one-message publish skips two thread-safe hand-offs and a completion callback."""
+        if (not self._inline or len(chunk) > INLINE_MAX_BYTES or num_entries > MAX_CHUNK_ENTRIES
+                or self._writer is None or self._closed):
+            return None
+        if publisher is not None:
+            _check_name(publisher, "publisher reference")
+        if type(chunk) is not bytearray:
+            raise InvalidArgument("a chunk to append must be a bytearray (the writer stamps it in place)")
+        s = self._streams.get(stream)
+        if s is not None and s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > self.fsync_rank:
+            return None     # the stream asks for a sync: never on the caller's thread (an event loop)
+        got = []
+        req = _Append(stream, chunk, publishing_ids, publisher, None, num_entries, num_records, True, not crc_done)
+        if not self._writer.commit_inline((_OP_APPEND, (req,), Done(lambda res, exc: got.append((res, exc))))):
+            return None
+        return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
 
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None, on_done=None):

@@ -1,7 +1,7 @@
 """Disk space for the LMDB environment: nothing is ever written through the map into space the
 filesystem has not given.
 
-With MDB_WRITEMAP (the default, see ``log.WRITEMAP``) LMDB writes pages straight into a shared memory
+With MDB_WRITEMAP (fsync=never, see ``log.lmdb_flags``) LMDB writes pages straight into a shared memory
 map of ``data.mdb`` and sizes that file to the map with ``ftruncate``, which leaves it sparse. The first
 write to a page whose blocks the filesystem cannot find then faults with SIGBUS and kills the process
 (a full disk used to end the server with "Bus error", exit 135, and nothing in the log). The same holds
@@ -14,9 +14,9 @@ for ``lock.mdb``, the reader table LMDB maps too. So:
   with :class:`~riverbed.engine.errors.StorageFull`: the write that needed it fails alone, with that
   error, and the engine goes on (retention, deletions and writes that fit in the map still commit).
 
-Without WRITEMAP (``RIVERBED_WRITEMAP=0``) LMDB writes with ``pwrite``, and a full disk fails the commit
-with EIO, which cannot be told from a failing disk; the map is reserved the same way, so that a
-``pwrite`` inside it never finds the disk full.
+Without WRITEMAP (the sync policies, or ``RIVERBED_WRITEMAP=0``) LMDB writes with ``pwrite``, and a
+full disk fails the commit with EIO, which cannot be told from a failing disk; the map is reserved the
+same way, so that a ``pwrite`` inside it never finds the disk full.
 
 The map grows by doubling, in steps of at most :data:`GROW_STEP_MAX`, and never by more than half of the
 filesystem's free space (but always by what the failed transaction needs).

@@ -153,7 +153,12 @@ class _Writer(threading.Thread):
             if not self._claim.acquire(False):  # the thread is purging or applying retention
                 return False
             try:
-                self._commit_batch([item])
+                op, args, fut = item
+                res = self._commit_alone(args[0]) if op == _OP_APPEND and args[0].sealed else None
+                if res is None:
+                    self._commit_batch([item])
+                else:
+                    fut.set_result(res)
             except BaseException:  # the completion has the error; the engine is stopped (see above)
                 log.exception("inline commit failed; the engine is stopped")
             finally:
@@ -162,6 +167,83 @@ class _Writer(threading.Thread):
         finally:
             with self._mutex:
                 self._outstanding -= 1
+
+    def _commit_alone(self, req):
+        """Commit one sealed chunk (a caller-built ``bytearray``: a whole small Publish frame) in a
+        transaction of its own: the inline commit of the one-message path. It stores what ``_commit``
+        stores for it (the chunk, its timestamp index entry, the stream's state and, for a named
+        publisher, its sequence), but without the general batch's bookkeeping, which is most of a
+        one-message commit's cost. Returns the AppendResult once committed, or None when the general
+        path must run it: anything but the plain case (filter values, a publisher with ids that are not
+        all new, a chunk over the stream's bounds or asking for a sync) and any error before the commit
+        (a full map, a map another process grew, an LMDB error: the general path grows and retries, or
+        reports it). Nothing is stored when it returns None. The caller holds ``_claim``."""
+        eng = self.engine
+        name = req.stream
+        s = eng._streams.get(name)
+        chunk = req.data
+        records = req.records
+        size = len(chunk) - LEN_CHUNK_HEADER
+        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max
+                or records > s.chunk_max_records or FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank):
+            return None
+        ids = req.ids
+        publisher = req.publisher if ids is not None else None
+        if publisher is not None and (not isinstance(ids, PublishingIds) or not ids.increasing or not len(ids)):
+            return None
+        started = time.perf_counter()
+        if req.crc_pending:
+            _CRC.pack_into(chunk, H_CRC_OFFSET, core.crc32(memoryview(chunk)[LEN_CHUNK_HEADER:]))
+            req.crc_pending = False
+        now = eng.clock()
+        ts = now if now > s.last_ts else s.last_ts
+        chunk_id = s.next_offset
+        _STAMP_TS.pack_into(chunk, 8, ts)
+        _STAMP_ID.pack_into(chunk, 16, eng.epochs.get(name, CHUNK_EPOCH))
+        _STAMP_ID.pack_into(chunk, 24, chunk_id)
+        new = s.copy()
+        new.next_offset = chunk_id + records
+        if new.first_chunk < 0:
+            new.first_chunk = chunk_id
+        new.last_chunk = chunk_id
+        new.bytes += len(chunk)
+        new.records += records
+        new.chunks += 1
+        new.last_ts = ts
+        sid = s.sid
+        seqs = {}
+        gate = eng._gate
+        gate.enter()
+        try:
+            with eng.env.begin(write=True, buffers=True) as txn:
+                if publisher is not None:
+                    key = _tracking_key(sid, TRACKING_SEQUENCE, publisher)
+                    last = self._seq_cache.get((sid, publisher))
+                    if last is None:
+                        raw = txn.get(key, db=eng._db_tracking)
+                        last = _U64.unpack(raw)[0] if raw is not None else NO_SEQUENCE
+                    if ids.first <= last:
+                        raise _NotAlone     # a duplicate among them: the general path drops it
+                    txn.put(key, _U64.pack(ids.last), db=eng._db_tracking)
+                    seqs[(sid, publisher)] = ids.last
+                txn.put(_CHUNK_KEY.pack(sid, chunk_id), chunk, db=eng._db_chunks)
+                txn.put(_TIME_KEY.pack(sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
+                txn.put(name.encode(), new.encode(), db=eng._db_streams)
+                applied = time.perf_counter()
+        except Exception:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
+            return None
+        finally:
+            gate.leave()
+        eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))
+        if seqs:
+            self._seq_cache.update(seqs)
+        with eng._lock:
+            quiet = not eng._waiters.get(sid)
+            if quiet:       # no reader waits on this stream (a publisher alone): swap the state in, done
+                eng._streams[name] = new
+        if not quiet:
+            self._publish(_Alone(name, new, seqs))
+        return AppendResult(chunk_id, chunk_id + records - 1, [])
 
     def stop(self):
         self.stopping = True
@@ -561,6 +643,23 @@ class _Writer(threading.Thread):
                 txn.put(b"released", _U64.pack(time.time_ns()), db=eng._db_meta)
         finally:
             eng._gate.leave()
+
+
+class _NotAlone(Exception):
+    """_commit_alone cannot store this append by itself: abort its transaction, use the general path."""
+
+
+class _Alone:
+    """What ``_publish`` reads of a commit: for ``_commit_alone``, one stream's new state and the
+    publisher sequence (if any) it stored."""
+
+    __slots__ = ("streams", "seqs")
+    deleted = ()
+    created = ()
+
+    def __init__(self, name, state, seqs):
+        self.streams = {name: state}
+        self.seqs = seqs
 
 
 class _TxnFailed(Exception):

@@ -691,6 +691,22 @@ class Broker:
             publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk),
             forward and (lambda: (ids, None, num_entries, num_records, memoryview(chunk)[LEN_CHUNK_HEADER:])))
 
+    def append_chunk_now(self, stream, chunk, ids, publisher, num_entries, num_records, crc_done=True):
+        """:meth:`append_chunk` done before this returns, or not at all: ``(AppendResult, None)`` or
+        ``(None, exc)`` once the engine committed it (or refused it) on this thread, else None (a
+        cluster, the disk alarm on, completions not yet delivered, or the engine cannot commit it inline:
+        Engine.append_chunk_now); then nothing was done and the caller uses :meth:`append_chunk`. Nothing
+        is in flight in between, so no budget or barrier is taken. Loop thread only."""
+        disk = self.disk
+        if self.cluster is not None or (disk is not None and disk.alarm) or self._inbox:
+            # completions still to deliver go first: a confirm never overtakes an earlier one
+            return None
+        got = self.engine.append_chunk_now(stream, chunk, num_entries=num_entries, num_records=num_records,
+                                           publishing_ids=ids, publisher=publisher, crc_done=crc_done)
+        if got is not None and disk is not None and isinstance(got[1], StorageFull):
+            self._post(disk.check)
+        return got
+
     def append_records(self, stream, records, cb, *, forward=True):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous
         and in order; ``cb(AppendResult, exc)`` after the commit."""

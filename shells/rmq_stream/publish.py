@@ -145,21 +145,32 @@ class PublishCommands:
                 # rare: the general path drops the refused sub-batches and reports why
                 self._publish_batch(decode_publish(f, 1), bad)
                 return
-        size = len(chunk) - fmt.LEN_CHUNK_HEADER
-        ids = PublishingIds(raw_ids, first, last, increasing)
+        ids = PublishingIds(raw_ids, first, last, increasing) if pub.reference else None
+        # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut.
+        # A small frame is committed here and now when the engine can (fsync=never, writer idle): its
+        # confirm then leaves with this read's replies, no completion to hand back (one message per frame)
+        now = self.broker.append_chunk_now(pub.stream, chunk, ids, pub.reference, count, records, crc_done=False)
+        if now is not None:
+            self._published(pub, publisher_id, count, raw_ids, first, last, increasing, *now)
+            return
 
         def done(result, exc):
-            if exc is None:
-                self._send_confirm(publisher_id, count, raw_ids)
-            else:
-                code = response_code_for(exc)
-                if code == RC_INTERNAL_ERROR:
-                    log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
-                self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
+            self._published(pub, publisher_id, count, raw_ids, first, last, increasing, result, exc)
 
-        # the CRC is the engine's to compute: only when the chunk is stored whole, not when it is cut
-        self.broker.append_chunk(pub.stream, chunk, ids if pub.reference else None, pub.reference,
-                                 self._inflight(size, done), count, records, crc_done=False)
+        self.broker.append_chunk(pub.stream, chunk, ids, pub.reference,
+                                 self._inflight(len(chunk) - fmt.LEN_CHUNK_HEADER, done), count, records,
+                                 crc_done=False)
+
+    def _published(self, pub, publisher_id, count, raw_ids, first, last, increasing, result, exc):
+        """A Publish v1 frame's append completed: confirm its ids, or refuse each with the error's code."""
+        if exc is None:
+            self._send_confirm(publisher_id, count, raw_ids)
+            return
+        code = response_code_for(exc)
+        if code == RC_INTERNAL_ERROR:
+            log.error("%s: append to %r failed: %r", self.peer, pub.stream, exc)
+        ids = PublishingIds(raw_ids, first, last, increasing)
+        self._send(encode_publish_error(publisher_id, [(i, code) for i in ids]))
 
     def _send_confirm(self, publisher_id, count, raw_ids):
         """Queue a confirm of ``count`` ids (``raw_ids``: their 8-byte big-endian bytes as they came).

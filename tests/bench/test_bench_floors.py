@@ -61,3 +61,18 @@ def test_a_durable_row_copies_its_own_workloads_row_when_cluster_rows_come_first
         ("latency-rstream", "riverbed"), ("latency-rstream", "riverbed-batch")]
     assert rows[-1]["label"].endswith("[Riverbed fsync=batch]") and rows[-1]["label"].startswith("confirm latency")
     assert table_layout(["latency-rstream"], ["latency-rstream"], None, "none", peers={})[-1]["riverbed"] == "riverbed"
+
+
+def test_the_loadgen_latency_row_is_judged_like_the_real_clients_rows_and_for_its_server_cpu():
+    floors = {"loop": {"cpu_us": {"med": 20.0}, "p50_us": {"med": 40.0}, "p99_us": {"med": 100.0}}}
+    summary = {
+        ("loadgen-latency", "riverbed"): {"lat_p50_us": {"med": 55.0}, "lat_p99_us": {"med": 320.0},
+                                          "server_us_per_msg": {"med": 31.0}},
+        ("redis-latency", "redis"): {"lat_p50_us": {"med": 50.0}},
+    }
+    got = {(g["metric"], g["floor"]): g for g in _floors.floor_goal_lines(summary, floors, "riverbed-batch")
+           if g["workload"] == "loadgen-latency"}
+    assert got[("lat_p50_us", "loop")]["ok"] is True                  # 1.375x <= 1.5x
+    assert got[("lat_p50_us", "redis")]["ok"] is False                # 55 > Redis's 50
+    assert got[("lat_p99_us", "loop")]["ok"] is False                 # 3.2x > 3x
+    assert got[("server_us_per_msg", "loop")]["ratio"] == 1.55 and not got[("server_us_per_msg", "loop")]["ok"]

@@ -68,10 +68,20 @@ def test_loadgen_consume_counts_every_record_from_the_chunk_headers(never_server
     assert r["chunks"] >= N // 1000      # chunks hold at most 1,000 records here
 
 
+def test_loadgen_latency_waits_for_each_confirm_and_stores_every_message(never_server):
+    r = run_client("loadgen-latency", never_server.port, "lg-lat", "--keep-stream", "--warmup", "30",
+                   "--timed", "300")
+    assert r["n"] == 300
+    assert 0 < r["lat_p50_us"] <= r["lat_p99_us"] <= r["lat_p999_us"] <= r["lat_max_us"] < 5e6
+    got = asyncio.run(count_with_rstream(never_server.port, "lg-lat", 330))
+    assert len(got) == 330 and set(got) == {b"x" * SIZE}              # one per frame, none lost or doubled
+
+
 def test_bench_compare_runs_the_loadgen_rows(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none", "--no-floors",
-                        "--workloads", "loadgen-publish,loadgen-publish-2,loadgen-consume", "--n", "20000",
+                        "--workloads", "loadgen-publish,loadgen-publish-2,loadgen-consume,loadgen-latency",
+                        "--n", "20000", "--warmup", "20", "--timed", "200",
                         "--rounds", "1", "--durable-fsync", "none", "--max-tries", "1", "--quiet-wait", "0",
                         "--no-chart", "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
@@ -82,4 +92,6 @@ def test_bench_compare_runs_the_loadgen_rows(tmp_path):
     assert by["loadgen-publish-2"]["n"] == 40000 and by["loadgen-publish-2"]["clients"] == 2
     for w in ("loadgen-publish", "loadgen-publish-2", "loadgen-consume"):
         assert by[w]["msgs_per_s"] > 0 and by[w]["client_cpu_s"] >= 0 and by[w]["server_cpu_s"] >= 0
-    assert "loadgen publish" in r.stdout and "client CPU" in r.stdout
+    lat = by["loadgen-latency"]
+    assert lat["n"] == 200 and 0 < lat["lat_p50_us"] <= lat["lat_p999_us"] and lat["server_cpu_s"] >= 0
+    assert "loadgen publish" in r.stdout and "client CPU" in r.stdout and "loadgen stop-and-wait" in r.stdout

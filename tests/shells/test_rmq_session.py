@@ -11,6 +11,7 @@ from rstream import schema
 from rstream.encoding import decode_frame, encode_frame, encode_publish
 
 from riverbed.engine import core
+from riverbed.engine.log import INLINE_MAX_BYTES
 from riverbed.shells import auth
 from riverbed.shells import rmq_stream as rs
 from riverbed.shells.broker import tail
@@ -354,10 +355,45 @@ def test_publish_flow_control_pauses_reading(conn, h, monkeypatch):
     conn.s.limits = dataclasses.replace(conn.s.limits, max_pending_bytes=1000)
     conn.create("s")
     conn.declare(1, "s")
-    conn.publish(1, [(1, b"x" * 2000)])
+    # over INLINE_MAX_BYTES: the writer thread commits it, so it is in flight until the loop settles (a
+    # small one is committed before data_received returns, and nothing is left pending)
+    conn.publish(1, [(1, b"x" * (INLINE_MAX_BYTES + 1))])
     assert not conn.io.reading
     h.settle()
     assert conn.io.reading
+
+
+def test_one_message_frame_is_committed_and_confirmed_within_the_read(conn, h):
+    # fsync=never and an idle writer: the commit runs in data_received and its confirm goes out in the
+    # same write, with no completion left for the loop to deliver
+    conn.create("s")
+    conn.declare(1, "s")
+    conn.io.writes = 0
+    conn.publish(1, [(5, b"one")])
+    assert conn.io.writes == 1 and h.q.empty() and not h.broker._inbox
+    (f,) = split_out(conn.io.out)
+    r = decode_frame(f, 1)
+    assert isinstance(r, schema.PublishConfirm) and r.publishing_ids == [5]
+    assert [rec for _, rec in h.eng.scan("s")] == [b"one"]          # a confirm means stored
+
+
+def test_one_message_frame_waits_its_turn_behind_completions_not_yet_delivered(conn, h):
+    conn.create("s")
+    conn.declare(1, "s", ref="p")
+    writer = h.eng._writer
+    with writer._claim:                 # the writer is busy: the first frame goes to its queue
+        conn.publish(1, [(1, b"a")])
+        assert split_out(conn.io.out) == []
+    deadline = time.monotonic() + 10
+    while writer._outstanding and time.monotonic() < deadline:
+        time.sleep(0.001)
+    # committed, its completion queued for the loop: the next frame must not be confirmed before it
+    conn.publish(1, [(2, b"b")])
+    assert split_out(conn.io.out) == []
+    confirmed = [i for f in conn.frames() for i in f.publishing_ids]
+    assert confirmed == [1, 2]
+    assert [rec for _, rec in h.eng.scan("s")] == [b"a", b"b"]
+    assert h.eng.query_publisher_sequence("s", "p") == 2
 
 
 # ---------------------------------------------------------------------------------------- consuming

@@ -1,13 +1,16 @@
 """The one etcd client of the cluster: etcd v3's gRPC gateway (JSON over HTTP) through aiohttp.
 
 etcd does all consensus for a Riverbed cluster (leases, leaders, epochs, membership), so this module
-only needs the gateway's plain calls: range, put, delete, compare-and-swap transactions and leases.
-etcd 3.4 (Debian's ``etcd-server``) serves them at ``/v3/...``; keys and values travel base64-encoded,
-64-bit integers as decimal strings. Several endpoints may be given: a call that cannot reach one tries
-the next (etcd forwards writes to its leader itself).
+only needs the gateway's plain calls: range, put, delete, compare-and-swap transactions, leases and one
+watch. etcd 3.4 (Debian's ``etcd-server``) serves them at ``/v3/...``; keys and values travel
+base64-encoded, 64-bit integers as decimal strings. Several endpoints may be given: a call that cannot
+reach one tries the next (etcd forwards writes to its leader itself).
 
-Watches are not used: the cluster polls its few keys at a fraction of the lease TTL, which survives
-etcd restarts and reconnects without any stream state to resume.
+:meth:`Etcd.watch` streams the changes of a key prefix (``POST /v3/watch``: the gateway answers with
+one JSON object per line for as long as the watch lives). A node keeps its copy of the cluster's keys
+with it (etcdview.py) instead of polling them; a stream that breaks (etcd restarted or stopped, the
+endpoint gone, the start revision compacted) raises :class:`WatchLost`, after which the caller reads
+the keys again (:meth:`Etcd.read_prefix`, which gives the revision to watch from) and watches anew.
 
 Everything here is asyncio and must be used from one event loop (the client's aiohttp session belongs
 to it). Errors: :class:`EtcdError` (no endpoint answered, or etcd refused the request).
@@ -24,6 +27,11 @@ DEFAULT_TIMEOUT = 3.0      # seconds one HTTP call may take before the next endp
 
 class EtcdError(RuntimeError):
     """etcd could not be reached on any endpoint, or answered with an error."""
+
+
+class WatchLost(EtcdError):
+    """A watch stream ended: etcd closed it or went away, refused it, or its start revision was compacted.
+    Nothing after the last event delivered is known: read the keys again and watch from that read."""
 
 
 def _b64(data):
@@ -64,6 +72,18 @@ class KeyValue:
         return json.loads(self.value)
 
 
+class Event:
+    """One change a watch delivered: ``kv`` (a :class:`KeyValue`; for a deletion only ``key`` and
+    ``mod_revision``, the revision of the deletion, are set) and ``deleted``."""
+
+    __slots__ = ("kv", "deleted")
+
+    def __init__(self, ev):
+        self.kv = KeyValue(ev.get("kv") or {})
+        # the gateway omits the default (PUT, 0) and names the other
+        self.deleted = ev.get("type") in ("DELETE", 1)
+
+
 class Etcd:
     """An etcd v3 client over its JSON gateway. ``endpoints``: URLs (``http://127.0.0.1:2379``) or one
     comma-separated string. Use from one event loop; :meth:`close` when done."""
@@ -80,15 +100,22 @@ class Etcd:
         self.timeout = timeout
         self._session = None
         self._current = 0      # the endpoint that answered last: tried first
+        # the highest store revision any write of this client was answered at: a copy of the keys kept
+        # by a watch reflects every write this client made once it has reached this revision
+        self.written = 0
 
     async def close(self):
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def _call(self, path, body, timeout=None):
+    def _open(self):
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout or self.timeout))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        return self._session
+
+    async def _call(self, path, body, timeout=None, write=False):
+        self._open()
         errors = []
         n = len(self.endpoints)
         for k in range(n):
@@ -102,7 +129,12 @@ class Etcd:
                         # etcd answered: a refusal, not an unreachable endpoint
                         raise EtcdError(f"etcd {path}: HTTP {r.status}: {text[:200]}")
                     self._current = i
-                    return json.loads(text) if text else {}
+                    answer = json.loads(text) if text else {}
+                    if write:
+                        rev = int((answer.get("header") or {}).get("revision", 0))
+                        if rev > self.written:
+                            self.written = rev
+                    return answer
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 errors.append(f"{url}: {type(e).__name__}: {e}")
         raise EtcdError("no etcd endpoint answered: " + "; ".join(errors))
@@ -135,20 +167,80 @@ class Etcd:
             raise EtcdError(f"etcd answered {len(answers)} of {len(ops)} range reads")
         return [[KeyValue(kv) for kv in (a.get("response_range") or {}).get("kvs") or ()] for a in answers]
 
+    async def read_prefix(self, prefix):
+        """``(revision, [KeyValue, ...])``: every key starting with ``prefix`` in key order, and the store
+        revision they were read at (watch from ``revision + 1`` to miss nothing after this read)."""
+        p = prefix.encode() if isinstance(prefix, str) else prefix
+        r = await self._call("/v3/kv/range", {"key": _b64(p), "range_end": _b64(_prefix_end(p))})
+        rev = int((r.get("header") or {}).get("revision", 0))
+        return rev, [KeyValue(kv) for kv in r.get("kvs") or ()]
+
+    async def watch(self, prefix, start_revision):
+        """Async iterator over the changes of the keys starting with ``prefix`` from ``start_revision``
+        (inclusive; etcd replays older ones it still holds): a list of :class:`Event` per etcd answer,
+        in revision order. It never ends by itself: :class:`WatchLost` when the stream breaks (etcd
+        restarted, stopped or lost its own leader, the connection dropped, the revision compacted, a
+        refusal), :class:`EtcdError` when no endpoint accepts it. One HTTP connection for its whole
+        life, read without a timeout (a quiet watch is a healthy one); the caller bounds how long it
+        trusts one (etcdview.py)."""
+        p = prefix.encode() if isinstance(prefix, str) else prefix
+        body = {"create_request": {"key": _b64(p), "range_end": _b64(_prefix_end(p)),
+                                   "start_revision": str(max(1, int(start_revision)))}}
+        session = self._open()
+        # no total or read timeout (events may be minutes apart); a connect that hangs tries the next endpoint
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None, sock_connect=self.timeout)
+        # etcd cancels the watch when its member loses the raft leader, instead of leaving it silent
+        headers = {"Grpc-Metadata-hasleader": "true"}
+        errors, resp = [], None
+        n = len(self.endpoints)
+        for k in range(n):
+            i = (self._current + k) % n
+            url = self.endpoints[i] + "/v3/watch"
+            try:
+                resp = await session.post(url, json=body, timeout=timeout, headers=headers)
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                errors.append(f"{url}: {type(e).__name__}: {e}")
+                continue
+            if resp.status == 200:
+                break
+            text = (await resp.text())[:200]
+            resp.release()
+            raise EtcdError(f"etcd /v3/watch: HTTP {resp.status}: {text}")
+        else:
+            raise EtcdError("no etcd endpoint answered: " + "; ".join(errors))
+        try:
+            buf = b""
+            async for data in resp.content.iter_any():
+                buf += data
+                if b"\n" not in data:
+                    continue
+                *lines, buf = buf.split(b"\n")
+                batch = []
+                for line in lines:
+                    if line.strip():
+                        batch.extend(_watch_events(json.loads(line)))
+                if batch:
+                    yield batch
+            raise WatchLost("etcd closed the watch stream")
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            raise WatchLost(f"the watch stream broke: {type(e).__name__}: {e}") from e
+        finally:
+            resp.close()      # never back to the pool: the stream is still open on etcd's side
+
     async def put(self, key, value, lease=0):
         """Set ``key`` to ``value`` (bytes, str, or anything else as JSON), attached to ``lease`` (an id;
         0: none, the key stays until deleted)."""
         body = {"key": _b64(key), "value": _b64(_encode(value))}
         if lease:
             body["lease"] = str(lease)
-        await self._call("/v3/kv/put", body)
+        await self._call("/v3/kv/put", body, write=True)
 
     async def delete(self, key):
-        await self._call("/v3/kv/deleterange", {"key": _b64(key)})
+        await self._call("/v3/kv/deleterange", {"key": _b64(key)}, write=True)
 
     async def delete_prefix(self, prefix):
         p = prefix.encode() if isinstance(prefix, str) else prefix
-        await self._call("/v3/kv/deleterange", {"key": _b64(p), "range_end": _b64(_prefix_end(p))})
+        await self._call("/v3/kv/deleterange", {"key": _b64(p), "range_end": _b64(_prefix_end(p))}, write=True)
 
     async def create(self, key, value, lease=0):
         """Put ``key`` only if it does not exist (compare-and-swap on its creation). True when this call
@@ -166,7 +258,7 @@ class Etcd:
             put["lease"] = str(lease)
         body = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": target, field: str(revision)}],
                 "success": [{"request_put": put}]}
-        r = await self._call("/v3/kv/txn", body)
+        r = await self._call("/v3/kv/txn", body, write=True)
         return bool(r.get("succeeded"))
 
     # ---------------------------------------------------------------------------------------- leases
@@ -186,7 +278,21 @@ class Etcd:
 
     async def revoke(self, lease):
         """End ``lease`` now: every key attached to it goes."""
-        await self._call("/v3/lease/revoke", {"ID": str(lease)})
+        await self._call("/v3/lease/revoke", {"ID": str(lease)}, write=True)
+
+
+def _watch_events(msg):
+    """The :class:`Event` list of one line of a watch stream; WatchLost for an error or a cancellation."""
+    if not isinstance(msg, dict):
+        raise WatchLost(f"etcd sent {type(msg).__name__} on the watch stream")
+    if "error" in msg:
+        err = msg["error"] if isinstance(msg["error"], dict) else {"message": msg["error"]}
+        raise WatchLost(f"etcd ended the watch: {err.get('message', err)}")
+    res = msg.get("result") or {}
+    if res.get("canceled") or int(res.get("compact_revision", 0) or 0):
+        raise WatchLost(f"etcd canceled the watch (compacted at {res.get('compact_revision', 0)}): "
+                        f"{res.get('cancel_reason', '')}")
+    return [Event(ev) for ev in res.get("events") or ()]
 
 
 def _encode(value):

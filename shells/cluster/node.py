@@ -23,6 +23,13 @@ refuses chunks of an epoch older than one it has seen, and a leader whose lease 
 confirming at once. A member whose dial of a killed leader is refused need not wait for the lease: see
 failover.py (the fast path, with its safety argument).
 
+The node does not poll etcd: one watch over the cluster's prefix keeps a copy of its keys
+(etcdview.py), and a change to ``nodes/``, ``streams/``, ``deleted/`` or ``superstreams/`` (and to
+``progress/`` while the node waits for an election) wakes the reconcile (:meth:`ClusterNode._refresh`)
+at once: an expired lease's node key is acted on within milliseconds instead of at the next poll. What
+changes with time alone (confirm timeouts, a leader cut off from its members, abstentions, idle observer
+copies, progress reports) runs on local timers, and a full read every few TTLs backs the watch up.
+
 Loop thread only (the broker's loop), except the engine completions posted back to it.
 """
 
@@ -36,6 +43,7 @@ from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
 from riverbed.shells.cluster import membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.remote_read import Observers
@@ -47,8 +55,12 @@ log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
-POLL_MAX = 0.25            # seconds between two reads of the cluster state, at most (a failover waits on it)
+TICK_MAX = 0.25            # seconds between two runs of the local timers (confirm timeouts, resigning, SAC), at most
+RECONCILE_EVERY = 0.5      # lease TTLs between two reconciles with the cluster state that no change in etcd asked for
+SAFETY_READ_EVERY = 5      # lease TTLs between two full reads of the cluster's keys (the watch's safety net)
 PROGRESS_EVERY = 0.5       # lease TTLs between two progress reports that only move offsets forward
+# the directories whose changes the node reacts to at once (progress/ only while it waits for an election)
+REACT_DIRS = frozenset(("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR))
 
 
 class NotLeader(NotLeaderError):
@@ -93,7 +105,6 @@ class ClusterNode(ReplicationPlane):
         self._tasks = []
         self._stopping = False
         self.abstain = {}                 # stream -> monotonic time until which this node is no candidate
-        self._etcd_down = False
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
@@ -103,7 +114,11 @@ class ClusterNode(ReplicationPlane):
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
         self.observers = Observers(self)   # streams copied here for readers, without being a member (remote_read.py)
-        self.sac = ClusterSac(self, POLL_MAX)     # single-active-consumer groups across the nodes (sac.py)
+        self.sac = ClusterSac(self, TICK_MAX)     # single-active-consumer groups across the nodes (sac.py)
+        # the cluster's keys, kept by one etcd watch (etcdview.py); a change wakes the reconcile loop
+        self.etcd_view = EtcdView(self.etcd, self.prefix, self._view_changed, SAFETY_READ_EVERY * self.ttl)
+        self._kicked = asyncio.Event()
+        self._changing = asyncio.Lock()   # a reconcile, a promotion or a resignation: one at a time
 
     # ------------------------------------------------------------------------------ life cycle
 
@@ -125,22 +140,31 @@ class ClusterNode(ReplicationPlane):
         self.broker.cluster = self
         self.broker.on_stream_created(self._stream_created)
         self.broker.on_stream_deleted(self._stream_deleted)
+        await self.etcd_view.resync()
         await self._refresh()
+        self.etcd_view.start()          # watches from the revision of the read above: nothing missed
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._keepalive_loop()), loop.create_task(self._control_loop())]
+        self._tasks = [loop.create_task(self._keepalive_loop()), loop.create_task(self._control_loop()),
+                       loop.create_task(self._reconcile_loop())]
         log.info("listening replication %s:%d", self.host, self.replication_port)
         log.info("cluster %s: node %s joined (etcd lease %.1fs)", self.cluster, self.name, self.ttl)
 
     async def register(self, addresses):
         """Publish this node's listener addresses (``stream_port``, ``http_port``, ...)."""
         self.address.update(addresses)
-        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+        try:
+            await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
+        except EtcdError:
+            # the lease expired while the listeners started (a loaded machine, a short TTL: etcd answers
+            # "lease not found"): a new one, which registers the addresses too
+            await self._new_lease()
         await self.etcd.put(self.prefix + "known/" + self.name, {"name": self.name})   # no lease: "down", not "unknown"
 
     async def stop(self):
         self._stopping = True
         for t in self._tasks:
             t.cancel()
+        self.etcd_view.close()
         self.forwarding.close()
         self.sac.close()
         for _, _, task in list(self.following.values()):
@@ -176,6 +200,7 @@ class ClusterNode(ReplicationPlane):
                 ttl = await self.etcd.keepalive(self.lease)
             except EtcdError as e:
                 log.debug("cluster: etcd keepalive failed: %s", e)
+                self.etcd_view.suspect()     # the watch may hang on the same etcd: read and watch anew
                 continue
             if ttl > 0:
                 self._lease_until = t0 + self.ttl
@@ -192,46 +217,84 @@ class ClusterNode(ReplicationPlane):
                 log.warning("cluster: cannot take a new lease: %s", e)
 
     async def _control_loop(self):
+        """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off
+        from its members resigning, forwarded requests and SAC upkeep; and a reconcile every
+        RECONCILE_EVERY lease TTLs (what changes with time alone: abstentions, idle observer copies,
+        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py)."""
+        next_reconcile = time.monotonic() + RECONCILE_EVERY * self.ttl
         while True:
-            await asyncio.sleep(min(self.ttl / 6, POLL_MAX))
+            await asyncio.sleep(min(self.ttl / 6, TICK_MAX))
             now = time.monotonic()
-            for st in list(self.leading.values()):
-                st.expire(now)
-                if not self.lease_valid():
-                    continue
-                st.recompute()
-                if st.learners:
-                    await membership.promote(self, st)
-                if self._cut_off(st, now):
-                    await self._resign(st)
             try:
-                await self._refresh()
-                if self._etcd_down:
-                    self._etcd_down = False
-                    log.info("cluster: etcd answers again")
+                for st in list(self.leading.values()):
+                    st.expire(now)
+                    if not self.lease_valid():
+                        continue
+                    st.recompute()
+                    if st.learners or self._cut_off(st, now):
+                        async with self._changing:     # not while a reconcile changes the same state
+                            if st.learners:
+                                await membership.promote(self, st)
+                            if self._cut_off(st, now):
+                                await self._resign(st)
+                # a live member fell behind (paused, slow): the leader reports its position on every
+                # tick, so the member's lag shows at once (view.member_behind), not at the next reconcile
+                if self.etcd_view.current and any(view.member_behind(st, st.local_next(), self.nodes)
+                                                  for st in list(self.leading.values())):
+                    await self._report_progress()
             except EtcdError as e:
-                if not self._etcd_down:      # once per outage, not every poll
-                    self._etcd_down = True
-                    log.warning("cluster: etcd unreachable: %s", e)
+                log.debug("cluster: control loop: %s", e)
             except Exception:
                 log.exception("cluster: control loop failed")
-            self.forwarding.route_changed()
+            if now >= next_reconcile:
+                next_reconcile = now + RECONCILE_EVERY * self.ttl
+                self.kick()
+            self._upkeep()
+
+    def _upkeep(self):
+        self.forwarding.route_changed()
+        try:
+            self.sac.tick()
+        except Exception:
+            log.exception("cluster: single-active-consumer upkeep failed")
+
+    def kick(self):
+        """Reconcile with the cluster state soon (coalesced): a change in etcd, a leader found gone."""
+        self._kicked.set()
+
+    def _view_changed(self, dirs):
+        # progress reports matter at once only to a member waiting for an election (the detached reports)
+        if not dirs.isdisjoint(REACT_DIRS) or (self.detached and "progress/" in dirs):
+            self._kicked.set()
+
+    async def _reconcile_loop(self):
+        while True:
+            await self._kicked.wait()
+            self._kicked.clear()
             try:
-                self.sac.tick()
+                async with self._changing:
+                    # never act on a copy older than this node's own last write (it would undo it)
+                    await self.etcd_view.catch_up(self.etcd.written)
+                    await self._refresh()
+            except EtcdError as e:
+                log.debug("cluster: reconcile: %s", e)     # the view logs an outage once
             except Exception:
-                log.exception("cluster: single-active-consumer upkeep failed")
+                log.exception("cluster: reconciling with the cluster state failed")
+            self._upkeep()
 
     # ------------------------------------------------------------------------------ etcd state
 
     async def _refresh(self):
-        """Read nodes and placements from etcd and take the role each stream gives this node."""
+        """Take nodes and placements from the watched copy of etcd's keys (etcdview.py) and take the role
+        each stream gives this node."""
         if viewhold.held(self.name):
             return          # a test holds this node's view where it is (viewhold.py)
-        # the four directories in one request (most of an idle node's CPU was these calls); the super
-        # stream definitions are read again by superstreams.refresh if this node changed one meanwhile
+        # the super stream definitions are read again by superstreams.refresh if this node changed one
+        # after this point
         generation = self.superstreams.generation
-        node_kvs, stream_kvs, deleted_kvs, super_kvs = await self.etcd.get_prefixes(
-            [self.prefix + d for d in ("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR)])
+        view = self.etcd_view
+        node_kvs, stream_kvs, deleted_kvs, super_kvs = (
+            view.items(d) for d in ("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR))
         nodes = {}
         for kv in node_kvs:
             try:

@@ -310,9 +310,10 @@ class ReplicationPlane:
                 raise
             except ConnectionRefusedError:
                 # nothing listens on the leader's replication port: its process is gone (failover.py);
-                # this member never follows it at this epoch again and elects at the next poll
+                # this member never follows it at this epoch again and reports for an election at once
                 log.info("cluster: %s finds %s gone (leader of %s at epoch %d)", self.name, leader, name, epoch)
                 self.watch.refused(name, leader, epoch)
+                self.kick()
                 return
             except (ConnectionError, OSError, asyncio.IncompleteReadError, wire.WireError) as e:
                 log.debug("cluster: following %s on %s: %s", name, leader, e)

@@ -15,14 +15,14 @@ nodes whenever the leader changes.
   later sends SAC_ACTIVATE / SAC_STEP_DOWN, which this node turns into the client's ConsumerUpdate;
   the client's step-down answer goes back as SAC_STEPPED_DOWN.
 * **A node goes away.** Its SAC connections close (a killed process), or its etcd key expires (a paused or
-  cut-off node: the leader closes the connection on its next poll): the leader drops that node's members,
+  cut-off node: the leader closes the connection as soon as its etcd watch shows the key gone): the leader drops that node's members,
   and the next member in order is activated. The client of the new active consumer picks its offset as
   usual (the stored offset + 1: offsets replicate with the log, so every member's node answers
   QueryOffset).
-* **The leader changes.** The old leader's groups are forgotten (by itself on its next poll, or with the
-  process). Every node re-registers its members with the new leader (on the poll that shows it), each
+* **The leader changes.** The old leader's groups are forgotten (by itself as soon as it sees the change, or with
+  the process). Every node re-registers its members with the new leader (once its watch shows it), each
   with the ``order`` it had and its state: an active consumer stays active, a step-down still awaited is
-  awaited. For :func:`gather_seconds` (three polls, at least 0.5 s) after it began leading at epoch > 1,
+  awaited. For :func:`gather_seconds` (three control-loop ticks, at least 0.5 s) after it began leading at epoch > 1,
   the new leader activates no one, so that an active consumer's re-registration is not overtaken by a
   waiting one's; then it decides. Should two members still both report being active, the later yields
   (it is told to step down).
@@ -170,8 +170,8 @@ class ClusterSac:
     """The single-active-consumer groups of a :class:`~riverbed.shells.cluster.node.ClusterNode` (see the
     module docstring): ``groups`` decides for the streams this node leads; :meth:`register`,
     :meth:`unregister` and :meth:`stepped_down` are the RabbitMQ Stream shell's calls for its members;
-    :meth:`serve` serves another node's SAC connection; :meth:`tick` runs on every poll of etcd (at most
-    ``poll_max`` seconds apart)."""
+    :meth:`serve` serves another node's SAC connection; :meth:`tick` runs after every reconcile with etcd's state and on
+    the node's clock (at most ``poll_max`` seconds apart)."""
 
     def __init__(self, node, poll_max):
         self.node = node

@@ -6,9 +6,10 @@ read from etcd: nodes up/down with their addresses, each stream's epoch, leader 
 ``"forwarded"``, :mod:`riverbed.shells.http.cluster`). A member's ``lag`` is the records it holds fewer than the leader's log, from the positions each
 member reports to etcd. Reports that only move forward are written at most every half lease TTL
 (node.py ``_progress_can_wait``), except the leader's while a live member has fallen behind
-(:func:`member_behind`): then the leader reports its log's end on every poll, so a paused or slow
-member's lag shows within a poll, a read of this view and a dashboard interval, and grows while the
-leader's log does (the paused member's own position stays as it was until its lease expires).
+(:func:`member_behind`): then the leader reports its log's end on every tick of its control loop (at most
+0.25 s apart), so a paused or slow member's lag shows within a tick, a read of this view and a dashboard
+interval, and grows while the leader's log does (the paused member's own position stays as it was until
+its lease expires).
 
 Reads are shared: one etcd read serves every caller for ``CACHE_TTL`` seconds. Loop thread only.
 """

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from riverbed.shells.cluster.etcd import Etcd, EtcdError
+from riverbed.shells.cluster.etcd import Etcd, EtcdError, WatchLost
+from riverbed.shells.cluster.etcdview import EtcdView
 
 
 def run(coro):
@@ -85,5 +86,104 @@ def test_unreachable_endpoint_is_skipped_then_error(etcd):
             with pytest.raises(EtcdError):
                 await c.get("/k")
         finally:
+            await c.close()
+    run(go())
+
+
+def test_watch_from_a_read_revision_replays_puts_and_deletes(etcd):
+    """A watch from the revision after a read sees every change since that read, in order, and only
+    under its prefix."""
+    async def go():
+        c = Etcd(etcd.url)
+        try:
+            await c.put("/w/a", "1")
+            rev, kvs = await c.read_prefix("/w/")
+            assert [k.key for k in kvs] == [b"/w/a"] and rev >= kvs[0].mod_revision
+            await c.put("/w/b", {"x": 2})       # after the read, before the watch: replayed
+            await c.delete("/w/a")
+            await c.put("/wx", "not under /w/")
+            assert c.written > rev
+            got = []
+
+            async def collect():
+                async for events in c.watch("/w/", rev + 1):
+                    got.extend(events)
+                    if len(got) >= 3:
+                        return
+            task = asyncio.create_task(collect())
+            await asyncio.sleep(0.3)
+            await c.put("/w/c", "3")            # while watching
+            await asyncio.wait_for(task, 10)
+            assert [(e.kv.key, e.deleted) for e in got] == [(b"/w/b", False), (b"/w/a", True), (b"/w/c", False)]
+            assert got[0].kv.json() == {"x": 2}
+            assert got[0].kv.mod_revision < got[1].kv.mod_revision < got[2].kv.mod_revision == c.written
+        finally:
+            await c.close()
+    run(go())
+
+
+def test_watch_lost_on_a_compacted_revision_and_when_etcd_stops(etcd):
+    async def go():
+        c = Etcd(etcd.url)
+        try:
+            for i in range(3):
+                await c.put("/k", str(i))
+            rev, _ = await c.read_prefix("/")
+            await c._call("/v3/kv/compaction", {"revision": str(rev)}, write=True)
+            with pytest.raises(WatchLost, match="compacted"):
+                async for _ in c.watch("/", 1):
+                    pass
+
+            async def watch():
+                async for _ in c.watch("/", rev + 1):
+                    pass
+            task = asyncio.create_task(watch())
+            await asyncio.sleep(0.3)
+            assert not task.done()
+            await asyncio.to_thread(etcd.stop)
+            with pytest.raises(WatchLost):
+                await asyncio.wait_for(task, 10)
+        finally:
+            await c.close()
+            await asyncio.to_thread(etcd.start)
+    run(go())
+
+
+def test_view_follows_etcd_through_its_restart(etcd):
+    """EtcdView: changes arrive without a read; the node's own write is waited for (catch_up); after etcd
+    restarts the copy is read again and watched anew."""
+    async def until(cond, what, timeout=10):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.02)
+
+    async def go():
+        changes = []
+        c = Etcd(etcd.url)
+        view = EtcdView(c, "/riverbed/t/", changes.append, safety=60)
+        try:
+            await c.put("/riverbed/t/nodes/a", {"name": "a"})
+            await c.put("/riverbed/u/nodes/z", {"name": "z"})        # another cluster: not in the copy
+            await view.resync()
+            view.start()
+            await until(lambda: view.current, "the watch")
+            await c.put("/riverbed/t/streams/s", {"name": "s"})
+            await view.catch_up(c.written)
+            assert [kv.json()["name"] for kv in view.items("streams/")] == ["s"]
+            assert [kv.json()["name"] for kv in view.items("nodes/")] == ["a"]
+            assert view.reads == 1 and {"streams/"} in changes       # brought by the watch, not a read
+            await asyncio.to_thread(etcd.stop)
+            await until(lambda: not view.current, "the lost watch")
+            await asyncio.to_thread(etcd.start)
+            await c.delete("/riverbed/t/nodes/a")
+            await c.put("/riverbed/t/nodes/b", {"name": "b"})
+            await view.catch_up(c.written)
+            await until(lambda: [kv.json()["name"] for kv in view.items("nodes/")] == ["b"], "the new node key")
+            assert view.reads >= 2 and view.current
+            await c.put("/riverbed/t/deleted/s", {"name": "s"})
+            await until(lambda: view.items("deleted/"), "a change after the restart")
+        finally:
+            view.close()
             await c.close()
     run(go())

@@ -1,0 +1,208 @@
+"""What a three-node cluster costs per published message and at rest, counted (issue 23's CPU goal).
+
+etcd and three ``riverbed serve --node`` processes on loopback (the cluster tests' helpers, as
+``bench._cluster`` starts them: ``--fsync never``, lease TTL 2 s), n1 leading one stream
+(``queue-leader-locator=client-local``), published through n1 with rstream ``send_batch`` (5,000 x 100 B
+per call, 16 calls in flight, as the bench's cluster rows). The client runs in this process; its CPU is
+not counted.
+
+    python -m bench.cluster_cost publish --n 20000 [--callgrind DIR]  # per node: instructions (or CPU) per message
+    python -m bench.cluster_cost idle --seconds 30 [--callgrind DIR]  # per node: CPU (or instructions) at rest
+    python -m bench.cluster_cost single --n 20000 [--callgrind DIR]   # the same client against one lone node
+
+With ``--callgrind DIR`` every server runs under ``valgrind --tool=callgrind --instr-atstart=no``;
+collection is switched on (``callgrind_control -i on``) just before the timed part and off one second
+after its last confirm, so start-up and stream creation are not counted but everything time-driven
+during the window is (valgrind stretches the window some 30-50x: a clock-driven cost weighs far more
+per message here than at full speed). ``--py-spy DIR`` records each node with py-spy during the timed
+part (raw collapsed stacks). Prints one JSON document.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench._client import publish_rstream_batches
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STREAM = "cost"
+LEASE_TTL = 2.0
+
+
+def _helpers():
+    from bench._cluster import _cluster_helpers
+    EtcdProcess, _ = _cluster_helpers()
+    from procs import ServerProcess
+    return EtcdProcess, ServerProcess
+
+
+def _cpu(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _total_ir(path):
+    text = Path(path).read_text(errors="replace")
+    m = re.search(r"^totals:\s+(\d+)", text, re.M) or re.search(r"^summary:\s+(\d+)", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
+class Servers:
+    """The servers of one measurement: a cluster of ``n`` nodes (with etcd) or one lone node."""
+
+    def __init__(self, tmp, nodes, callgrind=None):
+        EtcdProcess, ServerProcess = _helpers()
+        self.tmp = Path(tmp)
+        self.callgrind = callgrind
+        self.etcd = EtcdProcess(self.tmp / "etcd").start() if nodes > 1 else None
+        self.nodes = {}
+        for i in range(1, nodes + 1):
+            name = f"n{i}"
+            wrap = []
+            if callgrind:
+                wrap = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--instr-atstart=no",
+                        f"--callgrind-out-file={callgrind}/{name}.%p.out"]
+            args = ["--fsync", "never", "--host", "127.0.0.1"]
+            if self.etcd is not None:
+                args += ["--node", name, "--etcd", self.etcd.url, "--cluster", "cost", "--replication-port", "0",
+                         "--lease-ttl", str(LEASE_TTL)]
+            self.nodes[name] = ServerProcess(self.tmp / name, *args, wrap=wrap)
+        try:
+            for srv in self.nodes.values():
+                srv.start(timeout=600)
+        except BaseException:
+            self.stop()
+            raise
+
+    def collect(self, on):
+        if self.callgrind:
+            for srv in self.nodes.values():
+                subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(srv.pid)],
+                               capture_output=True, timeout=120)
+
+    def cpu(self):
+        return {name: _cpu(srv.pid) for name, srv in self.nodes.items()}
+
+    def stop(self):
+        out = {}
+        for name, srv in self.nodes.items():
+            if srv.proc is None:
+                continue
+            try:
+                srv.stop(signal.SIGTERM, timeout=300)
+            except AssertionError:
+                pass
+            if self.callgrind:
+                files = sorted(Path(self.callgrind).glob(f"{name}.{srv.pid}.out*"))
+                out[name] = sum(_total_ir(f) for f in files)
+        if self.etcd is not None:
+            self.etcd.stop()
+        return out
+
+
+async def _create_and_warm(port, warm):
+    from rstream import Producer
+    async with Producer("127.0.0.1", port, username="guest", password="guest") as p:
+        await p.create_stream(STREAM, arguments={"queue-leader-locator": "client-local"}, exists_ok=True)
+        if warm:
+            await publish_rstream_batches(p, STREAM, warm, b"w" * 100, 1000, 4)
+
+
+async def _publish(port, n, repeat):
+    from rstream import Producer
+    async with Producer("127.0.0.1", port, username="guest", password="guest") as p:
+        for _ in range(repeat):
+            await publish_rstream_batches(p, STREAM, n, b"x" * 100, 5000, 16)
+
+
+def _spy(servers, directory, seconds):
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return [subprocess.Popen([spy, "record", "--pid", str(srv.pid), "--duration", str(int(seconds)), "--rate", "250",
+                              "--format", "raw", "--nonblocking", "--output", f"{directory}/{name}.txt"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for name, srv in servers.nodes.items()]
+
+
+def run(a):
+    tmp = tempfile.mkdtemp(prefix="riverbed-cluster-cost-")
+    nodes = 1 if a.mode == "single" else 3
+    servers = Servers(tmp, nodes, a.callgrind)
+    result = {"mode": a.mode, "nodes": nodes, "lease_ttl": LEASE_TTL if nodes > 1 else None,
+              "callgrind": bool(a.callgrind)}
+    try:
+        port = servers.nodes["n1"].port
+        asyncio.run(_create_and_warm(port, 2000))
+        time.sleep(2 * LEASE_TTL if nodes > 1 else 0.5)       # members connected and caught up, progress written
+        spies = []
+        servers.collect(True)
+        cpu0, t0, load0 = servers.cpu(), time.monotonic(), os.getloadavg()[0]
+        if a.mode == "idle":
+            if a.py_spy:
+                spies = _spy(servers, a.py_spy, a.seconds)
+            time.sleep(a.seconds)
+            elapsed = time.monotonic() - t0
+        else:
+            if a.py_spy:
+                spies = _spy(servers, a.py_spy, a.spy_seconds)
+            asyncio.run(_publish(port, a.n, a.repeat))
+            elapsed = time.monotonic() - t0
+            time.sleep(1.0)
+        cpu1 = servers.cpu()
+        servers.collect(False)
+        for s in spies:
+            s.wait(120)
+        result.update(elapsed_s=round(elapsed, 2), load=[round(load0, 2), round(os.getloadavg()[0], 2)],
+                      cpu_s={k: round(cpu1[k] - cpu0[k], 3) for k in cpu0})
+        msgs = a.n * a.repeat if a.mode != "idle" else 0
+        if msgs:
+            result["messages"] = msgs
+            result["cpu_us_per_msg"] = {k: round(1e6 * (cpu1[k] - cpu0[k]) / msgs, 3) for k in cpu0}
+            result["cpu_us_per_msg_total"] = round(sum(result["cpu_us_per_msg"].values()), 3)
+        else:
+            result["cpu_percent"] = {k: round(100 * (cpu1[k] - cpu0[k]) / elapsed, 2) for k in cpu0}
+    finally:
+        irs = servers.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    if a.callgrind:
+        result["ir"] = irs
+        if result.get("messages"):
+            result["ir_per_msg"] = {k: round(v / result["messages"]) for k, v in irs.items()}
+            result["ir_per_msg_total"] = round(sum(irs.values()) / result["messages"])
+        else:
+            result["ir_per_s"] = {k: round(v / result["elapsed_s"]) for k, v in irs.items()}
+    try:
+        result["git"] = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True,
+                                       text=True).stdout.strip()
+    except OSError:
+        pass
+    return result
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=("publish", "idle", "single"))
+    ap.add_argument("--n", type=int, default=20000, help="messages per timed publish (100 B each)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed publishes of --n, one after the other")
+    ap.add_argument("--seconds", type=float, default=30.0, help="idle: the measured window")
+    ap.add_argument("--callgrind", metavar="DIR", help="run the servers under callgrind, its files in DIR")
+    ap.add_argument("--py-spy", metavar="DIR", help="record each node with py-spy during the timed part")
+    ap.add_argument("--spy-seconds", type=float, default=10.0)
+    a = ap.parse_args(argv)
+    for d in (a.callgrind, a.py_spy):
+        if d:
+            os.makedirs(d, exist_ok=True)
+    print(json.dumps(run(a)))
+
+
+if __name__ == "__main__":
+    main()

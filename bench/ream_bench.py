@@ -27,13 +27,15 @@ import json
 import os
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integration"))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+sys.path.insert(0, ROOT)
+from bench._relay import RelayProcess, serve_forever  # noqa: E402
 from procs import ServerProcess  # noqa: E402
 
 
@@ -103,39 +105,15 @@ def relay_main():
     """The bare relay's process: prints ``listening ream 127.0.0.1:<port>``, then serves until killed."""
     streams = {}
 
-    async def main():
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: _RelayConn(streams), "127.0.0.1", 0)
-        print(f"listening ream 127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
-        await asyncio.Event().wait()
-    try:
-        import uvloop
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
+    async def start():
+        server = await asyncio.get_running_loop().create_server(lambda: _RelayConn(streams), "127.0.0.1", 0)
+        return server.sockets[0].getsockname()[1]
+    serve_forever(start, "ream")
 
 
-class Relay:
-    """The bare relay as a child process, with the ``ports`` / ``cpu_seconds`` / ``stop`` of a ServerProcess."""
-
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--relay"], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL)
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("listening"):
-            self.proc.kill()
-            raise RuntimeError(f"the relay did not start: {line!r}")
-        self.ports = {"ream": int(line.rsplit(":", 1)[1])}
-        self.pid = self.proc.pid
-
-    def cpu_seconds(self):
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self):
-        self.proc.terminate()
-        return self.proc.wait(10)
+def Relay():
+    """The bare relay as a child process (bench._relay.RelayProcess)."""
+    return RelayProcess(__file__, "ream")
 
 
 # ----------------------------------------------------------------------------------------- clients

@@ -21,13 +21,14 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+sys.path.insert(0, ROOT)
+from bench._relay import RelayProcess, serve_forever  # noqa: E402
 
 _BASE = {"sensor": "t-0001", "value": 21.5, "unit": "C", "pad": ""}
 MSG = json.dumps(dict(_BASE, pad="x" * (100 - len(json.dumps(_BASE)))))      # 100 B of JSON
@@ -72,38 +73,20 @@ def relay_main(port):
                 subs.get(s, set()).discard(ws)
         return ws
 
-    async def main():
+    async def start():
         app = web.Application()
         app.router.add_get("/api/v1/ws", handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", port)
         await site.start()
-        print(f"listening ws 127.0.0.1:{site._server.sockets[0].getsockname()[1]}", flush=True)
-        await asyncio.Event().wait()
-    try:
-        import uvloop
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
+        return site._server.sockets[0].getsockname()[1]
+    serve_forever(start, "ws")
 
 
-class Relay:
-    def __init__(self):
-        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--relay"], stdout=subprocess.PIPE,
-                                     stdin=subprocess.DEVNULL)
-        line = self.proc.stdout.readline().decode()
-        self.port = int(line.rsplit(":", 1)[1])
-        self.pid = self.proc.pid
-
-    def cpu_seconds(self):
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
+def Relay():
+    """The bare relay as a child process (bench._relay.RelayProcess)."""
+    return RelayProcess(__file__, "ws")
 
 
 class Riverbed:

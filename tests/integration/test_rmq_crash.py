@@ -53,25 +53,25 @@ def read_all(port, stream):
         c.close()
 
 
-def test_sigkill_while_publishing_keeps_every_confirmed_message(tmp_path):
-    data = tmp_path / "data"
-    confirmed_file = tmp_path / "confirmed.txt"
-    srv = ServerProcess(data).start()
+def publish_then_kill(srv, stream, publisher, confirmed_file, min_bytes):
+    """Create ``stream`` on the started ``srv``, run the ``publisher`` script (it appends each confirmed id to
+    ``confirmed_file``) until that file holds ``min_bytes``, kill -9 the server, stop the publisher; returns
+    the confirmed ids."""
     pub = None
     try:
         c = rawwire.RawClient(srv.port)
-        assert c.handshake() == rawwire.OK and c.create("crash") == rawwire.OK
+        assert c.handshake() == rawwire.OK and c.create(stream) == rawwire.OK
         c.close()
-        pub = subprocess.Popen([sys.executable, os.path.join(HERE, "_crash_publisher.py"), str(srv.port), "crash",
+        pub = subprocess.Popen([sys.executable, os.path.join(HERE, publisher), str(srv.port), stream,
                                 str(confirmed_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if confirmed_file.exists() and confirmed_file.stat().st_size > 20_000 * 6:
+            if confirmed_file.exists() and confirmed_file.stat().st_size > min_bytes:
                 break
-            time.sleep(0.05)
+            time.sleep(0.02)
         else:
             pytest.fail("publisher confirmed too little:\n" + srv.log())
-        os.kill(srv.pid, signal.SIGKILL)            # mid-stream: frames in flight, commits pending
+        os.kill(srv.pid, signal.SIGKILL)
         srv.proc.wait(5)
         time.sleep(0.3)
     finally:
@@ -79,7 +79,15 @@ def test_sigkill_while_publishing_keeps_every_confirmed_message(tmp_path):
             pub.kill()
             pub.wait()
         srv.kill()
-    confirmed = [int(x) for x in confirmed_file.read_text().split()]
+    return [int(x) for x in confirmed_file.read_text().split()]
+
+
+def test_sigkill_while_publishing_keeps_every_confirmed_message(tmp_path):
+    data = tmp_path / "data"
+    confirmed_file = tmp_path / "confirmed.txt"
+    # mid-stream: frames in flight, commits pending
+    confirmed = publish_then_kill(ServerProcess(data).start(), "crash", "_crash_publisher.py", confirmed_file,
+                                  20_000 * 6)
     assert len(confirmed) >= 20_000
 
     srv = ServerProcess(data).start()               # restart on the same data directory
@@ -100,29 +108,9 @@ def test_sigkill_while_publishing_one_message_per_frame_with_fsync_never(tmp_pat
     was committed), and the publisher sequence stored with each keeps up with what was stored."""
     data = tmp_path / "data"
     confirmed_file = tmp_path / "confirmed.txt"
-    srv = ServerProcess(data, "--fsync", "never").start()
-    pub = None
-    try:
-        c = rawwire.RawClient(srv.port)
-        assert c.handshake() == rawwire.OK and c.create("onemsg") == rawwire.OK
-        c.close()
-        pub = subprocess.Popen([sys.executable, os.path.join(HERE, "_crash_onemsg.py"), str(srv.port), "onemsg",
-                                str(confirmed_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if confirmed_file.exists() and confirmed_file.stat().st_size > 2_000 * 5:
-                break
-            time.sleep(0.02)
-        else:
-            pytest.fail("publisher confirmed too little:\n" + srv.log())
-        os.kill(srv.pid, signal.SIGKILL)            # between a commit and its confirm, or inside one
-        srv.proc.wait(5)
-    finally:
-        if pub is not None:
-            pub.kill()
-            pub.wait()
-        srv.kill()
-    confirmed = [int(x) for x in confirmed_file.read_text().split()]
+    # between a commit and its confirm, or inside one
+    confirmed = publish_then_kill(ServerProcess(data, "--fsync", "never").start(), "onemsg", "_crash_onemsg.py",
+                                  confirmed_file, 2_000 * 5)
     assert len(confirmed) >= 2_000 and confirmed == list(range(1, len(confirmed) + 1))
 
     srv = ServerProcess(data, "--fsync", "never").start()

@@ -9,6 +9,7 @@
 """
 
 import atexit
+import collections
 import ctypes
 import os
 import re
@@ -132,7 +133,7 @@ class Riverbed:
         self.port = None
         self.kafka_port = None
         self.pid = None
-        self.lines = []
+        self.lines = collections.deque(maxlen=2000)    # the server's last log lines (a failed run keeps some)
         self.tmp = None
         self.version = None
 
@@ -150,8 +151,7 @@ class Riverbed:
         def read():
             for raw in self.proc.stderr:
                 line = raw.decode("utf-8", "replace").rstrip()
-                if len(self.lines) < 2000:
-                    self.lines.append(line)
+                self.lines.append(line)
                 m = LISTEN_RE.search(line)
                 if m:
                     self.port = int(m.group(2))
@@ -165,7 +165,7 @@ class Riverbed:
         threading.Thread(target=read, daemon=True).start()
         if not ready.wait(timeout) or self.port is None:
             self.stop()
-            raise RuntimeError("riverbed serve did not start:\n" + "\n".join(self.lines[-30:]))
+            raise RuntimeError("riverbed serve did not start:\n" + "\n".join(list(self.lines)[-30:]))
         try:
             rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], text=True,
                                  capture_output=True).stdout.strip()

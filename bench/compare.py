@@ -238,6 +238,8 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
         rec["ok"] = False
         rec["error"] = f"{type(e).__name__}: {e}"
         rec["client_stderr"] = [line for c in clients for line in c.err[-20:]]
+        # the broker's side of it (a closed connection is only explained there)
+        rec["server_log"] = list(getattr(broker, "lines", ()))[-30:]
     finally:
         for c in clients:
             c.kill()

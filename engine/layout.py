@@ -204,6 +204,17 @@ class _Stream:
         return _STATE.pack(self.sid, 0, self.next_offset, self.first_chunk, self.last_chunk, self.bytes,
                            self.records, self.chunks, self.last_ts) + self.args_json
 
+    def advance(self, chunk_id, records, nbytes, ts):
+        """Account one stored chunk (``records`` records, ``nbytes`` bytes, timestamp ``ts``) at ``chunk_id``."""
+        self.next_offset = chunk_id + records
+        if self.first_chunk < 0:
+            self.first_chunk = chunk_id
+        self.last_chunk = chunk_id
+        self.bytes += nbytes
+        self.records += records
+        self.chunks += 1
+        self.last_ts = ts
+
     def copy(self):
         # spelled out: the writer copies the state of every stream it touches at every commit
         c = _new_stream(_Stream)

@@ -202,14 +202,7 @@ class _Writer(threading.Thread):
         _STAMP_ID.pack_into(chunk, 16, eng.epochs.get(name, CHUNK_EPOCH))
         _STAMP_ID.pack_into(chunk, 24, chunk_id)
         new = s.copy()
-        new.next_offset = chunk_id + records
-        if new.first_chunk < 0:
-            new.first_chunk = chunk_id
-        new.last_chunk = chunk_id
-        new.bytes += len(chunk)
-        new.records += records
-        new.chunks += 1
-        new.last_ts = ts
+        new.advance(chunk_id, records, len(chunk), ts)
         sid = s.sid
         seqs = {}
         gate = eng._gate
@@ -1122,14 +1115,7 @@ class _Staged:
         txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)
         txn.put(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
         self.bytes_written += len(chunk)
-        s.next_offset += records
-        if s.first_chunk < 0:
-            s.first_chunk = chunk_id
-        s.last_chunk = chunk_id
-        s.bytes += len(chunk)
-        s.records += records
-        s.chunks += 1
-        s.last_ts = ts
+        s.advance(chunk_id, records, len(chunk), ts)
         self.dirty = True
 
     def replicate(self, name, chunks, sequences, start=False):

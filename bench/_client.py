@@ -65,6 +65,8 @@ PEER_CLIENTS.update({w: "bench._loadgen" for w in ("loadgen-publish", "loadgen-c
 PEER_CLIENTS.update({w: "bench._kafka" for w in ("kafka-produce", "kafka-consume")})
 # the same rows with librdkafka driven from C (bench/kafka_native.c): bench._kafka_native
 PEER_CLIENTS.update({w: "bench._kafka_native" for w in ("kafka-produce-native", "kafka-consume-native")})
+# issue 26's Spark rows: the riverbed data source on local[2] reading what the broker holds
+PEER_CLIENTS.update({w: "bench._spark_rows" for w in ("spark-raw", "spark-json")})
 
 
 # --------------------------------------------------------------------------------------------------

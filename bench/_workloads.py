@@ -6,6 +6,8 @@ client, same process, same stream name scheme). Redis and NATS run their own cli
 workload, and a Riverbed row shows each peer's ratio where a mapping exists ("—" where none does).
 """
 
+from bench import _spark_rows
+
 # Riverbed's workloads (RabbitMQ runs them too, unless ``rabbitmq`` is False).
 W = {
     "publish-rstream-raw": dict(
@@ -247,6 +249,9 @@ KIND_METRICS = {
 # the metrics drawn in the chart
 CHART = {"publish": ["msgs_per_s", "server_us_per_msg"], "consume": ["msgs_per_s", "server_us_per_msg"],
          "latency": ["lat_p50_us", "lat_p99_us"], "memory": ["server_peak_rss_mb"]}
+
+# issue 26's Spark rows (Riverbed only, their own goals): bench._spark_rows
+_spark_rows.register(W, GOALS, METRICS, KIND_METRICS, CHART)
 
 
 def spec(wname):

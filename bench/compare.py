@@ -61,7 +61,7 @@ import sys
 import threading
 import time
 
-from bench import _floors, _kafka_native, _procs
+from bench import _floors, _kafka_native, _procs, _spark_rows
 from bench._client import machine_stat
 from bench._cluster import NatsCluster, RiverbedCluster
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
@@ -203,7 +203,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             clients.append(c)
             ACTIVE.add(c)
         # Setup (connect, create, fill) is untimed; every client says READY, then all GO at once.
-        setup_deadline = time.monotonic() + 120 + (n / 5_000 if sp["kind"] == "consume" else 0) + (
+        setup_deadline = time.monotonic() + 120 + (n / 5_000 if sp["kind"] in ("consume", "spark") else 0) + (
             memory_streams(args, broker) * 0.1 if sp["kind"] == "memory" else 0)
         for c in clients:
             c.expect("READY", setup_deadline)
@@ -289,6 +289,8 @@ def derive(results, kind, size, peak_kb):
         r = results[0]
         m.update(server_rss_mb=r["server_rss_kb"] / 1024, server_anon_mb=r["server_anon_kb"] / 1024,
                  setup_s=r["setup_s"], streams=r["streams"])
+    elif kind == "spark":
+        m.update(_spark_rows.metrics(results))
     return m
 
 
@@ -454,6 +456,7 @@ def main(argv=None):
     # the native Kafka rows need their C client built (untimed, once): without a compiler or librdkafka's
     # header they are left out, and the reason is printed
     args.workload_list, meta["skipped_native"] = _kafka_native.prepare(args.workload_list, log)
+    args.workload_list, meta["skipped_spark"] = _spark_rows.prepare(args.workload_list, log)
     bar = None
     try:
         for name, srv in list(peers.items()):
@@ -666,6 +669,8 @@ def main(argv=None):
         print(f"{PEER_LABELS[p]}: skipped, it could not be installed or started ({why})")
     if meta["skipped_native"]:
         print(f"Native Kafka rows ({', '.join(_kafka_native.WORKLOADS)}): left out ({meta['skipped_native']})")
+    for line in _spark_rows.report_lines(summary, meta["skipped_spark"]):
+        print(line)
     kept = [r for r in runs if r.get("kept")]
     noisy = [r for r in kept if r.get("noisy")]
     failed = [r for r in runs if not r["ok"]]

@@ -51,6 +51,9 @@ SAMPLE_EVERY_S = 0.1         # TreeCpu's period
 FRAME_RECORDS = 2000         # records per Publish frame of the JSON fill
 FILL_INFLIGHT = 8            # JSON fill frames unconfirmed at most
 JAVA_TIMEOUT_S = 600         # ci/ensure-java.sh may apt-get install a JRE
+# more setup time than the harness's 120 s: a JVM start, a warm-up read of the whole stream and the one-chunk
+# queries took over 2 minutes at load 13 on this machine
+SETUP_S = 480
 
 SPARK_CONF = {
     "spark.ui.enabled": "false",

@@ -204,6 +204,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             ACTIVE.add(c)
         # Setup (connect, create, fill) is untimed; every client says READY, then all GO at once.
         setup_deadline = time.monotonic() + 120 + (n / 5_000 if sp["kind"] in ("consume", "spark") else 0) + (
+            _spark_rows.SETUP_S if sp["kind"] == "spark" else 0) + (
             memory_streams(args, broker) * 0.1 if sp["kind"] == "memory" else 0)
         for c in clients:
             c.expect("READY", setup_deadline)

@@ -92,7 +92,7 @@ def test_bench_compare_runs_both_spark_rows_and_judges_them(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none", "--no-floors",
                         "--workloads", "spark-raw,spark-json", "--n", str(N), "--rounds", "1", "--max-tries", "1",
                         "--quiet-wait", "0", "--durable-fsync", "none", "--no-chart", "--out", str(out)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads((tmp_path / "run.json").read_text())
     by = {run["workload"]: run for run in doc["runs"]}

@@ -593,6 +593,58 @@ class Engine(SuperStreamBindings):
             raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}", name, chunk_id)
         return bytes(raw)
 
+    def read_chunk_views(self, name, from_offset, fn, max_chunks=1, max_bytes=None, *, limited=True):
+        """``fn(chunks)`` called once inside one read transaction, and its result returned: ``chunks`` the
+        committed chunks :meth:`read_chunks` would give from ``from_offset`` (up to ``max_chunks``; with
+        ``max_bytes``, none after the one that brings their stored bytes to it), as a list of ``(chunk_id,
+        view)``, each ``view`` a read-only memoryview of the chunk as stored, in LMDB's map: no copy.
+
+        The views are valid only until ``fn`` returns: it copies what it keeps, and must neither wait nor
+        block (the transaction holds a reader slot and the pages it sees meanwhile). Each chunk is checked
+        as read_chunks checks it (header and chunk id; its CRC once, at its first read). A chunk whose
+        header or CRC is bad ends the list: ``fn`` gets the good chunks before it, then ChunkError (naming
+        stream and chunk id) is raised. Raises StreamNotFound (``fn`` not called). Thread-safe, as
+        read_chunks; ``limited`` as there."""
+        s = self._current(name)
+        sid = s.sid
+        limit = self._read_limits.get(name) if limited else None
+        # the once-per-chunk CRC rule and its verified runs: read_chunks's
+        trusted = self._trusted_from.get(sid, 0)
+        run = self._verified.get(sid)
+        prev = None
+        views = []
+        size = 0
+        bad = None
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_chunks)
+            ok = self._seek(cur, name, sid, from_offset)
+            while ok and len(views) < max_chunks and (max_bytes is None or size < max_bytes):
+                ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+                if ksid != sid or (limit is not None and chunk_id >= limit):
+                    break
+                raw = cur.value()
+                first_read = not (chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]))
+                try:
+                    h = core.check_chunk(raw) if first_read else core.read_header(raw)
+                    if h[H_CHUNK_ID] != chunk_id:
+                        raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}")
+                except ChunkError as e:
+                    bad = ChunkError(e.reason, name, chunk_id)
+                    break
+                if first_read:
+                    if run is not None and prev is not None and run[1] == prev:
+                        run[1] = chunk_id
+                    else:
+                        run = self._verified[sid] = [chunk_id, chunk_id]
+                views.append((chunk_id, raw))
+                size += len(raw)
+                prev = chunk_id
+                ok = cur.next()
+            result = fn(views)
+        if bad is not None:
+            raise bad
+        return result
+
     def scan(self, name, from_offset=0, chunks_per_txn=64):
         """Yield ``(offset, record bytes)`` for every committed record at or after ``from_offset``,
         sub-batches expanded. Holds a read transaction only while decoding ``chunks_per_txn`` chunks."""

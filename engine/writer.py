@@ -183,8 +183,9 @@ class _Writer(threading.Thread):
 
         A cluster leader (``Engine.replica_feed``) gets the stamped chunk after it is staged and before
         LMDB commits it: its members store it while this node commits. Should that commit then fail, the
-        feed hears of it (``unsealed``) and the append fails with a RiverbedError instead of being
-        stamped again by the general path (the members must never hold another version of it)."""
+        feed hears of it (``unsealed``), the append fails with a RiverbedError and the engine stops, as
+        after any failed commit, instead of the general path stamping it again (the members must never
+        hold another version of it)."""
         eng = self.engine
         name = req.stream
         s = eng._streams.get(name)
@@ -238,8 +239,12 @@ class _Writer(threading.Thread):
         except Exception as e:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
             if not sent:
                 return None
+            # LMDB refused the commit itself (an I/O error): the engine stops, as the general path does,
+            # so this node never stores another chunk at that id than the one its members were sent
+            self.stopping = True
             feed.unsealed(name, chunk_id)
-            return RiverbedError(f"the commit of a chunk of {name!r} failed after it went to the members: {e}")
+            return RiverbedError(f"write failed, engine stopped: the commit of a chunk of {name!r} failed after "
+                                 f"it went to the members: {type(e).__name__}: {e}")
         finally:
             gate.leave()
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))

@@ -17,13 +17,14 @@ store, its ACK's trip back. Two things here keep the leader's own work off that 
 Why this stays safe (``Leading.recompute``): the committed offset is at most the leader's own committed
 log end, so a chunk counts only once the leader has stored it AND a majority (the leader included) holds
 it, as before; a member's readers see only what a COMMIT frame allows, which is that offset. A leader
-that dies between the send and its own commit leaves members holding a chunk it never confirmed: with its
+that dies between the send and its own commit leaves members holding a chunk it never confirmed, with its
 publisher sequence (sent with it), so the member elected next (the highest (epoch, last chunk)) keeps it
 and drops a publisher's re-send of it as a duplicate, and the old leader, back, finds its log a prefix of
 the new leader's and follows (tests/cluster/test_send_ahead.py). A local commit that fails after the send
-(``unsealed``: an I/O error at LMDB's commit) closes every member connection of the stream and forgets
-their positions past the leader's log end before anything else runs on the loop: a member reconnects,
-its HELLO names a last chunk this leader does not hold, and it is told to TRUNCATE it.
+(``unsealed``: an I/O error at LMDB's commit) stops the engine, as any failed commit does, so this node
+never stores another chunk at that id; and it closes every member connection of the stream and forgets
+their positions past that chunk before anything else runs on the loop: a member that reconnects names a
+last chunk this leader does not hold, and is told to TRUNCATE it.
 
 Loop thread only: the hooks do nothing when the engine commits on another thread.
 """
@@ -82,7 +83,7 @@ class SendAhead:
         if st is not None:
             log.warning("cluster: the commit of chunk %d of %s failed after it went to the members; "
                         "they reconnect and drop it", chunk_id, name)
-            st.drop_members()
+            st.drop_members(chunk_id)
 
 
 class AckReader(asyncio.Protocol):

@@ -127,17 +127,16 @@ class Leading:
             if feed.pos < end or feed.offsets_seen != version:
                 feed.poke()
 
-    def drop_members(self):
-        """Close every member connection of this stream and forget how far they are past this leader's
-        log: a chunk they were sent was not committed here (leader_path.SendAhead.unsealed). Each member
+    def drop_members(self, chunk_id):
+        """Close every member connection of this stream and forget how far they are past ``chunk_id``: that
+        chunk was sent to them and not committed here (leader_path.SendAhead.unsealed). Each member
         reconnects, and its HELLO's last chunk, which this log lacks, gets it a TRUNCATE."""
-        local = self.local_next()
         for feed in list(self.feeds):
             feed.dropped = True
             feed.writer.close()
         self.feeds.clear()
         for m in list(self.acked):
-            self.acked[m] = min(self.acked[m], local)
+            self.acked[m] = min(self.acked[m], chunk_id)
 
 
 class _Feed:

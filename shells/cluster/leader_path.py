@@ -8,7 +8,10 @@ store, its ACK's trip back. Two things here keep the leader's own work off that 
   (with the publisher sequence it moves, and a moved committed offset) leaves at once on every member
   connection that is parked, caught up to exactly that chunk, has an empty socket buffer and was sent the
   whole publisher sequence table once (the first chunk after a connection goes the usual way: a member
-  that truncated its log dropped its table). The members store it while the leader commits it. Anything else (a member behind, a batch committed by the
+  that truncated its log dropped its table). The members store it while the leader commits it. Only as
+  many members as a majority needs get it at once (the one whose ACK made the last majority first); the
+  others get the same frames right after the local commit, so that on this 2-core machine they do not
+  take a core from the processes the confirm waits on. Anything else (a member behind, a batch committed by the
   writer thread) is sent after the local commit as before (``_Feed.send``, replication.py).
 * :class:`AckReader`: after a member's HELLO, its connection's protocol is swapped for one that handles
   each ACK in ``data_received``: the committed offset moves, and the confirms it completes are written,
@@ -38,6 +41,10 @@ from riverbed.shells.cluster import wire
 
 log = logging.getLogger("riverbed.cluster")
 
+# send a chunk ahead to a majority's worth of members only, the others after the local commit (see
+# SendAhead.sealed); False: to every member connection that is ready
+MAJORITY_FIRST = True
+
 
 class SendAhead:
     """``Engine.replica_feed`` of a cluster node: writes a freshly stamped chunk to the members that are
@@ -60,17 +67,26 @@ class SendAhead:
             st = self.node.leading.get(name)
             if st is None or not st.feeds:
                 return False
-            frames = None
+            ready = [feed for feed in st.feeds if feed.can_send_ahead(chunk_id)]
+            if not ready:
+                return False
+            # SEQS first: a member stores a chunk only with the sequences that cover it (its other
+            # sequences it holds already: it got every chunk before this one)
+            frames = [wire.json_frame(wire.SEQS, sequences), wire.head(wire.CHUNK, len(chunk)), bytes(chunk)]
             end = chunk_id + max(records, 1)
-            for feed in st.feeds:
-                if feed.can_send_ahead(chunk_id):
-                    if frames is None:
-                        # SEQS first: a member stores a chunk only with the sequences that cover it (its
-                        # other sequences it holds already: it got every chunk before this one)
-                        frames = [wire.json_frame(wire.SEQS, sequences), wire.head(wire.CHUNK, len(chunk)),
-                                  bytes(chunk)]
-                    sent = True
-                    feed.send_ahead(frames, end)
+            later = []
+            if MAJORITY_FIRST:
+                # as many counting members as a majority needs besides this node, the one whose ACK made
+                # the last majority first; the rest get the same frames once this node has committed
+                # (Leading.poke_behind), so on a machine with fewer cores than busy processes they do not
+                # take a core from this node or the first member while the confirm waits on them
+                need = len(st.members) // 2
+                ready.sort(key=lambda f: (f.member not in st.members, f.member != st.fastest))
+                ready, later = ready[:need], ready[need:]
+            for feed in ready:
+                sent = True
+                feed.send_ahead(frames, end)
+            st.ahead = (chunk_id, end, frames) if later else None
             if sent:
                 self.sent += 1
         except Exception:   # noqa: BLE001 - the commit goes on; the serving tasks send what is missing
@@ -130,10 +146,13 @@ class AckReader(asyncio.Protocol):
         st = self.st
         st.acked[self.node] = acked
         st.heard[self.node] = time.monotonic()
+        before = st.committed
         try:
             st.recompute()      # the confirms it completes are written now, in this loop turn
         except Exception:       # noqa: BLE001 - a confirm's callback failed: the connection is not to blame
             log.exception("cluster: moving the committed offset of %s failed", st.name)
+        if st.committed > before:
+            st.fastest = self.node      # its ACK made the majority: it gets the next chunk first
 
     def eof_received(self):
         self._end()

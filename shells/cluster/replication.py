@@ -57,6 +57,8 @@ class Leading:
         # nodes copying the log that do not count toward the majority yet (membership.py)
         self.learners = membership.learners_of(node.placements.get(name, ({}, 0))[0])
         self.frozen = False        # handing leadership over: the committed offset stays where it is
+        self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
+        self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
 
     def local_next(self):
         try:
@@ -120,10 +122,14 @@ class Leading:
             feed.poke()
 
     def poke_behind(self, end):
-        """:meth:`poke` the connections that have not been sent up to ``end`` (a chunk sent ahead of its
-        commit went already: leader_path.py) or have consumer offsets to send."""
+        """After the local commit of a publish ending at ``end``: the connections a chunk was not sent ahead
+        to get the frames the first members got (leader_path.py; no read), and those still behind ``end``
+        or with consumer offsets to send are poked."""
         version = self.node.engine.offsets_version
+        ahead = self.ahead
         for feed in list(self.feeds):
+            if ahead is not None and feed.pos == ahead[0] and feed.can_send_ahead(ahead[0]):
+                feed.send_ahead(ahead[2], ahead[1])     # the frames the first members got: no read
             if feed.pos < end or feed.offsets_seen != version:
                 feed.poke()
 
@@ -147,7 +153,7 @@ class _Feed:
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
-                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent")
+                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -163,6 +169,7 @@ class _Feed:
         self.sent_offsets = {}
         self.offsets_seen = -1
         self.dropped = False      # its leader closed it (drop_members): its ACKs no longer count
+        self.member = None        # the node at the other end
         # the whole publisher sequence table went out (with a chunk) on this connection: only then may a
         # chunk go ahead with just the sequence it moves (a member that truncated lost its table)
         self.seqs_sent = False
@@ -278,6 +285,7 @@ class ReplicationPlane:
                 st = None
                 return
             feed = _Feed(self, st, writer, pos, ev)
+            feed.member = node
             st.feeds.add(feed)
             st.conns.add(writer)
             st.acked[node] = pos

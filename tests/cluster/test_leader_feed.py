@@ -324,3 +324,66 @@ def test_a_local_commit_failing_after_the_send_drops_the_members_copy(leader_eng
             server.close()
             await server.wait_closed()
     asyncio.run(run())
+
+
+def test_chunk_goes_ahead_to_a_majority_first_the_rest_after_the_commit(leader_engine):
+    """Two members: the chunk goes ahead of the local commit to one of them (a majority with the leader),
+    the member whose ACK made the last majority first; the other gets the very same frames once the leader
+    has committed. Both hold every chunk."""
+    from riverbed.shells.cluster.leader_path import SendAhead
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        ahead = leader_engine.replica_feed = SendAhead(node)
+        at_send = []
+        sealed = ahead.sealed
+
+        def spy(*a):
+            sent = sealed(*a)
+            at_send.append({f.member: f.pos for f in st.feeds})
+            return sent
+        ahead.sealed = spy
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conns = {}
+        try:
+            for m in ("m1", "m2"):
+                reader, writer = conns[m] = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(wire.json_frame(wire.HELLO, {"node": m, "stream": "s", "epoch": 1, "next": 0,
+                                                          "last": None}))
+                await frames_until(reader, wire.COMMIT)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if len(st.feeds) == 2 and all(f.parked for f in st.feeds):
+                    break
+            end, _, confirmed = publish_inline(node, st, b"first")    # after the commit, to both
+            for m, (reader, writer) in conns.items():
+                await frames_until(reader, wire.CHUNK)
+            conns["m2"][1].write(wire.u64_frame(wire.ACK, end))
+            assert await asyncio.wait_for(confirmed, WAIT) is None
+            conns["m1"][1].write(wire.u64_frame(wire.ACK, end))
+            assert st.fastest == "m2"
+            for n in range(1, 4):
+                end, _, confirmed = publish_inline(node, st, b"next %d" % n)
+                first = st.fastest
+                other = "m1" if first == "m2" else "m2"
+                # at the send: only the last majority-maker was sent it; after the commit: both
+                assert at_send[-1] == {first: end, other: end - 1}
+                assert {f.member: f.pos for f in st.feeds} == {first: end, other: end}
+                for m, (reader, writer) in conns.items():
+                    got = await frames_until(reader, wire.CHUNK)
+                    assert [k for k, _ in got if k != wire.COMMIT] == [wire.SEQS, wire.CHUNK]
+                    assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == end - 1
+                # the other one answers first this time: it gets the next chunk first
+                conns[other][1].write(wire.u64_frame(wire.ACK, end))
+                assert await asyncio.wait_for(confirmed, WAIT) is None
+                conns[first][1].write(wire.u64_frame(wire.ACK, end))
+                assert st.fastest == other
+            assert ahead.sent == 3
+        finally:
+            for reader, writer in conns.values():
+                writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())

@@ -94,13 +94,11 @@ def install_hooks(path):
     except (ImportError, AttributeError):
         pass
 
-    def before_recompute(st):
-        cur["_c"] = st.committed
-
-    def after_recompute(out, st):
-        if "sent" in cur and "committed" not in cur and st.committed != cur.get("_c"):
+    def on_release(st):
+        # the committed offset moved (recompute releases the confirms it completes, which write them)
+        if "sent" in cur and "committed" not in cur and st.waiting and st.waiting[0][0] <= st.committed:
             cur["committed"] = ns()
-    wrap(replication.Leading, "recompute", before=before_recompute, after=after_recompute)
+    wrap(replication.Leading, "release", before=on_release)
 
     def on_write(obj, *a):
         if "committed" in cur:
@@ -206,6 +204,8 @@ def main(argv=None):
         res = json.loads(out.split("RESULT", 1)[1])
         time.sleep(1.2)     # the nodes' dumpers write their rows
         rows_by_node = {name: json.load(open(f)) for name, f in files.items()}
+        print("rows per node: " + ", ".join(f"{n} leader {len(d['leader'])} member {len(d['member'])}"
+                                            for n, d in rows_by_node.items()))
         text, rows = table(rows_by_node, warmup=a.warmup)
         print(f"client confirm p50 {res['lat_p50_us']:.0f} µs, p99 {res['lat_p99_us']:.0f} µs "
               f"(load {load0:.1f} -> {os.getloadavg()[0]:.1f})")

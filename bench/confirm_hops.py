@@ -61,7 +61,7 @@ class Hooks:
 
         stamp(listener.SessionProtocol, "data_received", "read", first=True)
         stamp(writer._Writer, "submit", "submit")
-        stamp(writer._Writer, "_commit", "dequeued")
+        stamp(writer._Writer, "_commit_group", "dequeued")   # what the thread does with what it dequeued
         stamp(core.Broker, "_drain", "drained")
         commit_done = engine_stats.EngineStats.commit_done
 

@@ -45,7 +45,11 @@ DEFAULT_CHUNK_MAX_BYTES = (1 << 20) - 1024   # data bytes; a chunk + Deliver pre
 DEFAULT_CHUNK_MAX_RECORDS = 1000
 MAX_STREAM_NAME = 255                 # bytes of UTF-8, as RabbitMQ queue names
 MAX_REFERENCE = 255                   # bytes of UTF-8 (publisher and consumer references)
-FORMAT_VERSION = 1
+# 2: the sparse timestamp index and lazily saved state records (sparse.py). A format-1 directory reads
+# as it is (a dense index, a record per commit) and is marked 2 by its first writable open: an older
+# version would trust a state record that is behind its chunks, and append over them
+FORMAT_VERSION = 2
+FORMATS_READ = (1, 2)
 TS_BIAS = 1 << 63
 STATE_FORCE = 1 << 62    # _Stream.unsaved of a state whose record must be written with its next commit
 CHUNK_EPOCH = 1      # Osiris starts a new stream's leader epoch at 1, and clients assert it

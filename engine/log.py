@@ -51,7 +51,7 @@ from riverbed.engine.format import (
 )
 from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's public names live here
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, _U64_MAX, DEFAULT_CHUNK_MAX_BYTES, FSYNC_RANK, DEFAULT_CHUNK_MAX_RECORDS,
-    FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
+    FORMAT_VERSION, FORMATS_READ, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
     _tracking_key, normalize_arguments, parse_max_age,
 )
 from riverbed.engine.space import MapSpace
@@ -263,12 +263,22 @@ class Engine(SuperStreamBindings):
 
     def _load(self):
         with self.read_txn() as txn:
-            if txn.get(b"format", db=self._db_meta) not in (None, _SID.pack(FORMAT_VERSION)):
+            raw = txn.get(b"format", db=self._db_meta)
+            stored = _SID.unpack(raw)[0] if raw is not None and len(raw) == _SID.size else raw
+            if raw is not None and stored not in FORMATS_READ:
                 raise RiverbedError(f"{self.path}: unknown data format version")
-            for key, raw in txn.cursor(db=self._db_streams):
+            for key, value in txn.cursor(db=self._db_streams):
                 name = sys.intern(bytes(key).decode())
-                s = self._streams[name] = roll_forward(txn, self._db_chunks, _Stream.decode(name, raw))
+                s = self._streams[name] = roll_forward(txn, self._db_chunks, _Stream.decode(name, value))
                 self._trusted_from[s.sid] = s.next_offset
+        if raw is not None and stored != FORMAT_VERSION and not self.readonly:
+            # before the writer starts (this thread is the only one writing); a failure (a full map)
+            # leaves the mark to the next stream creation, which writes it too
+            try:
+                with self.env.begin(write=True) as txn:
+                    txn.put(b"format", _SID.pack(FORMAT_VERSION), db=self._db_meta)
+            except lmdb.Error:
+                log.warning("%s: could not mark the data format %d", self.path, FORMAT_VERSION, exc_info=True)
 
     def close(self):
         """Finish the queued operations, sync to disk and close the environment. Idempotent."""

@@ -171,10 +171,11 @@ class _Writer(threading.Thread):
 
     def _commit_alone(self, req):
         """Commit one sealed chunk (a caller-built ``bytearray``: a whole small Publish frame) in a
-        transaction of its own: the inline commit of the one-message path. It stores what ``_commit``
-        stores for it (the chunk, its timestamp index entry, the stream's state and, for a named
-        publisher, its sequence), but without the general batch's bookkeeping, which is most of a
-        one-message commit's cost. Returns the AppendResult once committed, or None when the general
+        transaction of its own: the inline commit of the one-message path (fsync=never), or the writer
+        thread's for a lone append under a sync policy (_commit_group). It stores what ``_commit`` stores
+        for it (the chunk, its timestamp index entry and the stream's state record when sparse.py says
+        they are due and, for a named publisher, its sequence), but without the general batch's
+        bookkeeping, which is most of a one-message commit's cost. Returns the AppendResult once committed, or None when the general
         path must run it: anything but the plain case (filter values, a publisher with ids that are not
         all new, a chunk over the stream's bounds or asking for a sync) and any error before the commit
         (a full map, a map another process grew, an LMDB error: the general path grows and retries, or

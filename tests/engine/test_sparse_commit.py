@@ -224,8 +224,11 @@ def test_a_directory_written_with_a_state_per_commit_and_a_dense_index_opens_and
         old = _build(tmp_path / "d", clock, plan)
         want = _info(old, "t")
         old.close()
+    _set_format(tmp_path / "d", 1)                    # as the versions before sparse.py marked it
     eng = Engine(tmp_path / "d", fsync="never", retention_interval=0, clock=clock)
     try:
+        with eng.read_txn() as txn:                   # marked 2 at once: older versions now refuse it
+            assert bytes(txn.get(b"format", db=eng._db_meta)) == struct.pack(">I", 2)
         assert _info(eng, "t") == want
         lo, hi = want[6] - 2, want[7] + 2
         answer = DenseAnswers(eng, "t")
@@ -240,3 +243,24 @@ def test_a_directory_written_with_a_state_per_commit_and_a_dense_index_opens_and
         assert eng.stream_info("t").next_offset == want[2] + 100
     finally:
         eng.close()
+
+
+def _set_format(path, version):
+    import lmdb
+    env = lmdb.open(str(path), max_dbs=32, map_size=64 << 20)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(b"format", struct.pack(">I", version), db=env.open_db(b"meta", txn=txn))
+    finally:
+        env.close()
+
+
+def test_a_directory_of_an_unknown_format_is_refused(tmp_path):
+    from riverbed.engine import RiverbedError
+    Engine(tmp_path / "d", fsync="never").close()
+    eng = Engine(tmp_path / "d", fsync="never")
+    eng.create_stream("s").result(10)
+    eng.close()
+    _set_format(tmp_path / "d", 3)
+    with pytest.raises(RiverbedError, match="unknown data format"):
+        Engine(tmp_path / "d", fsync="never", readonly=True)

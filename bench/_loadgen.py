@@ -24,6 +24,7 @@ Several processes: the harness's ``procs`` (each process its own connection and 
 the process's own (both threads), reported by the harness beside the server's.
 """
 
+import contextlib
 import socket
 import struct
 import threading
@@ -32,7 +33,7 @@ import time
 from riverbed.shells.rmq_stream import codec
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT, CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELETE_SUPER_STREAM,
-    CMD_DELIVER, CMD_METADATA, CMD_OPEN, CMD_PEER_PROPERTIES, CMD_PUBLISH, CMD_PUBLISH_CONFIRM,
+    CMD_DELIVER, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PEER_PROPERTIES, CMD_PUBLISH, CMD_PUBLISH_CONFIRM,
     CMD_PUBLISH_ERROR, CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_SUBSCRIBE, CMD_TUNE, OFFSET_TYPE_FIRST,
     RESPONSE,
 )
@@ -75,6 +76,7 @@ class Conn:
             raise LoadgenError(f"expected Tune, got key 0x{key:04x}")
         frame_max, heartbeat = struct.unpack_from(">II", body)
         self.frame_max = frame_max
+        self.heartbeat = heartbeat
         self.sock.sendall(codec.frame(CMD_TUNE, struct.pack(">II", frame_max, heartbeat)))
         self.request(CMD_OPEN, codec.enc_string(vhost))
 
@@ -159,6 +161,31 @@ class Conn:
             if done():
                 return
             self._recv()
+
+    @contextlib.contextmanager
+    def heartbeats(self):
+        """While the block runs (the connection idle: waiting for the harness's GO), send a Heartbeat
+        every half interval, as a client must when it has nothing else to send; none after it."""
+        if not self.heartbeat:
+            yield
+            return
+        stop = threading.Event()
+        lock = threading.Lock()
+        beat = codec.frame(CMD_HEARTBEAT)
+
+        def beats():
+            while not stop.wait(self.heartbeat / 2):
+                with lock:
+                    if not stop.is_set():
+                        self.sock.sendall(beat)
+        t = threading.Thread(target=beats, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            with lock:
+                stop.set()
+            t.join()
 
     def close(self):
         try:
@@ -367,13 +394,15 @@ async def run(runner):
     try:
         if a.workload == "loadgen-publish":
             publish(conn, batch, batch, body, a.inflight)        # untimed: the path is warm
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             runner.start()
             publish(conn, a.n, batch, body, a.inflight)
             runner.stop()
         elif a.workload == "loadgen-latency":
             frame = publish_frame(1, body)
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             send_wait(conn, a.warmup, frame)                     # untimed: the path is warm
             lat = []
             runner.start()
@@ -384,7 +413,8 @@ async def run(runner):
             publish(conn, a.n, batch, body, a.inflight)          # untimed fill
             conn.close()
             conn = Conn(a.host, a.port)
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             runner.start()
             state = consume(conn, a.stream, a.n, a.inflight)
             runner.stop()

@@ -186,6 +186,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
            "clients": nprocs, "size": args.size, "started": dt.datetime.now().isoformat(timespec="seconds")}
     # the scale-up row: a super stream, one partition per client, each client on its partition's leader
     superstream = f"bench-{wname}-{broker.name}-{tag}" if sp.get("superstream") else None
+    ports = None
     try:
         ports = setup_super_stream(broker, superstream, nprocs) if superstream else None
         if ports:
@@ -252,7 +253,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             ACTIVE.discard(c)
         if superstream:
             try:
-                teardown_super_stream(broker, superstream)
+                teardown_super_stream(broker, superstream, ports)
             except Exception as e:   # the broker is gone (a failed run): nothing left to delete
                 rec.setdefault("cleanup_error", f"{type(e).__name__}: {e}")
     return rec

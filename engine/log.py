@@ -241,6 +241,11 @@ class Engine(SuperStreamBindings):
         # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
         self.epochs = {}
         self._read_limits = {}
+        # a cluster leader's hook (shells/cluster/leader_path.py): the one-message inline commit hands it
+        # the stamped chunk before LMDB commits it, so the members store it while this node does;
+        # ``sealed(stream, chunk_id, records, chunk, sequences) -> sent`` and ``unsealed(stream, chunk_id)``
+        # (that commit failed after the chunk went out), both on the committing thread; None on a lone node
+        self.replica_feed = None
         self.offsets_version = 0    # raised after every commit that stores or deletes a consumer offset
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)

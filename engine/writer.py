@@ -157,6 +157,8 @@ class _Writer(threading.Thread):
                 res = self._commit_alone(args[0]) if op == _OP_APPEND and args[0].sealed else None
                 if res is None:
                     self._commit_batch([item])
+                elif isinstance(res, BaseException):
+                    fut.set_exception(res)
                 else:
                     fut.set_result(res)
             except BaseException:  # the completion has the error; the engine is stopped (see above)
@@ -177,7 +179,13 @@ class _Writer(threading.Thread):
         path must run it: anything but the plain case (filter values, a publisher with ids that are not
         all new, a chunk over the stream's bounds or asking for a sync) and any error before the commit
         (a full map, a map another process grew, an LMDB error: the general path grows and retries, or
-        reports it). Nothing is stored when it returns None. The caller holds ``_claim``."""
+        reports it). Nothing is stored when it returns None. The caller holds ``_claim``.
+
+        A cluster leader (``Engine.replica_feed``) gets the stamped chunk after it is staged and before
+        LMDB commits it: its members store it while this node commits. Should that commit then fail, the
+        feed hears of it (``unsealed``), the append fails with a RiverbedError and the engine stops, as
+        after any failed commit, instead of the general path stamping it again (the members must never
+        hold another version of it)."""
         eng = self.engine
         name = req.stream
         s = eng._streams.get(name)
@@ -205,6 +213,8 @@ class _Writer(threading.Thread):
         new.advance(chunk_id, records, len(chunk), ts)
         sid = s.sid
         seqs = {}
+        feed = eng.replica_feed
+        sent = False
         gate = eng._gate
         gate.enter()
         try:
@@ -223,8 +233,18 @@ class _Writer(threading.Thread):
                 txn.put(_TIME_KEY.pack(sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
                 txn.put(name.encode(), new.encode(), db=eng._db_streams)
                 applied = time.perf_counter()
-        except Exception:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
-            return None
+                if feed is not None:
+                    sent = feed.sealed(name, chunk_id, records, chunk,
+                                       {} if publisher is None else {publisher: ids.last})
+        except Exception as e:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
+            if not sent:
+                return None
+            # LMDB refused the commit itself (an I/O error): the engine stops, as the general path does,
+            # so this node never stores another chunk at that id than the one its members were sent
+            self.stopping = True
+            feed.unsealed(name, chunk_id)
+            return RiverbedError(f"write failed, engine stopped: the commit of a chunk of {name!r} failed after "
+                                 f"it went to the members: {type(e).__name__}: {e}")
         finally:
             gate.leave()
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))

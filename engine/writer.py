@@ -152,10 +152,16 @@ class _Writer(threading.Thread):
         ``(AppendResult, None)``, ``(None, exc)`` when the append failed, or None when the writer is
         busy (nothing done). The one-message path: a commit that :meth:`_commit_alone` takes costs no
         completion object or callback here."""
-        with self._mutex:
+        # acquire/release, not ``with``: a with statement looks up and binds __enter__ and __exit__, which
+        # on this path (a message) costs more than the lock itself
+        mutex = self._mutex
+        mutex.acquire()
+        try:
             if self._outstanding or self.stopping:
                 return None
             self._outstanding = 1
+        finally:
+            mutex.release()
         try:
             if not self._claim.acquire(False):  # the thread is purging or applying retention
                 return None
@@ -177,8 +183,11 @@ class _Writer(threading.Thread):
                 self._claim.release()
             return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
         finally:
-            with self._mutex:
+            mutex.acquire()
+            try:
                 self._outstanding -= 1
+            finally:
+                mutex.release()
 
     def _seq_key(self, sid, publisher):
         """The tracking key of ``publisher``'s sequence on stream ``sid``, built once (``_seq_keys``)."""
@@ -252,7 +261,8 @@ class _Writer(threading.Thread):
         gate = eng._gate
         gate.enter()
         try:
-            with eng.env.begin(write=True, buffers=True) as txn:
+            # begin(db, parent, write, buffers), positional: py-lmdb builds no keyword dict for it
+            with eng.env.begin(None, None, True, True) as txn:
                 if publisher is not None:
                     key = self._seq_keys.get((sid, publisher)) or self._seq_key(sid, publisher)
                     last = self._seq_cache.get((sid, publisher))
@@ -274,10 +284,14 @@ class _Writer(threading.Thread):
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))
         if seqs:
             self._seq_cache.update(seqs)
-        with eng._lock:
+        lock = eng._lock        # acquired, not ``with``: see append_alone
+        lock.acquire()
+        try:
             quiet = not eng._waiters.get(sid)
             if quiet:       # no reader waits on this stream (a publisher alone): swap the state in, done
                 eng._streams[name] = new
+        finally:
+            lock.release()
         if not quiet:
             self._publish(_Alone(name, new, seqs))
         # AppendResult(...) without the namedtuple's Python-level __new__: one frame less per message

@@ -885,8 +885,8 @@ class Engine(SuperStreamBindings):
         s = self._streams.get(stream)
         if s is not None and s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > self.fsync_rank:
             return None     # the stream asks for a sync: never on the caller's thread (an event loop)
-        return self._writer.append_alone(_Append(stream, chunk, publishing_ids, publisher, None, num_entries,
-                                                 num_records, True, not crc_done))
+        return self._writer.append_alone(_Append.sealed_chunk(stream, chunk, publishing_ids, publisher, num_entries,
+                                                              num_records, not crc_done))
 
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None, on_done=None):

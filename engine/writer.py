@@ -67,6 +67,19 @@ class _Append:
         self.entries = entries
         self.records = records
 
+    @staticmethod
+    def sealed_chunk(stream, chunk, ids, publisher, entries, records, crc_pending):
+        """``_Append(stream, chunk, ids, publisher, None, entries, records, True, crc_pending)`` made
+        without the class call (type_call -> slot_tp_init -> the Python __init__), which costs more than
+        the object itself on the one-message path (Engine.append_chunk_now)."""
+        req = _new_object(_Append)
+        req.stream, req.data, req.ids, req.publisher, req.filters = stream, chunk, ids, publisher, None
+        req.entries, req.records, req.sealed, req.crc_pending = entries, records, True, crc_pending
+        return req
+
+
+_new_object = object.__new__
+
 
 class Done:
     """A completion callback in a Future's place: ``cb(result, None)`` or ``cb(None, exc)``, once, on the
@@ -240,8 +253,8 @@ class _Writer(threading.Thread):
         chunk = req.data
         records = req.records
         size = len(chunk) - LEN_CHUNK_HEADER
-        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max
-                or records > s.chunk_max_records or FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank):
+        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max or records > s.chunk_max_records
+                or (s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank)):
             return None
         ids = req.ids
         publisher = req.publisher if ids is not None else None

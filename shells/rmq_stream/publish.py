@@ -191,7 +191,7 @@ class PublishCommands:
         if pub is None or pub.stream_gone:
             return False        # the errors are the general path's
         reference = pub.reference
-        ids = PublishingIds(raw_ids, first, last, increasing) if reference else None
+        ids = PublishingIds.of(raw_ids, first, last, increasing) if reference else None
         now = self.broker.append_chunk_now(pub.stream, chunk, ids, reference, count, records, crc_done=False)
         if now is None:
             self._append_v1(pub, publisher_id, count, chunk, raw_ids, first, last, increasing, records, ids)

@@ -30,9 +30,10 @@ from riverbed.engine.format import (
     TRACKING_OFFSET, TRACKING_SEQUENCE,
 )
 from riverbed.engine.layout import (
-    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, TS_BIAS,
-    AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
+    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, STATE_FORCE,
+    TS_BIAS, AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
 )
+from riverbed.engine.sparse import STATE_SAVE_EVERY, put_chunk
 
 log = logging.getLogger("riverbed.engine")
 
@@ -51,6 +52,8 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # gets several thousand per Deliver (RabbitMQ's writer makes chunks of up to ~8k messages; clients pay per
 # chunk). A stream that sets chunk-max-records gets that bound for every chunk.
 CHUNK_BODY_RECORDS = 8192
+SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
+_tuple_new = tuple.__new__
 
 # --------------------------------------------------------------------------------------------------------
 # requests queued to the writer
@@ -72,6 +75,19 @@ class _Append:
         self.filters = filters
         self.entries = entries
         self.records = records
+
+    @staticmethod
+    def sealed_chunk(stream, chunk, ids, publisher, entries, records, crc_pending):
+        """``_Append(stream, chunk, ids, publisher, None, entries, records, True, crc_pending)`` made
+        without the class call (type_call -> slot_tp_init -> the Python __init__), which costs more than
+        the object itself on the one-message path (Engine.append_chunk_now)."""
+        req = _new_object(_Append)
+        req.stream, req.data, req.ids, req.publisher, req.filters = stream, chunk, ids, publisher, None
+        req.entries, req.records, req.sealed, req.crc_pending = entries, records, True, crc_pending
+        return req
+
+
+_new_object = object.__new__
 
 
 class Done:
@@ -132,6 +148,9 @@ class _Writer(threading.Thread):
         self.max_batch_bytes = max_batch_bytes
         self._next_retention = time.monotonic() + retention_interval
         self._seq_cache = {}      # (sid, publisher) -> last publishing id, committed
+        # (sid, publisher) -> its tracking key, built once for _commit_alone (stream ids are never reused,
+        # so an entry never goes stale; _seq_key empties the dict when it reaches SEQ_KEYS_MAX)
+        self._seq_keys = {}
         self._purge = []          # sids of deleted streams whose keys are still to be removed
         self._stopped = threading.Event()
         # Who writes: every write transaction runs holding _claim, on this thread or, for a small
@@ -149,6 +168,57 @@ class _Writer(threading.Thread):
             self._outstanding += 1
         self.queue.put(item)
 
+    def append_alone(self, req):
+        """Engine.append_chunk_now's commit: the sealed append ``req`` committed now, on the caller's
+        thread, when nothing is queued or being written (:meth:`commit_inline`'s rule). Returns
+        ``(AppendResult, None)``, ``(None, exc)`` when the append failed, or None when the writer is
+        busy (nothing done). The one-message path: a commit that :meth:`_commit_alone` takes costs no
+        completion object or callback here."""
+        # acquire/release, not ``with``: a with statement looks up and binds __enter__ and __exit__, which
+        # on this path (a message) costs more than the lock itself
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            if self._outstanding or self.stopping:
+                return None
+            self._outstanding = 1
+        finally:
+            mutex.release()
+        try:
+            if not self._claim.acquire(False):  # the thread is purging or applying retention
+                return None
+            got = []
+            try:
+                res = self._commit_alone(req)
+                if type(res) is AppendResult:
+                    return res, None
+                # anything else as commit_inline completes it: the general path for one append (a
+                # duplicate, a chunk to cut, a full map, ...), or the error _commit_alone gave
+                done = Done(lambda r, e: got.append((r, e)))
+                if res is None:
+                    self._commit_batch([(_OP_APPEND, (req,), done)])
+                else:
+                    done.set_exception(res)
+            except BaseException:  # the completion has the error; the engine is stopped (see commit_inline)
+                log.exception("inline commit failed; the engine is stopped")
+            finally:
+                self._claim.release()
+            return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
+        finally:
+            mutex.acquire()
+            try:
+                self._outstanding -= 1
+            finally:
+                mutex.release()
+
+    def _seq_key(self, sid, publisher):
+        """The tracking key of ``publisher``'s sequence on stream ``sid``, built once (``_seq_keys``)."""
+        keys = self._seq_keys
+        if len(keys) >= SEQ_KEYS_MAX:
+            keys.clear()
+        key = keys[(sid, publisher)] = _tracking_key(sid, TRACKING_SEQUENCE, publisher)
+        return key
+
     def commit_inline(self, item):
         """Commit ``item`` now, on the caller's thread, if nothing is queued or being written; returns
         False (and does nothing) otherwise. Its completion runs before this returns. Skipping the queue
@@ -165,6 +235,8 @@ class _Writer(threading.Thread):
                 res = self._commit_alone(args[0]) if op == _OP_APPEND and args[0].sealed else None
                 if res is None:
                     self._commit_batch([item])
+                elif isinstance(res, BaseException):
+                    fut.set_exception(res)
                 else:
                     fut.set_result(res)
             except BaseException:  # the completion has the error; the engine is stopped (see above)
@@ -178,47 +250,54 @@ class _Writer(threading.Thread):
 
     def _commit_alone(self, req):
         """Commit one sealed chunk (a caller-built ``bytearray``: a whole small Publish frame) in a
-        transaction of its own: the inline commit of the one-message path. It stores what ``_commit``
-        stores for it (the chunk, its timestamp index entry, the stream's state and, for a named
-        publisher, its sequence), but without the general batch's bookkeeping, which is most of a
-        one-message commit's cost. Returns the AppendResult once committed, or None when the general
+        transaction of its own: the inline commit of the one-message path (fsync=never), or the writer
+        thread's for a lone append under a sync policy (_commit_group). It stores what ``_commit`` stores
+        for it (the chunk, its timestamp index entry and the stream's state record when sparse.py says
+        they are due and, for a named publisher, its sequence), but without the general batch's
+        bookkeeping, which is most of a one-message commit's cost. Returns the AppendResult once committed, or None when the general
         path must run it: anything but the plain case (filter values, a publisher with ids that are not
         all new, a chunk over the stream's bounds or asking for a sync) and any error before the commit
         (a full map, a map another process grew, an LMDB error: the general path grows and retries, or
-        reports it). Nothing is stored when it returns None. The caller holds ``_claim``."""
+        reports it). Nothing is stored when it returns None. The caller holds ``_claim``.
+
+        A cluster leader (``Engine.replica_feed``) gets the stamped chunk after it is staged and before
+        LMDB commits it: its members store it while this node commits. Should that commit then fail, the
+        feed hears of it (``unsealed``), the append fails with a RiverbedError and the engine stops, as
+        after any failed commit, instead of the general path stamping it again (the members must never
+        hold another version of it)."""
         eng = self.engine
         name = req.stream
         s = eng._streams.get(name)
         chunk = req.data
         records = req.records
         size = len(chunk) - LEN_CHUNK_HEADER
-        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max
-                or records > s.chunk_max_records or FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank):
+        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max or records > s.chunk_max_records
+                or (s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank)):
             return None
         ids = req.ids
         publisher = req.publisher if ids is not None else None
         if publisher is not None and (not isinstance(ids, PublishingIds) or not ids.increasing or not len(ids)):
             return None
         started = time.perf_counter()
-        if req.crc_pending:
-            _CRC.pack_into(chunk, H_CRC_OFFSET, core.crc32(memoryview(chunk)[LEN_CHUNK_HEADER:]))
-            req.crc_pending = False
         now = eng.clock()
         ts = now if now > s.last_ts else s.last_ts
         chunk_id = s.next_offset
-        _STAMP_TS.pack_into(chunk, 8, ts)
-        _STAMP_ID.pack_into(chunk, 16, eng.epochs.get(name, CHUNK_EPOCH))
-        _STAMP_ID.pack_into(chunk, 24, chunk_id)
+        # the byte work in one compiled call: the data CRC when the caller left it, then the stamps
+        core.stamp_chunk(chunk, chunk_id, ts, eng.epochs.get(name, CHUNK_EPOCH), req.crc_pending)
+        req.crc_pending = False
         new = s.copy()
         new.advance(chunk_id, records, len(chunk), ts)
         sid = s.sid
         seqs = {}
+        feed = eng.replica_feed
+        sent = False
         gate = eng._gate
         gate.enter()
         try:
-            with eng.env.begin(write=True, buffers=True) as txn:
+            # begin(db, parent, write, buffers), positional: py-lmdb builds no keyword dict for it
+            with eng.env.begin(None, None, True, True) as txn:
                 if publisher is not None:
-                    key = _tracking_key(sid, TRACKING_SEQUENCE, publisher)
+                    key = self._seq_keys.get((sid, publisher)) or self._seq_key(sid, publisher)
                     last = self._seq_cache.get((sid, publisher))
                     if last is None:
                         raw = txn.get(key, db=eng._db_tracking)
@@ -227,24 +306,42 @@ class _Writer(threading.Thread):
                         raise _NotAlone     # a duplicate among them: the general path drops it
                     txn.put(key, _U64.pack(ids.last), db=eng._db_tracking)
                     seqs[(sid, publisher)] = ids.last
-                txn.put(_CHUNK_KEY.pack(sid, chunk_id), chunk, db=eng._db_chunks)
-                txn.put(_TIME_KEY.pack(sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
-                txn.put(name.encode(), new.encode(), db=eng._db_streams)
+                # the chunk's leaf and LMDB's own pages: the index entry and the state record only
+                # now and then (sparse.py), as each page is a disk request under a sync policy
+                put_chunk(txn, eng._db_chunks, eng._db_time, sid, chunk_id, chunk, records, ts)
+                if new.unsaved >= STATE_SAVE_EVERY:
+                    new.unsaved = 0
+                    txn.put(name.encode(), new.encode(), db=eng._db_streams)
                 applied = time.perf_counter()
-        except Exception:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
-            return None
+                if feed is not None:
+                    sent = feed.sealed(name, chunk_id, records, chunk,
+                                       {} if publisher is None else {publisher: ids.last})
+        except Exception as e:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
+            if not sent:
+                return None
+            # LMDB refused the commit itself (an I/O error): the engine stops, as the general path does,
+            # so this node never stores another chunk at that id than the one its members were sent
+            self.stopping = True
+            feed.unsealed(name, chunk_id)
+            return RiverbedError(f"write failed, engine stopped: the commit of a chunk of {name!r} failed after "
+                                 f"it went to the members: {type(e).__name__}: {e}")
         finally:
             gate.leave()
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))
         if seqs:
             self._seq_cache.update(seqs)
-        with eng._lock:
+        lock = eng._lock        # acquired, not ``with``: see append_alone
+        lock.acquire()
+        try:
             quiet = not eng._waiters.get(sid)
             if quiet:       # no reader waits on this stream (a publisher alone): swap the state in, done
                 eng._streams[name] = new
+        finally:
+            lock.release()
         if not quiet:
             self._publish(_Alone(name, new, seqs))
-        return AppendResult(chunk_id, chunk_id + records - 1, [])
+        # AppendResult(...) without the namedtuple's Python-level __new__: one frame less per message
+        return _tuple_new(AppendResult, (chunk_id, chunk_id + records - 1, []))
 
     def stop(self):
         self.stopping = True
@@ -285,10 +382,11 @@ class _Writer(threading.Thread):
                             if op == _OP_RETENTION:
                                 fut.set_result(None)
                     else:
-                        self._commit_batch(batch)
+                        self._commit_group(batch)
                         self._housekeeping()
                 with self._mutex:
                     self._outstanding -= len(batch)
+            self._save_states()
             eng.env.sync(True)
         except BaseException:
             log.exception("writer thread stopped by an error")
@@ -296,6 +394,36 @@ class _Writer(threading.Thread):
             self._fail_pending(RiverbedError("the writer stopped after an error; see the log"))
         finally:
             self._stopped.set()
+
+    def _commit_group(self, batch):
+        """Commit what the thread dequeued: one sealed append alone (a one-message publish under a sync
+        policy, stop-and-wait) through :meth:`_commit_alone`, anything else as a group commit."""
+        if len(batch) == 1:
+            op, args, fut = batch[0]
+            if op == _OP_APPEND and args[0].sealed:
+                res = self._commit_alone(args[0])
+                if res is not None:
+                    fut.set_result(res)
+                    return
+        self._commit_batch(batch)
+
+    def _save_states(self):
+        """At a clean stop: write the state records not saved since their last chunks (sparse.py), so
+        the next open has nothing to roll forward. Best effort: a failure only leaves that to the open."""
+        eng = self.engine
+        due = [(name, s) for name, s in list(eng._streams.items()) if s.unsaved]
+        if not due:
+            return
+        try:
+            eng._gate.enter()
+            try:
+                with eng.env.begin(write=True) as txn:
+                    for name, s in due:
+                        txn.put(name.encode(), s.encode(), db=eng._db_streams)
+            finally:
+                eng._gate.leave()
+        except lmdb.Error:
+            log.warning("stream states not saved at stop; the next open rolls them forward", exc_info=True)
 
     def _idle_timeout(self):
         if self._purge:
@@ -1177,8 +1305,7 @@ class _Staged:
         """Put a stamped chunk and its index entry, and advance the staged stream state."""
         eng = self.engine
         txn = self.txn
-        txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)
-        txn.put(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
+        put_chunk(txn, eng._db_chunks, eng._db_time, s.sid, chunk_id, chunk, records, ts)
         self.bytes_written += len(chunk)
         s.advance(chunk_id, records, len(chunk), ts)
         self.dirty = True
@@ -1243,6 +1370,7 @@ class _Staged:
             removed += 1
         if removed:
             s.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else s.last_chunk
+            s.unsaved = STATE_FORCE     # the chunks cannot tell that the head moved
             self.dirty = True
         return s.first_chunk
 
@@ -1293,6 +1421,7 @@ class _Staged:
             ok = tcur.delete()
         self.seqs = {k: v for k, v in self.seqs.items() if k[0] != s.sid}
         self.writer._seq_cache = {k: v for k, v in self.writer._seq_cache.items() if k[0] != s.sid}
+        s.unsaved = STATE_FORCE     # the chunks cannot tell that the tail went
         self.dirty = True
         return s.next_offset
 
@@ -1302,5 +1431,9 @@ class _Staged:
             self._flush(self.streams[name], p, True)
 
     def write_states(self):
+        """Write the state records that are due: a stream's record is saved when something its chunks do
+        not tell changed (STATE_FORCE) and otherwise every STATE_SAVE_EVERY chunks (sparse.py)."""
         for name, s in self.streams.items():
-            self.txn.put(name.encode(), s.encode(), db=self.engine._db_streams)
+            if s.unsaved >= STATE_SAVE_EVERY:
+                s.unsaved = 0
+                self.txn.put(name.encode(), s.encode(), db=self.engine._db_streams)

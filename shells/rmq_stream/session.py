@@ -17,7 +17,8 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
   at once, then the socket closes; an unknown mechanism (0x07) leaves the connection open for another
   try. A re-authentication after Open that fails, changes the user (0x15) or the mechanism (0x14) ends
   the connection the same delayed way.
-* How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error.
+* How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error,
+  and (unlike RabbitMQ) for a heartbeat timeout.
 * Flow control: a connection stops being read while ``max_pending_bytes`` (32 MiB) of its appends are
   uncommitted, while the broker-wide in-flight budget is exceeded, while 10,000
   of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
@@ -41,7 +42,10 @@ rabbit_mgmt_wm_connection.erl``), which this module does the same way:
   ``close/3`` again: no Close frame. Here: :meth:`close_gracefully` (called by the listener once
   in-flight appends have confirmed) flushes and closes the socket.
 * Heartbeat timeout: ``open(info, heartbeat_timeout)`` -> ``stop``: no frame (likewise the handshake
-  ``state_timeout/3`` and an expired token). Here: :meth:`tick` closes the socket.
+  ``state_timeout/3`` and an expired token). Here: :meth:`tick` sends Close (code 0x01, the reason
+  "heartbeat timeout: ...") and closes the socket, so the client can tell why; and a connection the
+  broker owes answers (appends not yet confirmed: a publisher whose window is full sends nothing) or
+  has stopped reading is never idle: its silence counts from when the broker is done with it.
 * Authentication failure: ``handle_frame_pre_auth/4`` answers SaslAuthenticate 0x08 and moves to
   ``silent_close``; ``maybe_send_or_delay_frame/4`` holds the answer ``SILENT_CLOSE_DELAY`` (3,000 ms,
   since 4.1, "to protect from potential DoS attacks"), then sends it and stops. The same for Open with
@@ -131,12 +135,16 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         self._confirms = {}             # publisher id -> its confirm being merged in _out (publish.py)
         self._corr = 0
         self._pending_updates = {}      # correlation id of a ConsumerUpdate we sent -> subscription id
+        self._alone_max = 0             # Publish frames the one-message path takes: none until Open
+        self._alone_entries = 0         # (publish.py: _set_alone_limits, _publish_alone)
 
     # ------------------------------------------------------------------------------- input and output
 
     def _received(self, data):
         """Bytes from the peer (the kernel's ``data_received``): every complete frame, then the replies."""
         buf = self._buf
+        if not buf and self._publish_alone(data):
+            return                  # one small Publish frame alone: done (publish.py)
         if buf:
             buf += data
             if len(buf) < self._need:
@@ -211,6 +219,13 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
 
     def _heartbeat_interval(self):
         return self.heartbeat if self.state >= ST_OPEN else None
+
+    def _idle_close(self, silent):
+        # says why before the socket closes (RabbitMQ closes without a word here): a client that sees
+        # only the socket end cannot tell a heartbeat timeout from a crash
+        self._send(encode_close(self._next_corr(), RC_OK, f"heartbeat timeout: nothing received for "
+                                                           f"{silent:.1f} s (2 heartbeat intervals)"))
+        self._hard_close()
 
     def _heartbeat_frame(self):
         return encode_heartbeat()
@@ -422,6 +437,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         hb = self.shell.heartbeat
         # as RabbitMQ: 0 from one side means "no preference", so the other side's value holds
         self.heartbeat = min(heartbeat, hb) if heartbeat and hb else (heartbeat or hb)
+        if self.state >= ST_OPEN:
+            self._set_alone_limits()    # a confirm must still fit the frame_max
 
     def _on_open(self, f, version):
         r = Reader(f)
@@ -434,6 +451,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
             return
         self.state = ST_OPEN
         self._max_frame = self.limits.max_frame_size
+        self._set_alone_limits()
         host, port = self._advertised()
         self._respond(CMD_OPEN, corr, RC_OK,
                       enc_properties({"advertised_host": host, "advertised_port": str(port)}))

@@ -23,7 +23,9 @@ Workloads (bodies are ``--size`` bytes, default 100):
   messages, then ``flush()`` (which sends as many frames as needed and waits for their confirms).
 - ``consume-rstream``: rstream ``Consumer`` from ``first`` (credit 10, as rstream does), raw bodies.
 - ``consume-rbfly-raw`` / ``consume-rbfly-amqp``: rbfly ``subscribe(offset=Offset.FIRST, amqp=...)``;
-  the stream is filled with raw or AMQP-encoded bodies accordingly.
+  the stream is filled with raw or AMQP-encoded bodies accordingly. After the timed window each consume
+  row reads the stream once more, untimed, with the load generator's reader (``bench._loadgen.chunk_census``)
+  and reports the chunk shape the broker stored (``chunk_shape``: records and bytes per chunk).
 - ``latency-rstream``: rstream ``send_wait`` one message at a time: ``--warmup`` (100) untimed, then
   ``--timed`` (5,000) timed, each from the call to the confirm.
 - ``latency-rbfly``: the same with rbfly ``PublisherBin.send``.
@@ -335,6 +337,7 @@ class Runner:
             self.stop()
         self.result["received"] = state["got"]
         self.result["received_bytes"] = state["bytes"]
+        self.census()
 
     async def _consume_rbfly(self, amqp):
         from rbfly.streams import Offset
@@ -356,6 +359,14 @@ class Runner:
             await client.disconnect()
         self.result["received"] = got
         self.result["received_bytes"] = nbytes
+        self.census()
+
+    def census(self):
+        """Untimed, after the window: the chunk shape the broker stored for this row's publishes (records
+        and bytes per chunk, the last chunk's records), read with the load generator's reader."""
+        from bench._loadgen import chunk_census
+        a = self.a
+        self.result["chunk_shape"] = chunk_census(a.host, a.port, a.stream, a.n)
 
     async def w_consume_rbfly_raw(self):
         await self._consume_rbfly(False)

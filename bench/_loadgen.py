@@ -10,9 +10,13 @@ Run by ``bench._client`` (same READY/GO handshake, CPU snapshots and RESULT line
   ``socket.sendall``; at most ``--inflight`` frames unconfirmed. A reader thread counts confirms: of each
   PublishConfirm it reads the size, key and id count, never the ids. The publishing ids repeat from frame
   to frame (neither broker looks at them for a publisher without a reference).
-- ``loadgen-consume``: the stream filled first (untimed, the same publisher), then Subscribe from
-  ``first`` with credit ``--inflight``; of each Deliver it reads the 17 bytes up to the chunk header's
-  record count, gives one credit back (a frame built once), and skips the rest of the frame unread.
+- ``loadgen-consume``: the stream filled first (untimed, the same publisher), then read from ``first``
+  CONSUME_PASSES times in turn (one subscription after the other on one connection, credit ``--inflight``
+  each; ``n`` in the RESULT is every record read). Of each Deliver it reads the 17 bytes up to the chunk
+  header's record count, gives one credit back (a frame built once) and discards the rest of the frame in
+  the kernel (``recv`` with ``MSG_TRUNC``: no copy into the process), so the client costs next to nothing
+  per byte and the rate is the broker's. The RESULT has the chunk shape seen (``chunk_shape``: chunks,
+  records and bytes per chunk, the last chunk's records).
 - ``loadgen-latency``: stop-and-wait, as the echo floor's client (``bench.loop_floor``) drives the bare
   uvloop server: one Publish frame of one ``--size`` message (built once), then plain blocking socket
   reads until its PublishConfirm, then the next; ``--warmup`` untimed, ``--timed`` timed, each from
@@ -34,8 +38,8 @@ from riverbed.shells.rmq_stream import codec
 from riverbed.shells.rmq_stream.constants import (
     CMD_CLOSE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT, CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELETE_SUPER_STREAM,
     CMD_DELIVER, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PEER_PROPERTIES, CMD_PUBLISH, CMD_PUBLISH_CONFIRM,
-    CMD_PUBLISH_ERROR, CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_SUBSCRIBE, CMD_TUNE, OFFSET_TYPE_FIRST,
-    RESPONSE,
+    CMD_PUBLISH_ERROR, CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_SUBSCRIBE, CMD_TUNE, CMD_UNSUBSCRIBE,
+    OFFSET_TYPE_FIRST, RESPONSE,
 )
 
 WORKLOADS = ("loadgen-publish", "loadgen-consume", "loadgen-latency")
@@ -47,6 +51,10 @@ CODE_OK = 1
 CODE_STREAM_DOES_NOT_EXIST, CODE_STREAM_ALREADY_EXISTS = 2, 5
 CHUNK_TYPE_USER = 0
 PUBLISHER_ID, SUBSCRIPTION_ID = 0, 0
+LEN_DELIVER_V1 = 5       # key 2, version 2, subscription id 1: a v1 Deliver frame is these + the chunk
+# loadgen-consume reads its stream this many times: one read of 1M records lasted 70-90 ms, under ten of the
+# 10 ms CPU ticks /proc counts in, so its CPU-per-message figures were mostly rounding
+CONSUME_PASSES = 8
 _U32 = struct.Struct(">I")
 _PEEK = struct.Struct(">IHHBBBHI")
 _HEAD = struct.Struct(">IHH")
@@ -344,25 +352,138 @@ def send_wait(conn, n, frame, lat=None):
     conn.have = have
 
 
-def consume(conn, stream, n, credit):
-    """Subscribe from the first offset and count records of user chunks until ``n``."""
-    conn.request(CMD_SUBSCRIBE, struct.pack(">B", SUBSCRIPTION_ID) + codec.enc_string(stream) +
-                 struct.pack(">HH", OFFSET_TYPE_FIRST, credit) + codec.enc_properties({}))
-    one_credit = codec.frame(CMD_CREDIT, struct.pack(">BH", SUBSCRIPTION_ID, 1))
-    sendall = conn.sock.sendall
-    state = {"records": 0, "chunks": 0}
+class ChunkShape:
+    """Records and bytes per chunk of the Deliver frames one reader saw (user chunks only)."""
 
-    def on_frame(buf, pos, size):
-        if size >= LEN_PEEK - 4:
-            _, key, _, _, _, chunk_type, _, records = _PEEK.unpack_from(buf, pos)
-            if key == CMD_DELIVER:
-                sendall(one_credit)
+    __slots__ = ("chunks", "records", "bytes", "min_records", "max_records", "last_records")
+
+    def __init__(self):
+        self.chunks = self.records = self.bytes = self.max_records = self.last_records = 0
+        self.min_records = None
+
+    def add(self, records, nbytes):
+        self.chunks += 1
+        self.records += records
+        self.bytes += nbytes
+        self.last_records = records
+        if records > self.max_records:
+            self.max_records = records
+        if self.min_records is None or records < self.min_records:
+            self.min_records = records
+
+    def as_dict(self):
+        k = self.chunks or 1
+        return {"chunks": self.chunks, "records_per_chunk": self.records / k, "min_records": self.min_records or 0,
+                "max_records": self.max_records, "bytes_per_chunk": self.bytes / k,
+                "last_chunk_records": self.last_records}
+
+
+def _discarder(sock, mv):
+    """A function that drops ``k`` bytes of the socket: in the kernel (``MSG_TRUNC``, TCP discards instead
+    of copying) where the system allows it, else read into ``mv`` and forgotten."""
+    cap = len(mv)
+
+    def drop_trunc(k):
+        while k:
+            got = sock.recv_into(mv, min(k, cap), socket.MSG_TRUNC)
+            if got == 0:
+                raise LoadgenError("the broker closed the connection")
+            k -= got
+
+    def drop_copy(k):
+        while k:
+            got = sock.recv_into(mv, min(k, cap))
+            if got == 0:
+                raise LoadgenError("the broker closed the connection")
+            k -= got
+    return drop_trunc if getattr(socket, "MSG_TRUNC", 0) else drop_copy
+
+
+def consume(conn, stream, n, credit, passes=1):
+    """Read the stream from the first offset ``passes`` times, one subscription after the other (ids 0,
+    1, ...; each unsubscribed when it has counted ``n`` records of user chunks), crediting each Deliver
+    of the current one. Of each frame only its first LEN_PEEK bytes are read into the process (all of a
+    smaller one); the rest is discarded by the kernel. Returns ``(records, chunks, ChunkShape)``: records
+    and chunks over every pass, the shape (chunk bytes with their 48-byte header) of the first; raises
+    LoadgenError on a refused request or a closed connection."""
+    sock = conn.sock
+    send = sock.sendall
+    recv_into = sock.recv_into
+    buf = conn.buf
+    mv = memoryview(buf)
+    drop = _discarder(sock, mv[LEN_PEEK:])
+    have = conn.have
+    shape = ChunkShape()
+    state = {"sub": -1, "count": 0, "records": 0, "chunks": 0}
+    credits = [codec.frame(CMD_CREDIT, struct.pack(">BH", k, 1)) for k in range(passes)]
+
+    def subscribe(k):
+        conn.corr += 1
+        frames = codec.frame(CMD_SUBSCRIBE, struct.pack(">IB", conn.corr, k) + codec.enc_string(stream) +
+                             struct.pack(">HH", OFFSET_TYPE_FIRST, credit) + codec.enc_properties({}))
+        if k:
+            conn.corr += 1
+            frames = codec.frame(CMD_UNSUBSCRIBE, struct.pack(">IB", conn.corr, k - 1)) + frames
+        state["sub"], state["count"] = k, 0
+        send(frames)
+
+    subscribe(0)
+    while True:
+        if have < 4:
+            got = recv_into(mv[have:LEN_PEEK])
+            if got == 0:
+                raise LoadgenError("the broker closed the connection")
+            have += got
+            continue
+        total = 4 + _U32.unpack_from(buf, 0)[0]
+        if have < total and have < LEN_PEEK:
+            got = recv_into(mv[have:LEN_PEEK])
+            if got == 0:
+                raise LoadgenError("the broker closed the connection")
+            have += got
+            continue
+        key = _KEY.unpack_from(buf, 4)[0]
+        if key == CMD_DELIVER:
+            _, _, _, sub, _, chunk_type, _, records = _PEEK.unpack_from(buf, 0)
+            if sub == state["sub"]:
+                send(credits[sub])
                 state["chunks"] += 1
                 if chunk_type == CHUNK_TYPE_USER:
+                    if sub == 0:    # every pass reads the same chunks
+                        shape.add(records, total - 4 - LEN_DELIVER_V1)
                     state["records"] += records
+                    state["count"] += records
+        elif key == RESPONSE | CMD_CREDIT:      # sent only when a Credit failed
+            raise LoadgenError(f"a Credit was refused, code {struct.unpack_from('>H', buf, 8)[0]}")
+        elif key == RESPONSE | CMD_SUBSCRIBE or key == RESPONSE | CMD_UNSUBSCRIBE:
+            code = struct.unpack_from(">H", buf, 12)[0]     # after size, key, version, correlation id
+            if code != CODE_OK:
+                raise LoadgenError(f"command 0x{key & 0x7FFF:04x} answered code {code}")
+        if have >= total:
+            rest = have - total
+            if rest:
+                buf[:rest] = buf[total:have]
+            have = rest
+        else:
+            drop(total - have)
+            have = 0
+        if state["count"] >= n:
+            if state["sub"] + 1 >= passes:
+                break
+            subscribe(state["sub"] + 1)
+    conn.have = have
+    return state["records"], state["chunks"], shape
 
-    conn.headers(on_frame, lambda: state["records"] >= n)
-    return state
+
+def chunk_census(host, port, stream, n):
+    """The chunk shape of ``stream``'s first ``n`` records (a ChunkShape's dict): one untimed read from the
+    first offset with the load generator's reader. For the real-client consume rows, after their timed
+    window, so a row shows what each broker stored for the same publishes."""
+    conn = Conn(host, port)
+    try:
+        return consume(conn, stream, n, 16)[2].as_dict()
+    finally:
+        conn.close()
 
 
 def _setup(a):
@@ -416,10 +537,10 @@ async def run(runner):
             with conn.heartbeats():
                 runner.wait_go()
             runner.start()
-            state = consume(conn, a.stream, a.n, a.inflight)
+            records, chunks, shape = consume(conn, a.stream, a.n, a.inflight, CONSUME_PASSES)
             runner.stop()
-            runner.result.update(received=state["records"], chunks=state["chunks"],
-                                 received_bytes=state["records"] * a.size)
+            runner.result.update(n=records, received=records, chunks=chunks, received_bytes=records * a.size,
+                                 passes=CONSUME_PASSES, chunk_shape=shape.as_dict())
     finally:
         conn.close()
         if not a.keep_stream:

@@ -39,7 +39,8 @@ W = {
         label="loadgen publish: 2 processes × 2 streams, aggregate", client="loadgen-publish", kind="publish",
         procs=2),
     "loadgen-consume": dict(
-        label="loadgen consume from first: count chunks, credit 16", client="loadgen-consume", kind="consume"),
+        label="loadgen consume from first ×8: count chunks, credit 16, bytes dropped in the kernel",
+        client="loadgen-consume", kind="consume"),
     # one message per frame, each confirmed before the next, from a client that costs what the echo
     # floor's does (bench._floors): the confirm latency and server CPU rows of issue 26 without
     # rstream's or rbfly's own time in them

@@ -75,11 +75,11 @@ def rstream_read(port, n):
 
     def timed():
         try:
-            state = _loadgen.consume(conn, TOPIC, n, CREDIT)
+            records = _loadgen.consume(conn, TOPIC, n, CREDIT)[0]
         finally:
             conn.close()
-        if state["records"] < n:
-            raise RuntimeError(f"the load generator read {state['records']} of {n} records")
+        if records < n:
+            raise RuntimeError(f"the load generator read {records} of {n} records")
     return timed
 
 

@@ -3,9 +3,10 @@
 One thread per environment takes operations from a queue, applies everything that is pending in ONE
 write transaction, commits, syncs according to the fsync policy, and only then completes the callers'
 futures and wakes tailing readers. Appends to the same stream that meet in one transaction share one
-chunk (up to the stream's bytes and records per chunk). Tracking state (publisher sequences, consumer
-offsets) is written in the same transaction as the records it belongs to; ``Engine.transact`` lets a
-caller stage its own writes (documents, positions) in it. py-lmdb releases the GIL during commit, so the
+chunk (up to the stream's bytes and records per chunk; a commit's last chunk of a stream is kept small,
+see CHUNK_BODY_RECORDS). Tracking state (publisher sequences, consumer offsets) is written in the same
+transaction as the records it belongs to; ``Engine.transact`` lets a caller stage its own writes
+(documents, positions) in it. py-lmdb releases the GIL during commit, so the
 thread does not stall an asyncio loop. Only this thread writes to the environment.
 """
 
@@ -44,6 +45,13 @@ H_CRC_OFFSET = 32            # the data CRC's place in the chunk header (format.
 # its first id (0 included) is new. Never written to LMDB; absence of the key is what says it.
 NO_SEQUENCE = -1
 OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stored as it is, not merged
+# The chunk shape (issue 26): a commit's chunks of a stream hold up to CHUNK_BODY_RECORDS records each (and the
+# stream's bytes per chunk), except its closing chunk, the last one of the stream in that commit, which holds
+# at most the stream's chunk-max-records (1,000). Offset spec LAST delivers the last chunk, and the last chunk
+# is always a commit's closing one, so LAST stays within the last 1,000 records, while a reader from the start
+# gets several thousand per Deliver (RabbitMQ's writer makes chunks of up to ~8k messages; clients pay per
+# chunk). A stream that sets chunk-max-records gets that bound for every chunk.
+CHUNK_BODY_RECORDS = 8192
 SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
 _tuple_new = tuple.__new__
 
@@ -503,9 +511,14 @@ class _Writer(threading.Thread):
         eng = self.engine
         failed = {}     # batch index -> exception of a transact function, kept across the redo
         started = time.perf_counter()   # metrics (engine/stats.py): the group commit's latency, redos included
+        later = {}      # stream -> appends of this batch to it (CHUNK_BODY_RECORDS: which one closes)
+        for op, args, _ in batch:
+            if op == _OP_APPEND:
+                later[args[0].stream] = later.get(args[0].stream, 0) + 1
         while True:
             staged = _Staged(eng, self)
             staged.alone = len(batch) == 1
+            staged.later = dict(later)
             results = []
             try:
                 eng._gate.enter()
@@ -566,7 +579,7 @@ class _Writer(threading.Thread):
     def _apply(self, staged, op, args):
         try:
             if op == _OP_APPEND:
-                return staged.append(args[0])
+                return staged.append(args[0], True)
             if op == _OP_OFFSET:
                 stream, reference, offset = args
                 s = staged.stream(stream)
@@ -886,6 +899,34 @@ class _Deferred:
         return AppendResult(self.first, self.last, self.duplicates)
 
 
+def _body_records(s):
+    """Records per chunk of ``s`` before a commit's closing chunk: its chunk-max-records when it sets one
+    (then every chunk keeps to it), else CHUNK_BODY_RECORDS."""
+    return s.chunk_max_records if "chunk-max-records" in s.args else CHUNK_BODY_RECORDS
+
+
+def _cuts(s, data, closing):
+    """Where to cut the data section ``data`` of stream ``s`` into chunks (``(end, entries, records)`` per
+    piece, as core.cut_entries): pieces of up to the body bound and the stream's bytes; with ``closing``,
+    the last piece holds at most the stream's chunk-max-records (an entry over it by itself excepted):
+    the piece the body cut left last is split into a head and such a tail."""
+    cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, _body_records(s))
+    tail_max = s.chunk_max_records
+    if closing and cuts and cuts[-1][2] > tail_max:
+        end, _, records = cuts.pop()
+        start = cuts[-1][0] if cuts else 0
+        piece = memoryview(data)[start:end]
+        # the head: the longest run of entries that leaves at least tail_max records behind it
+        head_end, head_entries, head_records = core.cut_entries(piece, s.chunk_max, MAX_CHUNK_ENTRIES,
+                                                                records - tail_max)[0]
+        cuts.append((start + head_end, head_entries, head_records))
+        if head_end < len(piece):
+            base = start + head_end
+            cuts.extend((base + e, n, r) for e, n, r in
+                        core.cut_entries(piece[head_end:], s.chunk_max, MAX_CHUNK_ENTRIES, tail_max))
+    return cuts
+
+
 def _wants_sync(staged, rank):
     """Whether a stream this commit touched has an ``fsync`` argument stronger than ``rank``."""
     for st in staged.streams.values():
@@ -912,6 +953,7 @@ class _Staged:
         self.on_commit = []
         self.created = []
         self.alone = False        # the transaction holds one operation (see append)
+        self.later = {}           # stream -> appends of the batch still to apply (see append)
         self.offsets_changed = False   # a consumer offset was stored or deleted (Engine.offsets_version)
 
     def stream(self, name):
@@ -1017,8 +1059,18 @@ class _Staged:
                 v = _U64.unpack(raw)[0] if raw is not None else NO_SEQUENCE
         return v
 
-    def append(self, req):
+    def append(self, req, counted=False):
+        """Stage one append. ``counted``: an append of the batch being committed, counted in ``later``
+        (then chunks stored as they come may be body-sized while more appends to the stream follow);
+        an append from a transact function always closes (see CHUNK_BODY_RECORDS)."""
         s = self.stream(req.stream)
+        closing = True
+        if counted:
+            left = self.later.get(req.stream, 1) - 1
+            self.later[req.stream] = left
+            closing = left <= 0
+        body = _body_records(s)
+        direct = s.chunk_max_records if closing else body    # records of a chunk stored as it comes
         data = req.data
         sealed = req.sealed
         if sealed:
@@ -1053,7 +1105,7 @@ class _Staged:
         if p is None:
             p = self.pending[s.name] = _Pending()
         if (sealed and filters is None and (OWN_CHUNK_MIN <= len(data) or self.alone) and len(data) <= s.chunk_max
-                and records <= s.chunk_max_records):
+                and records <= direct):
             # big enough to be a chunk of its own, or alone in its transaction (nothing to merge it
             # with): stamp the caller's buffer, no copy
             self._flush(s, p)
@@ -1063,18 +1115,18 @@ class _Staged:
                 _CRC.pack_into(req.data, H_CRC_OFFSET, core.crc32(data))
             self._write(s, req.data, records)
             return res
-        if sealed and filters is None and (len(data) > s.chunk_max or records > s.chunk_max_records):
+        if sealed and filters is None and (len(data) > s.chunk_max or records > direct):
             # a big Publish or Produce over the stream's bounds: cut where the core says, no copy
-            self._cut_in_place(s, p, req.data, res)
+            self._cut_in_place(s, p, req.data, res, closing)
             return res
         if ends is None and entries is not None and entries <= MAX_CHUNK_ENTRIES:
             # the common case: the caller counted the entries and they fit in one chunk
             if filters is not None and len(filters) != entries:
                 raise ChunkError(f"{len(filters)} filter values for {entries} entries")
             if p.entries and (p.size + len(data) > s.chunk_max or p.entries + entries > MAX_CHUNK_ENTRIES
-                              or p.records + records > s.chunk_max_records):
+                              or p.records + records > body):
                 self._flush(s, p)
-            if (len(data) <= s.chunk_max and records <= s.chunk_max_records) or entries == 1:
+            if (len(data) <= s.chunk_max and records <= body) or entries == 1:
                 p.parts.append(data)
                 p.size += len(data)
                 p.entries += entries
@@ -1141,7 +1193,7 @@ class _Staged:
         while i < n:
             j = bisect.bisect_right(ends, start + s.chunk_max - p.size, i)
             j = min(j, i + MAX_CHUNK_ENTRIES - p.entries)
-            j = min(j, max(bisect.bisect_right(cum, cum[i] + s.chunk_max_records - p.records, i) - 1, i))
+            j = min(j, max(bisect.bisect_right(cum, cum[i] + _body_records(s) - p.records, i) - 1, i))
             if j == i and p.entries == 0:
                 j = i + 1   # an entry larger than a whole chunk gets a chunk of its own
             if j == i:
@@ -1162,7 +1214,7 @@ class _Staged:
     def _add_cut(self, s, p, data, res):
         """Entries of one append into an empty pending chunk, cut where the core says; every piece but the
         last becomes a chunk now, the last stays pending (later appends of this commit may join it)."""
-        cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, s.chunk_max_records)
+        cuts = _cuts(s, data, False)    # the last piece stays pending: flush_all closes it
         mv = memoryview(data)
         start = 0
         res.first = s.next_offset
@@ -1177,16 +1229,17 @@ class _Staged:
         p.unfiltered = True
         res.last = s.next_offset + p.records - 1
 
-    def _cut_in_place(self, s, p, chunk, res):
+    def _cut_in_place(self, s, p, chunk, res, closing=True):
         """Store a caller's sealed ``chunk`` (a bytearray) that is over the stream's bytes or records per
         chunk as several chunks, each a view of the caller's buffer: its header is written over the 48
         bytes before its data (the end of the piece before, which its put has copied into the map) and
         those bytes are put back after its own put, so the buffer is as it came should the transaction be
         redone (MapFullError). A small last piece stays pending, as _add_cut leaves it, when other appends
-        of this commit may join it."""
+        of this commit may join it. ``closing``: no other append to the stream follows in this commit, so
+        the last piece keeps to the closing chunk's bound (see CHUNK_BODY_RECORDS)."""
         whole = memoryview(chunk)
         data = whole[LEN_CHUNK_HEADER:]
-        cuts = core.cut_entries(data, s.chunk_max, MAX_CHUNK_ENTRIES, s.chunk_max_records)
+        cuts = _cuts(s, data, closing)
         self._flush(s, p)
         res.first = s.next_offset
         epoch = self.engine.epochs.get(s.name, CHUNK_EPOCH)
@@ -1210,16 +1263,28 @@ class _Staged:
             start = end
         res.last = s.next_offset + p.records - 1
 
-    def _flush(self, s, p):
-        """Turn the pending entries of ``s`` into one chunk."""
+    def _flush(self, s, p, closing=False):
+        """Turn the pending entries of ``s`` into one chunk; ``closing`` (the commit's last chunk of
+        ``s``, flush_all): into a body chunk and a closing one when they are over the closing bound."""
         if not p.entries:
             return
         data = p.parts[0] if len(p.parts) == 1 else b"".join(p.parts)
         bloom = core.build_bloom(list(p.filters), p.unfiltered, s.bloom_size) if p.filters else b""
+        epoch = self.engine.epochs.get(s.name, CHUNK_EPOCH)
+        if closing and p.records > s.chunk_max_records:
+            # each piece keeps the whole bloom: a superset only lets a filtering reader see more, never less
+            mv = memoryview(data)
+            start = 0
+            for end, entries, records in _cuts(s, data, True):
+                ts, chunk_id = self._stamp(s)
+                self._store(s, core.build_chunk(mv[start:end], entries, records, ts, chunk_id, epoch, 0, bloom, b""),
+                            records, ts, chunk_id)
+                start = end
+            p.__init__()
+            return
         ts, chunk_id = self._stamp(s)
         # built with its final header, so it needs no writable copy to be stamped
-        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, self.engine.epochs.get(s.name, CHUNK_EPOCH),
-                                 0, bloom, b"")
+        chunk = core.build_chunk(data, p.entries, p.records, ts, chunk_id, epoch, 0, bloom, b"")
         self._store(s, chunk, p.records, ts, chunk_id)
         p.__init__()   # callers keep using the same object for the next chunk
 
@@ -1361,8 +1426,9 @@ class _Staged:
         return s.next_offset
 
     def flush_all(self):
+        """Close the commit: each stream's pending entries become its last chunks (the closing bound)."""
         for name, p in list(self.pending.items()):
-            self._flush(self.streams[name], p)
+            self._flush(self.streams[name], p, True)
 
     def write_states(self):
         """Write the state records that are due: a stream's record is saved when something its chunks do

@@ -42,6 +42,8 @@ from riverbed.shells.broker.records import RecordBatch, chunk_span
 log = logging.getLogger("riverbed.broker")
 
 DELIVER_BUDGET = 32     # chunks one pump may deliver before yielding to other connections
+READ_BYTES = 4 << 20    # about this many chunk bytes per read: chunks of up to 1 MiB (writer.CHUNK_BODY_RECORDS)
+                        # would otherwise put 32 MiB in the broker at once for one subscriber
 MODE_CREDIT = "credit"
 MODE_WINDOW = "window"
 
@@ -57,7 +59,7 @@ class Tail:
 
     __slots__ = ("broker", "stream", "offset", "on_chunk", "on_gone", "defer", "mode", "units", "window_high",
                  "window_low", "outstanding", "budget", "_stalled", "_paused", "_closed", "_started",
-                 "_cancel_wait", "_scheduled", "records")
+                 "_cancel_wait", "_scheduled", "records", "_chunk_bytes")
 
     def __init__(self, broker, stream, offset, on_chunk, *, defer, on_gone=None, mode=MODE_CREDIT, credit=0,
                  window_high=4 << 20, window_low=2 << 20, budget=None, records=False):
@@ -80,6 +82,7 @@ class Tail:
         self._cancel_wait = None
         self._scheduled = False
         self.records = records
+        self._chunk_bytes = 0         # the size of the last chunk read (how many to read at once)
         readers = broker.readers      # open tails per stream (an idle observer copy is dropped: remote_read.py)
         readers[stream] = readers.get(stream, 0) + 1
 
@@ -161,6 +164,8 @@ class Tail:
                     self.defer(self._deferred)
                 return
             n = min(self.units, budget) if self.mode == MODE_CREDIT else min(4, budget)
+            if self._chunk_bytes:
+                n = min(n, max(1, READ_BYTES // self._chunk_bytes))
             try:
                 chunks = self.broker.read_chunks(self.stream, self.offset, n)
             except (StreamNotFound, ChunkError) as e:
@@ -169,6 +174,7 @@ class Tail:
             if not chunks:
                 self._arm_wait()
                 return
+            self._chunk_bytes = len(chunks[-1][1])
             for chunk_id, raw in chunks:
                 budget -= 1
                 start = self.offset

@@ -1,11 +1,12 @@
-"""A caller's sealed chunk over the stream's bounds (a 5,000-record Publish or Produce against 1,000 records
-per chunk) is stored as several chunks cut in place: views of the caller's buffer, each with its own header
-and CRC, no copy of the data (writer._cut_in_place)."""
+"""A caller's sealed chunk over the stream's bounds (a 5,000-record Publish or Produce, alone in its commit,
+whose closing chunk may hold 1,000 records) is stored as several chunks cut in place: views of the caller's
+buffer, each with its own header and CRC, no copy of the data (writer._cut_in_place)."""
 
 import pytest
 
 from riverbed.engine import Engine, core
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_DATA_LEN, H_ENTRIES, H_RECORDS, H_TIMESTAMP
+from riverbed.engine.writer import CHUNK_BODY_RECORDS
 
 
 def rec(i, size=100):
@@ -19,13 +20,16 @@ def sealed(records, crc_done):
     return chunk
 
 
-def check_chunks(eng, stream, records, per_chunk):
+def check_chunks(eng, stream, records, per_chunk, closing=None):
+    """The chunks of ``stream`` hold ``records`` in order, each at most ``per_chunk`` records and the last
+    at most ``closing`` (default: ``per_chunk``)."""
     chunks = eng.read_chunks(stream, 0, 1000)
     offset = 0
-    for _, raw in chunks:
+    for i, (_, raw) in enumerate(chunks):
         h = core.check_chunk(raw)        # lengths add up and the data CRC is right
         assert h[H_CHUNK_ID] == offset
-        assert h[H_ENTRIES] == h[H_RECORDS] <= per_chunk
+        bound = closing if closing is not None and i == len(chunks) - 1 else per_chunk
+        assert h[H_ENTRIES] == h[H_RECORDS] <= bound
         assert h[H_CRC] == core.crc32(raw[48:48 + h[H_DATA_LEN]])
         offset += h[H_RECORDS]
     assert offset == len(records)
@@ -42,8 +46,9 @@ def test_a_big_sealed_chunk_is_cut_into_whole_chunks(tmp_path, crc_done):
         before = bytes(chunk)
         res = eng.append_chunk("s", chunk, num_entries=5000, num_records=5000, crc_done=crc_done).result()
         assert (res.first_offset, res.last_offset) == (0, 4999)
-        chunks = check_chunks(eng, "s", records, 1000)
-        assert len(chunks) == 5
+        chunks = check_chunks(eng, "s", records, CHUNK_BODY_RECORDS, 1000)
+        # a head and a closing chunk of 1,000 (LAST reaches back that far), not five of 1,000
+        assert [core.read_header(raw)[H_RECORDS] for _, raw in chunks] == [4000, 1000]
         assert [core.read_header(raw)[H_TIMESTAMP] for _, raw in chunks] == sorted(
             core.read_header(raw)[H_TIMESTAMP] for _, raw in chunks)
         # the data section is as the caller handed it: every header written over it was put back
@@ -78,7 +83,8 @@ def test_the_pieces_are_not_copied(tmp_path, monkeypatch):
         monkeypatch.setattr(core, "build_chunk", no_copy)
         eng.append_chunk("s", sealed(records, False), num_entries=3000, num_records=3000, crc_done=False).result()
         monkeypatch.undo()
-        assert len(check_chunks(eng, "s", records, 1000)) == 3
+        assert [core.read_header(raw)[H_RECORDS] for _, raw in check_chunks(eng, "s", records, 2000, 1000)] == [
+            2000, 1000]
 
 
 def test_a_redone_transaction_cuts_the_same_bytes(tmp_path):
@@ -89,4 +95,6 @@ def test_a_redone_transaction_cuts_the_same_bytes(tmp_path):
         records = [rec(i, 300) for i in range(5200)]
         eng.append_chunk("s", sealed(records, False), num_entries=5200, num_records=5200, crc_done=False).result()
         assert eng.env.info()["map_size"] > 1 << 20
-        assert len(check_chunks(eng, "s", records, 1000)) == 6
+        # cut by bytes first (1 MiB holds 3,445 of these entries), then the closing 1,000
+        assert [core.read_header(raw)[H_RECORDS] for _, raw in check_chunks(eng, "s", records, 3445, 1000)] == [
+            3445, 755, 1000]

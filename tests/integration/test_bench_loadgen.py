@@ -11,6 +11,7 @@ import sys
 import pytest
 from rstream import Consumer, ConsumerOffsetSpecification, OffsetType
 
+from bench._loadgen import CONSUME_PASSES
 from procs import ServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,8 +65,38 @@ def test_loadgen_publish_stores_every_message_it_counts_as_confirmed(never_serve
 
 def test_loadgen_consume_counts_every_record_from_the_chunk_headers(never_server):
     r = run_client("loadgen-consume", never_server.port, "lg-con")
-    assert r["received"] == N and r["received_bytes"] == N * SIZE
-    assert r["chunks"] >= N // 1000      # chunks hold at most 1,000 records here
+    # every pass reads the whole stream, nothing more (a pass's unsubscribed leftovers are not counted)
+    assert r["n"] == r["received"] == N * CONSUME_PASSES and r["received_bytes"] == N * SIZE * CONSUME_PASSES
+    shape = r["chunk_shape"]
+    # the fill's three frames, each alone in its commit here or not, stored as chunks the header counts
+    # add up to N; the last chunk (what LAST delivers) holds at most 1,000 records
+    assert shape["records_per_chunk"] * shape["chunks"] == N and r["chunks"] == shape["chunks"] * CONSUME_PASSES
+    assert 0 < shape["last_chunk_records"] <= 1000 and shape["max_records"] <= 8192
+    assert shape["bytes_per_chunk"] > shape["records_per_chunk"] * (SIZE + 4)
+
+
+def test_a_consume_row_reports_the_chunk_shape_after_its_window(never_server):
+    r = run_client("consume-rstream", never_server.port, "lg-census")
+    assert r["received"] == N and r["chunk_shape"]["chunks"] * r["chunk_shape"]["records_per_chunk"] == N
+
+
+def test_the_kernel_discards_what_the_consumer_skips():
+    # the reader of loadgen-consume drops frame bodies with MSG_TRUNC: the bytes are gone from the socket
+    # and none was written into the buffer
+    import socket
+    from bench._loadgen import _discarder
+    srv = socket.create_server(("127.0.0.1", 0))
+    try:
+        c = socket.create_connection(srv.getsockname())
+        s, _ = srv.accept()
+        s.sendall(b"x" * 100_000 + b"END")
+        buf = bytearray(4096)
+        _discarder(c, memoryview(buf))(100_000)
+        assert buf == bytearray(4096) and c.recv(3) == b"END"
+        c.close()
+        s.close()
+    finally:
+        srv.close()
 
 
 def test_loadgen_latency_waits_for_each_confirm_and_stores_every_message(never_server):

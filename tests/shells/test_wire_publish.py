@@ -245,13 +245,13 @@ def test_crc_left_to_the_engine_is_filled_in_when_stored_whole_and_unused_when_c
     big = publish_frame([(i, struct.pack(">I", 200) + bytes([i]) * 200) for i in range(100)])   # own chunk
     _, count, chunk, _, _, _, _, records, _ = wire_twin.publish_chunk(big, False)
     eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
-    # over the records bound: cut into chunks of 1,000, each with its own CRC
+    # over the closing chunk's bound (1,000 records; the append is alone in its commit): cut into a head and
+    # a closing 1,000, each with its own CRC
     huge = publish_frame([(i, struct.pack(">I", 100) + b"x" * 100) for i in range(2500)])
     _, count, chunk, _, _, _, _, records, _ = wire_twin.publish_chunk(huge, False)
     eng.append_chunk("s", chunk, num_entries=count, num_records=records, crc_done=False).result()
     got = eng.read_chunks("s", 0, 10)            # read_chunks checks every CRC
-    assert [(cid, core.read_header(raw)[3]) for cid, raw in got] == [(0, 100), (100, 1000), (1100, 1000),
-                                                                     (2100, 500)]
+    assert [(cid, core.read_header(raw)[3]) for cid, raw in got] == [(0, 100), (100, 1500), (1600, 1000)]
 
 
 def test_append_chunk_refuses_immutable_buffers(eng):

@@ -16,7 +16,8 @@ after its last confirm, so start-up and stream creation are not counted but ever
 during the window is (valgrind stretches the window some 30-50x: a clock-driven cost weighs far more
 per message here than at full speed). ``--py-spy DIR`` records each node with py-spy during the timed
 part (raw collapsed stacks); ``--strace DIR`` counts each node's system calls (``strace -c``, every thread)
-during it (strace slows the nodes: read its counts, not the CPU figures of that run). Prints one JSON
+during it (strace slows the nodes: read its counts, not the CPU figures of that run); ``--perf DIR`` samples
+each node with ``perf record -e cpu-clock`` (kernel and native frames: copies, page faults). Prints one JSON
 document, with each node's user and system CPU apart (``user_sys_us_per_msg``).
 """
 
@@ -150,6 +151,15 @@ def _strace(servers, directory):
     return procs
 
 
+def _perf(servers, directory):
+    """``perf record`` (software cpu-clock samples: this VM has no hardware counters) of every node."""
+    procs = [subprocess.Popen(["perf", "record", "-F", "1999", "-e", "cpu-clock", "-p", str(srv.pid), "-o",
+                               f"{directory}/{name}.data"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name, srv in servers.nodes.items()]
+    time.sleep(0.5)
+    return procs
+
+
 def _strace_stop(procs):
     for p in procs:
         p.send_signal(signal.SIGINT)
@@ -169,6 +179,7 @@ def run(a):
         time.sleep(2 * LEASE_TTL if nodes > 1 else 0.5)       # members connected and caught up, progress written
         spies = []
         straces = _strace(servers, a.strace) if a.strace else []
+        straces += _perf(servers, a.perf) if a.perf else []
         servers.collect(True)
         cpu0, t0, load0 = servers.cpu(), time.monotonic(), os.getloadavg()[0]
         if a.mode == "idle":
@@ -227,8 +238,9 @@ def main(argv=None):
     ap.add_argument("--py-spy", metavar="DIR", help="record each node with py-spy during the timed part")
     ap.add_argument("--spy-seconds", type=float, default=10.0)
     ap.add_argument("--strace", metavar="DIR", help="count each node's syscalls (strace -c) during the timed part")
+    ap.add_argument("--perf", metavar="DIR", help="perf record (cpu-clock) each node during the timed part")
     a = ap.parse_args(argv)
-    for d in (a.callgrind, a.py_spy, a.strace):
+    for d in (a.callgrind, a.py_spy, a.strace, a.perf):
         if d:
             os.makedirs(d, exist_ok=True)
     print(json.dumps(run(a)))

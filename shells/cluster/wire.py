@@ -108,7 +108,8 @@ class FrameReader:
     ``asyncio.BufferedProtocol``: :meth:`get_buffer` is the protocol's ``get_buffer``, :meth:`feed` its
     ``buffer_updated``), with no copy of a large payload: a payload of at least ``big`` bytes is read into
     a ``bytearray`` of its own, which the caller may keep (a member hands a replicated chunk to the engine
-    as it came off the socket). Smaller frames come out of one scratch buffer as ``bytes``. A payload over
+    as it came off the socket). Smaller frames come out of one scratch buffer as ``bytes``; it is small
+    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload over
     ``grow`` bytes gets a buffer that doubles as it arrives, so a hostile length reserves little up front.
 
     The same frames as :func:`split_frames` and :func:`read_frame` for the same bytes, whatever the reads
@@ -116,7 +117,7 @@ class FrameReader:
 
     __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled")
 
-    def __init__(self, scratch=64 << 10, big=4 << 10, grow=4 << 20):
+    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20):
         if scratch < big + LEN_FRAME_HEADER:
             raise ValueError("the scratch buffer must hold a whole small frame")
         self.big = big

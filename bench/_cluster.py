@@ -86,6 +86,16 @@ class RiverbedCluster:
             self.version = "riverbed cluster"
         return self
 
+    @property
+    def lines(self):
+        """The last log lines of every node, each prefixed with its name, an equal share of 30 each (a
+        failed run keeps them: bench.compare's ``server_log``)."""
+        nodes = list(self.cluster.nodes.items()) if self.cluster is not None else []
+        out = []
+        for name, srv in nodes:
+            out += [f"{name}: {line}" for line in list(srv.lines)[-(30 // len(nodes)):]]
+        return out
+
     def client_args(self):
         """Extra ``bench._client`` arguments: n1 leads the stream; CPU of n2 and n3 summed in."""
         out = ["--stream-arg", "queue-leader-locator=client-local"]

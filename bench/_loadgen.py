@@ -24,6 +24,7 @@ Several processes: the harness's ``procs`` (each process its own connection and 
 the process's own (both threads), reported by the harness beside the server's.
 """
 
+import contextlib
 import socket
 import struct
 import threading
@@ -31,15 +32,19 @@ import time
 
 from riverbed.shells.rmq_stream import codec
 from riverbed.shells.rmq_stream.constants import (
-    CMD_CREATE, CMD_CREDIT, CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELIVER, CMD_OPEN, CMD_PEER_PROPERTIES,
-    CMD_PUBLISH, CMD_PUBLISH_CONFIRM, CMD_PUBLISH_ERROR, CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE,
-    CMD_SUBSCRIBE, CMD_TUNE, OFFSET_TYPE_FIRST, RESPONSE,
+    CMD_CLOSE, CMD_CREATE, CMD_CREATE_SUPER_STREAM, CMD_CREDIT, CMD_DECLARE_PUBLISHER, CMD_DELETE, CMD_DELETE_SUPER_STREAM,
+    CMD_DELIVER, CMD_HEARTBEAT, CMD_METADATA, CMD_OPEN, CMD_PEER_PROPERTIES, CMD_PUBLISH, CMD_PUBLISH_CONFIRM,
+    CMD_PUBLISH_ERROR, CMD_SASL_AUTHENTICATE, CMD_SASL_HANDSHAKE, CMD_SUBSCRIBE, CMD_TUNE, OFFSET_TYPE_FIRST,
+    RESPONSE,
 )
 
 WORKLOADS = ("loadgen-publish", "loadgen-consume", "loadgen-latency")
 LEN_PEEK = 17            # size 4, key 2, version 2, subscription id 1, chunk magic 1, type 1, entries 2, records 4
+LEN_HEAD = 23            # bytes of a frame on_frame sees at least: a PublishError's first id and its code
 LEN_RECV_BUF = 4 << 20
+LEN_WHOLE = 4096         # frames up to this size reach on_frame whole (a Close with its reason)
 CODE_OK = 1
+CODE_STREAM_DOES_NOT_EXIST, CODE_STREAM_ALREADY_EXISTS = 2, 5
 CHUNK_TYPE_USER = 0
 PUBLISHER_ID, SUBSCRIPTION_ID = 0, 0
 _U32 = struct.Struct(">I")
@@ -62,6 +67,7 @@ class Conn:
         self.buf = bytearray(LEN_RECV_BUF)
         self.have = 0
         self.corr = 0
+        self.closed_why = None      # a Close frame from the broker: "code 0x.. reason"
         self.request(CMD_PEER_PROPERTIES, codec.enc_properties({"product": "riverbed-loadgen"}))
         self.request(CMD_SASL_HANDSHAKE, b"")
         self.request(CMD_SASL_AUTHENTICATE, codec.enc_string("PLAIN") + _bytes32(f"\0{user}\0{password}".encode()))
@@ -70,21 +76,27 @@ class Conn:
             raise LoadgenError(f"expected Tune, got key 0x{key:04x}")
         frame_max, heartbeat = struct.unpack_from(">II", body)
         self.frame_max = frame_max
+        self.heartbeat = heartbeat
         self.sock.sendall(codec.frame(CMD_TUNE, struct.pack(">II", frame_max, heartbeat)))
         self.request(CMD_OPEN, codec.enc_string(vhost))
 
     # --- setup: one request at a time
 
     def request(self, key, body, ok=(CODE_OK,)):
+        code = struct.unpack_from(">H", self.call(key, body))[0]
+        if code not in ok:
+            raise LoadgenError(f"command 0x{key:04x} answered code {code}")
+        return code
+
+    def call(self, key, body):
+        """One request; its response's body after the correlation id (a response code first for every
+        command but Metadata)."""
         self.corr += 1
         self.sock.sendall(codec.frame(key, struct.pack(">I", self.corr) + body))
         while True:
             rkey, rbody = self.read_frame()
             if rkey == RESPONSE | key:
-                corr, code = struct.unpack_from(">IH", rbody)
-                if code not in ok:
-                    raise LoadgenError(f"command 0x{key:04x} answered code {code}")
-                return code
+                return rbody[4:]
 
     def read_frame(self):
         """One whole frame (setup only): (key, body after key and version)."""
@@ -104,12 +116,25 @@ class Conn:
     def _recv(self):
         k = self.sock.recv_into(memoryview(self.buf)[self.have:])
         if k == 0:
-            raise LoadgenError("the broker closed the connection")
+            raise LoadgenError("the broker closed the connection" +
+                               (f" after a Close frame ({self.closed_why})" if self.closed_why else
+                                " (no Close frame before it)"))
         self.have += k
 
+    def note_close(self, buf, pos, size):
+        """A whole Close frame at ``buf[pos:]`` (the broker ends the connection): keep its code and
+        reason for the error that follows. Layout: size, key, version, correlation id, code, reason."""
+        if size < 12:
+            self.closed_why = "a malformed Close"
+            return
+        code, n = struct.unpack_from(">Hh", buf, pos + 12)
+        reason = bytes(buf[pos + 16:pos + 16 + max(0, min(n, size - 12))]).decode("utf-8", "replace")
+        self.closed_why = f"code 0x{code:02x}: {reason}"
+
     def headers(self, on_frame, done):
-        """Call ``on_frame(buf, pos, size)`` for each frame once at least ``min(LEN_PEEK, 4 + size)``
-        bytes of it are at ``buf[pos:]``; the rest of a longer frame is skipped unread. Until ``done()``."""
+        """Call ``on_frame(buf, pos, size)`` for each frame once at least ``min(LEN_HEAD, 4 + size)``
+        bytes of it are at ``buf[pos:]`` (all of it up to LEN_WHOLE bytes); the rest of a longer frame
+        is skipped unread. Until ``done()``."""
         buf = self.buf
         skip = 0
         while True:
@@ -123,7 +148,7 @@ class Conn:
                 if avail >= 4 + size:
                     on_frame(buf, pos, size)
                     pos += 4 + size
-                elif avail >= LEN_PEEK:
+                elif avail >= LEN_HEAD and size > LEN_WHOLE:
                     on_frame(buf, pos, size)
                     skip = 4 + size - avail
                     pos = have
@@ -137,6 +162,31 @@ class Conn:
                 return
             self._recv()
 
+    @contextlib.contextmanager
+    def heartbeats(self):
+        """While the block runs (the connection idle: waiting for the harness's GO), send a Heartbeat
+        every half interval, as a client must when it has nothing else to send; none after it."""
+        if not self.heartbeat:
+            yield
+            return
+        stop = threading.Event()
+        lock = threading.Lock()
+        beat = codec.frame(CMD_HEARTBEAT)
+
+        def beats():
+            while not stop.wait(self.heartbeat / 2):
+                with lock:
+                    if not stop.is_set():
+                        self.sock.sendall(beat)
+        t = threading.Thread(target=beats, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            with lock:
+                stop.set()
+            t.join()
+
     def close(self):
         try:
             self.sock.close()
@@ -146,6 +196,50 @@ class Conn:
 
 def _bytes32(b):
     return _U32.pack(len(b)) + b
+
+
+# --- super streams (the scale-up row, bench._scaleup): made, located and deleted by the harness
+
+def create_super_stream(conn, name, partitions, args=None):
+    """CreateSuperStream ``name`` with ``partitions`` (binding keys "0", "1", ...) and stream arguments
+    ``args``. Raises LoadgenError unless the broker answers OK."""
+    keys = [str(i) for i in range(len(partitions))]
+    conn.request(CMD_CREATE_SUPER_STREAM, codec.enc_string(name) + codec.enc_strings(partitions) +
+                 codec.enc_strings(keys) + codec.enc_properties(args or {}))
+
+
+def delete_super_stream(conn, name):
+    """DeleteSuperStream ``name`` (and its partitions); one that is gone already is fine."""
+    conn.request(CMD_DELETE_SUPER_STREAM, codec.enc_string(name), ok=(CODE_OK, CODE_STREAM_DOES_NOT_EXIST))
+
+
+def leaders(conn, streams):
+    """``{stream: (host, port) of its leader, or None}`` from one Metadata request."""
+    body = conn.call(CMD_METADATA, codec.enc_strings(streams))
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, body, pos)
+        pos += struct.calcsize(fmt)
+        return v if len(v) > 1 else v[0]
+
+    def string():
+        nonlocal pos
+        n = max(take(">h"), 0)
+        pos += n
+        return body[pos - n:pos].decode()
+    brokers, out = {}, {}
+    for _ in range(take(">i")):
+        ref, host = take(">H"), string()
+        brokers[ref] = (host, take(">I"))
+    for _ in range(take(">i")):
+        stream = string()
+        code, leader = take(">HH")
+        replicas = take(">i")
+        pos += 2 * replicas
+        out[stream] = brokers.get(leader) if code == CODE_OK else None
+    return out
 
 
 def publish_frame(batch, body):
@@ -162,17 +256,21 @@ def publish(conn, n, batch, body, inflight):
     tail = publish_frame(n % batch, body) if n % batch else None
     frames = n // batch
     window = batch * inflight
-    state = {"confirmed": 0, "errors": 0}
+    state = {"confirmed": 0, "errors": 0, "code": None}
     cond = threading.Condition()
 
     def on_frame(buf, pos, size):
         key = struct.unpack_from(">H", buf, pos + 4)[0]
-        if key == CMD_PUBLISH_CONFIRM or key == CMD_PUBLISH_ERROR:
+        if key == CMD_CLOSE:
+            conn.note_close(buf, pos, size)
+        elif key == CMD_PUBLISH_CONFIRM or key == CMD_PUBLISH_ERROR:
             count = _U32.unpack_from(buf, pos + 9)[0]
             with cond:
                 state["confirmed"] += count
                 if key == CMD_PUBLISH_ERROR:
                     state["errors"] += count
+                    if state["code"] is None and count:
+                        state["code"] = struct.unpack_from(">H", buf, pos + 21)[0]
                 cond.notify()
 
     failure = []
@@ -204,7 +302,8 @@ def publish(conn, n, batch, body, inflight):
     if failure:
         raise failure[0]
     if state["errors"]:
-        raise LoadgenError(f"{state['errors']} messages answered with PublishError")
+        raise LoadgenError(f"{state['errors']} messages answered with PublishError (the first with code "
+                           f"0x{state['code']:02x})")
 
 
 def send_wait(conn, n, frame, lat=None):
@@ -295,13 +394,15 @@ async def run(runner):
     try:
         if a.workload == "loadgen-publish":
             publish(conn, batch, batch, body, a.inflight)        # untimed: the path is warm
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             runner.start()
             publish(conn, a.n, batch, body, a.inflight)
             runner.stop()
         elif a.workload == "loadgen-latency":
             frame = publish_frame(1, body)
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             send_wait(conn, a.warmup, frame)                     # untimed: the path is warm
             lat = []
             runner.start()
@@ -312,7 +413,8 @@ async def run(runner):
             publish(conn, a.n, batch, body, a.inflight)          # untimed fill
             conn.close()
             conn = Conn(a.host, a.port)
-            runner.wait_go()
+            with conn.heartbeats():
+                runner.wait_go()
             runner.start()
             state = consume(conn, a.stream, a.n, a.inflight)
             runner.stop()

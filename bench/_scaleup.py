@@ -1,15 +1,19 @@
 """The scale-up row of ``bench.compare`` (issue 26, "one node per core"): two ``riverbed serve`` nodes on
 this 2-core machine, joined by a private etcd, against the headline single node.
 
-``scaleup-publish`` runs the server-bound load generator (``bench._loadgen``, pre-encoded Publish frames)
-in two client processes, each on a stream of its own. On the single node both streams live in one
-process; on ``RiverbedPair`` client i connects to node n(i+1) and creates its stream there with
-``initial-cluster-size=1`` and ``queue-leader-locator=client-local``: no replication, each node leads one
-partition, the way a super stream with one partition a node spreads over a cluster. Server CPU and RSS
-are summed over both nodes. The goal: aggregate publish rate on two nodes >= 1.7x one node's
+``scaleup-publish`` makes a super stream with one partition per client process (``initial-cluster-size=1``:
+no replication; the default ``balanced`` leader locator, so on ``RiverbedPair`` each node leads one
+partition) through the broker's RabbitMQ Stream port (:func:`setup_super_stream`), asks Metadata where
+each partition's leader is, and runs the server-bound load generator (``bench._loadgen``, pre-encoded
+Publish frames) in two client processes, client i publishing to partition i on its leader, as a super
+stream client routing its messages does. On the single node both partitions live in one process. Server
+CPU and RSS are summed over both nodes. The goal: aggregate publish rate on two nodes >= 1.7x one node's
 (``SCALEUP_GOAL``), judged on medians by :func:`scaleup_goal_lines`.
 """
 
+import time
+
+from bench import _loadgen
 from bench._cluster import RiverbedCluster
 
 SCALEUP_GOAL = 1.7
@@ -28,12 +32,69 @@ class RiverbedPair(RiverbedCluster):
         return self.cluster.nodes[f"n{i % self.n + 1}"].port
 
     def client_args(self):
-        """Every client measures both nodes (the same pids, so their snapshots add up) and makes its
-        stream on the node it speaks to, unreplicated."""
-        out = ["--stream-arg", "initial-cluster-size=1", "--stream-arg", "queue-leader-locator=client-local"]
+        """Every client measures both nodes (the same pids, so their snapshots add up)."""
+        out = []
         for p in self.pids[1:]:
             out += ["--also-server-pid", str(p)]
         return out
+
+
+SUPER_ARGS = {"initial-cluster-size": "1"}   # one copy per partition: each node writes only its own
+LEADER_WAIT = 20.0                          # seconds for every partition's leader to show in Metadata
+
+
+def partition_names(base, n):
+    """The partitions of super stream ``base``: the stream names bench.compare gives its n clients."""
+    return [f"{base}-{i}" for i in range(n)]
+
+
+def setup_super_stream(broker, base, n):
+    """Make super stream ``base`` with ``n`` partitions through ``broker``'s RabbitMQ Stream port and
+    return each partition's leader port (client i publishes to partition i there). Raises RuntimeError
+    when the partitions are not led by as many different nodes as the broker has (a pair whose two
+    partitions landed on one node would measure one node twice)."""
+    parts = partition_names(base, n)
+    conn = _loadgen.Conn("127.0.0.1", broker.port)
+    try:
+        _loadgen.create_super_stream(conn, base, parts, SUPER_ARGS)
+        deadline = time.monotonic() + LEADER_WAIT
+        while True:
+            where = _loadgen.leaders(conn, parts)
+            if all(where.get(p) for p in parts):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"super stream {base}: no leader in Metadata for "
+                                   f"{[p for p in parts if not where.get(p)]}")
+            time.sleep(0.05)
+    finally:
+        conn.close()
+    ports = [where[p][1] for p in parts]
+    nodes = len(getattr(broker, "pids", None) or [broker.pid])
+    if len(set(ports)) < min(nodes, n):
+        teardown_super_stream(broker, base, ports)
+        raise RuntimeError(f"super stream {base}: its {n} partitions are led by {len(set(ports))} of the "
+                           f"{nodes} nodes (ports {ports})")
+    return ports
+
+
+def teardown_super_stream(broker, base, ports=None):
+    """Delete super stream ``base`` and its partitions (the single node keeps running for other rows).
+    Each partition is deleted first on its leader (``ports``, as :func:`setup_super_stream` returned
+    them): a cluster node deletes with a super stream only the partitions it holds a copy of, so one
+    led by another node would stay behind, with its data, and count as that node's in the next
+    placement (the next run's partitions would then both land on the other node)."""
+    for i, port in enumerate(ports or ()):
+        conn = _loadgen.Conn("127.0.0.1", port)
+        try:
+            conn.request(_loadgen.CMD_DELETE, _loadgen.codec.enc_string(f"{base}-{i}"),
+                         ok=(_loadgen.CODE_OK, _loadgen.CODE_STREAM_DOES_NOT_EXIST))
+        finally:
+            conn.close()
+    conn = _loadgen.Conn("127.0.0.1", broker.port)
+    try:
+        _loadgen.delete_super_stream(conn, base)
+    finally:
+        conn.close()
 
 
 def scaleup_goal_lines(summary):

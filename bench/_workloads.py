@@ -73,14 +73,16 @@ W = {
     "cluster-latency": dict(
         label="cluster: confirm latency, rstream send_wait", client="latency-rstream", kind="latency",
         rabbitmq=False, cluster=True),
-    # issue 26's "one node per core" (bench._scaleup): the load generator in two processes, one stream
-    # each, on the headline single node and on two nodes (etcd + two ``riverbed serve --node``), each
-    # node leading one unreplicated stream; server CPU summed over the nodes. ``n_scale``: each process sends
+    # issue 26's "one node per core" (bench._scaleup): a super stream with one unreplicated partition per
+    # process (initial-cluster-size 1), the load generator in two processes, each publishing to its
+    # partition on that partition's leader: the headline single node leads both, each of two nodes (etcd +
+    # two ``riverbed serve --node``) one; server CPU summed over the nodes. ``n_scale``: each process sends
     # 8 × --n, because the load generator publishes ~4M msgs/s here and a run of --n = 1M lasted a quarter of
     # a second, mostly start-up and the first map growth, which says nothing about one node per core
     "scaleup-publish": dict(
-        label="scale-up: loadgen publish, 2 processes × 1 stream each (8 × N each)", client="loadgen-publish",
-        kind="publish", procs=2, rabbitmq=False, scaleup=True, n_scale=8),
+        label="scale-up: loadgen publish, super stream, 2 partitions × 1 process each (8 × N each)",
+        client="loadgen-publish", kind="publish", procs=2, rabbitmq=False, scaleup=True, superstream=True,
+        n_scale=8),
 }
 CLUSTER_WORKLOADS = tuple(w for w, sp in W.items() if sp.get("cluster"))
 SCALEUP_WORKLOADS = tuple(w for w, sp in W.items() if sp.get("scaleup"))

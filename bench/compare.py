@@ -65,7 +65,7 @@ from bench import _floors, _kafka_native, _procs
 from bench._client import machine_stat
 from bench._cluster import NatsCluster, RiverbedCluster
 from bench._report import draw_chart, print_table, row_pairs, row_ratios, summarise, table_rows
-from bench._scaleup import RiverbedPair, scaleup_goal_lines
+from bench._scaleup import RiverbedPair, scaleup_goal_lines, setup_super_stream, teardown_super_stream
 from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE, KAFKA_COST_GOAL, METRICS,
                               PEER_MEMORY_STREAMS, use_memory_streams, PEER_LABELS, PEER_MAP, PEER_NAMES, PEER_W,
                               SAME_LOG, SCALEUP_WORKLOADS, W, spec)
@@ -184,9 +184,15 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
     clients = []
     rec = {"workload": wname, "broker": broker.name, "round": rnd, "attempt": attempt, "n_per_client": n,
            "clients": nprocs, "size": args.size, "started": dt.datetime.now().isoformat(timespec="seconds")}
+    # the scale-up row: a super stream, one partition per client, each client on its partition's leader
+    superstream = f"bench-{wname}-{broker.name}-{tag}" if sp.get("superstream") else None
+    ports = None
     try:
+        ports = setup_super_stream(broker, superstream, nprocs) if superstream else None
+        if ports:
+            rec["partition_ports"] = ports
         for i in range(nprocs):
-            port = (broker.kafka_port if sp.get("protocol") == "kafka"
+            port = (broker.kafka_port if sp.get("protocol") == "kafka" else ports[i] if ports
                     else broker.client_port(i) if hasattr(broker, "client_port") else broker.port)
             argv = [sys.executable, "-m", "bench._client", sp["client"], "--host", "127.0.0.1",
                     "--port", str(port), "--stream", f"bench-{wname}-{broker.name}-{tag}-{i}",
@@ -196,6 +202,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
                     "--streams", str(memory_streams(args, broker)), "--connections", str(args.memory_connections)]
             # a cluster's other nodes count as the server (their CPU summed in: bench._cluster)
             argv += broker.client_args() if hasattr(broker, "client_args") else []
+            argv += ["--keep-stream"] if superstream else []    # the super stream's deletion takes them
             for o in others:
                 for pid in getattr(o, "pids", None) or [o.pid]:
                     argv += ["--idle-pid", str(pid)]
@@ -244,6 +251,11 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
         for c in clients:
             c.kill()
             ACTIVE.discard(c)
+        if superstream:
+            try:
+                teardown_super_stream(broker, superstream, ports)
+            except Exception as e:   # the broker is gone (a failed run): nothing left to delete
+                rec.setdefault("cleanup_error", f"{type(e).__name__}: {e}")
     return rec
 
 

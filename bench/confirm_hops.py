@@ -15,6 +15,8 @@ under ``chrt -f 20`` (root) so that CPU contention does not swamp the hops; the 
 Last figures (2026-11-26, load 14-17 under chrt, 1,000-1,500 confirms, floor p50 266-307 µs):
 read->submit 46-54, submit->dequeued 54-61, staging 88-106 with WRITEMAP / 57-61 without,
 commit+sync 480-560, commit->post 27-34, post->drain 45-55, drain->write 27-30; total p50 1.0-1.3 ms.
+Since engine/sparse.py (a lone append committed by _commit_alone, ~4.4 disk requests instead of ~7.6):
+bench/results/2026-11-26-fsyncpages.md (not quiet: staging 59-77 µs against 72-99 before, same run).
 """
 
 import argparse
@@ -61,7 +63,7 @@ class Hooks:
 
         stamp(listener.SessionProtocol, "data_received", "read", first=True)
         stamp(writer._Writer, "submit", "submit")
-        stamp(writer._Writer, "_commit", "dequeued")
+        stamp(writer._Writer, "_commit_group", "dequeued")   # what the thread does with what it dequeued
         stamp(core.Broker, "_drain", "drained")
         commit_done = engine_stats.EngineStats.commit_done
 

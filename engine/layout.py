@@ -5,10 +5,14 @@ database per stream makes every transaction pay for all of them)::
 
     named db   key                                              value
     ---------  -----------------------------------------------  ----------------------------------------
-    streams    name (UTF-8)                                     STATE (below) + arguments as JSON
+    streams    name (UTF-8)                                     STATE (below) + arguments as JSON; saved
+                                                                every 64 chunks, rolled forward over the
+                                                                chunks after it when read (engine/sparse.py)
     chunks     sid u32 BE | chunk id u64 BE          (12 B)     the chunk: 48-byte header | bloom | data
     timeidx    sid u32 BE | timestamp u64 BE | chunk id u64 BE  empty; timestamp stored as ms + 2**63 so
-                                                     (20 B)     that negative times sort first
+                                                     (20 B)     that negative times sort first. Sparse:
+                                                                only chunks holding a multiple of 64
+                                                                offsets (engine/sparse.py)
     tracking   sid u32 BE | kind u8 | reference (UTF-8)         value uint64 BE (kind 0 publisher sequence,
                                                                 1 consumer offset; format.TRACKING_*)
     meta       b"next-sid" | b"format"                           u32 BE
@@ -24,6 +28,7 @@ database per stream makes every transaction pay for all of them)::
 
     A chunk's key is its first offset, so "the chunk holding offset N" is one cursor seek: set_range(sid|N)
     and, unless that lands exactly on N, one step back. The timestamp index finds "the first chunk at or
+    after a time" from the entries on either side of it and the chunk headers between them (sparse.py).
 """
 
 import json
@@ -40,8 +45,13 @@ DEFAULT_CHUNK_MAX_BYTES = (1 << 20) - 1024   # data bytes; a chunk + Deliver pre
 DEFAULT_CHUNK_MAX_RECORDS = 1000
 MAX_STREAM_NAME = 255                 # bytes of UTF-8, as RabbitMQ queue names
 MAX_REFERENCE = 255                   # bytes of UTF-8 (publisher and consumer references)
-FORMAT_VERSION = 1
+# 2: the sparse timestamp index and lazily saved state records (sparse.py). A format-1 directory reads
+# as it is (a dense index, a record per commit) and is marked 2 by its first writable open: an older
+# version would trust a state record that is behind its chunks, and append over them
+FORMAT_VERSION = 2
+FORMATS_READ = (1, 2)
 TS_BIAS = 1 << 63
+STATE_FORCE = 1 << 62    # _Stream.unsaved of a state whose record must be written with its next commit
 CHUNK_EPOCH = 1      # Osiris starts a new stream's leader epoch at 1, and clients assert it
 
 FMT_CHUNK_KEY = ">IQ"
@@ -170,7 +180,7 @@ class _Stream:
 
     __slots__ = ("name", "sid", "args", "next_offset", "first_chunk", "last_chunk", "bytes", "records",
                  "chunks", "last_ts", "max_bytes", "max_age_ms", "chunk_max", "chunk_max_records", "bloom_size",
-                 "args_json")
+                 "args_json", "unsaved")
 
     def __init__(self, name, sid, args):
         self.name = name
@@ -191,6 +201,9 @@ class _Stream:
         # the arguments never change, and the state is rewritten at every commit: encode them once (most
         # streams have none: they share one encoding, 10,000 streams being issue 26's memory row)
         self.args_json = json.dumps(args).encode() if args else _NO_ARGS_JSON
+        # chunks stored since this state was last written to its ``streams`` record (engine/sparse.py:
+        # the record is saved every STATE_SAVE_EVERY chunks); a new stream's record is still to be written
+        self.unsaved = STATE_FORCE
 
     @classmethod
     def decode(cls, name, raw):
@@ -198,6 +211,7 @@ class _Stream:
         s = cls(name, sid, json.loads(bytes(raw[LEN_STATE:])))
         s.next_offset, s.first_chunk, s.last_chunk = nxt, first, last
         s.bytes, s.records, s.chunks, s.last_ts = nbytes, records, chunks, last_ts
+        s.unsaved = 0
         return s
 
     def encode(self):
@@ -214,6 +228,7 @@ class _Stream:
         self.records += records
         self.chunks += 1
         self.last_ts = ts
+        self.unsaved += 1
 
     def copy(self):
         # spelled out: the writer copies the state of every stream it touches at every commit
@@ -223,6 +238,7 @@ class _Stream:
         c.records, c.chunks, c.last_ts = self.records, self.chunks, self.last_ts
         c.max_bytes, c.max_age_ms, c.chunk_max = self.max_bytes, self.max_age_ms, self.chunk_max
         c.chunk_max_records, c.bloom_size, c.args_json = self.chunk_max_records, self.bloom_size, self.args_json
+        c.unsaved = self.unsaved
         return c
 
     def info(self, first_ts):
@@ -232,7 +248,7 @@ class _Stream:
 
 
 _new_stream = object.__new__
-assert len(_Stream.__slots__) == 16, "_Stream.copy names every slot"
+assert len(_Stream.__slots__) == 17, "_Stream.copy names every slot"
 
 
 def _tracking_key(sid, kind, reference):

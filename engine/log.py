@@ -51,10 +51,11 @@ from riverbed.engine.format import (
 )
 from riverbed.engine.layout import (  # noqa: F401 - re-exported: the engine's public names live here
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, _U64_MAX, DEFAULT_CHUNK_MAX_BYTES, FSYNC_RANK, DEFAULT_CHUNK_MAX_RECORDS,
-    FORMAT_VERSION, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
+    FORMAT_VERSION, FORMATS_READ, MAX_CHUNK_ENTRIES, TS_BIAS, AppendResult, PublishingIds, StreamInfo, _check_name, _Stream,
     _tracking_key, normalize_arguments, parse_max_age,
 )
 from riverbed.engine.space import MapSpace
+from riverbed.engine.sparse import chunk_times, roll_forward, seek_timestamp
 from riverbed.engine.stats import EngineStats
 from riverbed.engine.supers import SuperStreamBindings
 from riverbed.engine.writer import (  # noqa: F401
@@ -241,6 +242,11 @@ class Engine(SuperStreamBindings):
         # stream, and how far readers may see (the offset a majority holds); both empty on a lone node
         self.epochs = {}
         self._read_limits = {}
+        # a cluster leader's hook (shells/cluster/leader_path.py): the one-message inline commit hands it
+        # the stamped chunk before LMDB commits it, so the members store it while this node does;
+        # ``sealed(stream, chunk_id, records, chunk, sequences) -> sent`` and ``unsealed(stream, chunk_id)``
+        # (that commit failed after the chunk went out), both on the committing thread; None on a lone node
+        self.replica_feed = None
         self.offsets_version = 0    # raised after every commit that stores or deletes a consumer offset
         self._load()
         self.stats = EngineStats(self._streams)   # group commits, latencies, offsets at open: /metrics (stats.py)
@@ -262,12 +268,22 @@ class Engine(SuperStreamBindings):
 
     def _load(self):
         with self.read_txn() as txn:
-            if txn.get(b"format", db=self._db_meta) not in (None, _SID.pack(FORMAT_VERSION)):
+            raw = txn.get(b"format", db=self._db_meta)
+            stored = _SID.unpack(raw)[0] if raw is not None and len(raw) == _SID.size else raw
+            if raw is not None and stored not in FORMATS_READ:
                 raise RiverbedError(f"{self.path}: unknown data format version")
-            for key, raw in txn.cursor(db=self._db_streams):
+            for key, value in txn.cursor(db=self._db_streams):
                 name = sys.intern(bytes(key).decode())
-                s = self._streams[name] = _Stream.decode(name, raw)
+                s = self._streams[name] = roll_forward(txn, self._db_chunks, _Stream.decode(name, value))
                 self._trusted_from[s.sid] = s.next_offset
+        if raw is not None and stored != FORMAT_VERSION and not self.readonly:
+            # before the writer starts (this thread is the only one writing); a failure (a full map)
+            # leaves the mark to the next stream creation, which writes it too
+            try:
+                with self.env.begin(write=True) as txn:
+                    txn.put(b"format", _SID.pack(FORMAT_VERSION), db=self._db_meta)
+            except lmdb.Error:
+                log.warning("%s: could not mark the data format %d", self.path, FORMAT_VERSION, exc_info=True)
 
     def close(self):
         """Finish the queued operations, sync to disk and close the environment. Idempotent."""
@@ -341,7 +357,7 @@ class Engine(SuperStreamBindings):
     def _stream_from_db(self, name):
         with self.read_txn() as txn:
             raw = txn.get(name.encode(), db=self._db_streams)
-            return None if raw is None else _Stream.decode(name, raw)
+            return None if raw is None else roll_forward(txn, self._db_chunks, _Stream.decode(name, raw))
 
     def _current(self, name):
         # A read-only engine sees another process's writes, so it reads the state from LMDB each time.
@@ -399,12 +415,11 @@ class Engine(SuperStreamBindings):
             return min(max(n, s.first_chunk), s.next_offset)
         if kind == "timestamp":
             with self.read_txn() as txn:
-                cur = txn.cursor(db=self._db_time)
-                if cur.set_range(_TIME_KEY.pack(s.sid, max(spec.value + TS_BIAS, 0), 0)):
-                    sid, _, chunk_id = _TIME_KEY.unpack(cur.key())
-                    if sid == s.sid:
-                        return chunk_id
-            return s.next_offset
+                try:
+                    chunk_id = seek_timestamp(txn, self._db_time, self._db_chunks, s.sid, spec.value)
+                except ChunkError as e:
+                    raise ChunkError(e.reason, name, e.chunk_id) from None
+            return s.next_offset if chunk_id is None else chunk_id
         raise InvalidArgument(f"unknown offset spec {spec!r}")
 
     def _limited_state(self, s, limit):
@@ -595,6 +610,58 @@ class Engine(SuperStreamBindings):
             raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}", name, chunk_id)
         return bytes(raw)
 
+    def read_chunk_views(self, name, from_offset, fn, max_chunks=1, max_bytes=None, *, limited=True):
+        """``fn(chunks)`` called once inside one read transaction, and its result returned: ``chunks`` the
+        committed chunks :meth:`read_chunks` would give from ``from_offset`` (up to ``max_chunks``; with
+        ``max_bytes``, none after the one that brings their stored bytes to it), as a list of ``(chunk_id,
+        view)``, each ``view`` a read-only memoryview of the chunk as stored, in LMDB's map: no copy.
+
+        The views are valid only until ``fn`` returns: it copies what it keeps, and must neither wait nor
+        block (the transaction holds a reader slot and the pages it sees meanwhile). Each chunk is checked
+        as read_chunks checks it (header and chunk id; its CRC once, at its first read). A chunk whose
+        header or CRC is bad ends the list: ``fn`` gets the good chunks before it, then ChunkError (naming
+        stream and chunk id) is raised. Raises StreamNotFound (``fn`` not called). Thread-safe, as
+        read_chunks; ``limited`` as there."""
+        s = self._current(name)
+        sid = s.sid
+        limit = self._read_limits.get(name) if limited else None
+        # the once-per-chunk CRC rule and its verified runs: read_chunks's
+        trusted = self._trusted_from.get(sid, 0)
+        run = self._verified.get(sid)
+        prev = None
+        views = []
+        size = 0
+        bad = None
+        with self.read_txn() as txn:
+            cur = txn.cursor(db=self._db_chunks)
+            ok = self._seek(cur, name, sid, from_offset)
+            while ok and len(views) < max_chunks and (max_bytes is None or size < max_bytes):
+                ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+                if ksid != sid or (limit is not None and chunk_id >= limit):
+                    break
+                raw = cur.value()
+                first_read = not (chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]))
+                try:
+                    h = core.check_chunk(raw) if first_read else core.read_header(raw)
+                    if h[H_CHUNK_ID] != chunk_id:
+                        raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}")
+                except ChunkError as e:
+                    bad = ChunkError(e.reason, name, chunk_id)
+                    break
+                if first_read:
+                    if run is not None and prev is not None and run[1] == prev:
+                        run[1] = chunk_id
+                    else:
+                        run = self._verified[sid] = [chunk_id, chunk_id]
+                views.append((chunk_id, raw))
+                size += len(raw)
+                prev = chunk_id
+                ok = cur.next()
+            result = fn(views)
+        if bad is not None:
+            raise bad
+        return result
+
     def scan(self, name, from_offset=0, chunks_per_txn=64):
         """Yield ``(offset, record bytes)`` for every committed record at or after ``from_offset``,
         sub-batches expanded. Holds a read transaction only while decoding ``chunks_per_txn`` chunks."""
@@ -652,22 +719,15 @@ class Engine(SuperStreamBindings):
                 return
 
     def chunk_index(self, name, from_offset=0, to_offset=None):
-        """``[(chunk_id, timestamp_ms), ...]`` of the committed chunks in ``[from_offset, to_offset)``,
-        read from the timestamp index alone (no chunk page is touched): for planning parallel scans."""
+        """``[(chunk_id, timestamp_ms), ...]`` of the committed chunks in ``[from_offset, to_offset)``, in
+        id order, from the chunks' headers (the timestamp index is sparse: sparse.py): for planning
+        parallel scans. Raises StreamNotFound, ChunkError."""
         s = self._current(name)
-        out = []
         with self.read_txn() as txn:
-            cur = txn.cursor(db=self._db_time)
-            ok = cur.set_range(_SID.pack(s.sid))
-            while ok:
-                sid, ts, chunk_id = _TIME_KEY.unpack(cur.key())
-                if sid != s.sid:
-                    break
-                if chunk_id >= from_offset and (to_offset is None or chunk_id < to_offset):
-                    out.append((chunk_id, ts - TS_BIAS))
-                ok = cur.next()
-        out.sort()
-        return out
+            try:
+                return chunk_times(txn, self._db_chunks, s.sid, from_offset, to_offset)
+            except ChunkError as e:
+                raise ChunkError(e.reason, name, e.chunk_id) from None
 
     def _seek(self, cur, name, sid, offset):
         """Position ``cur`` on the chunk holding ``offset`` or the first after it; False if none."""

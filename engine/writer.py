@@ -29,9 +29,10 @@ from riverbed.engine.format import (
     TRACKING_OFFSET, TRACKING_SEQUENCE,
 )
 from riverbed.engine.layout import (
-    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, TS_BIAS,
-    AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
+    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, STATE_FORCE,
+    TS_BIAS, AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
 )
+from riverbed.engine.sparse import STATE_SAVE_EVERY, put_chunk
 
 log = logging.getLogger("riverbed.engine")
 
@@ -157,6 +158,8 @@ class _Writer(threading.Thread):
                 res = self._commit_alone(args[0]) if op == _OP_APPEND and args[0].sealed else None
                 if res is None:
                     self._commit_batch([item])
+                elif isinstance(res, BaseException):
+                    fut.set_exception(res)
                 else:
                     fut.set_result(res)
             except BaseException:  # the completion has the error; the engine is stopped (see above)
@@ -170,14 +173,21 @@ class _Writer(threading.Thread):
 
     def _commit_alone(self, req):
         """Commit one sealed chunk (a caller-built ``bytearray``: a whole small Publish frame) in a
-        transaction of its own: the inline commit of the one-message path. It stores what ``_commit``
-        stores for it (the chunk, its timestamp index entry, the stream's state and, for a named
-        publisher, its sequence), but without the general batch's bookkeeping, which is most of a
-        one-message commit's cost. Returns the AppendResult once committed, or None when the general
+        transaction of its own: the inline commit of the one-message path (fsync=never), or the writer
+        thread's for a lone append under a sync policy (_commit_group). It stores what ``_commit`` stores
+        for it (the chunk, its timestamp index entry and the stream's state record when sparse.py says
+        they are due and, for a named publisher, its sequence), but without the general batch's
+        bookkeeping, which is most of a one-message commit's cost. Returns the AppendResult once committed, or None when the general
         path must run it: anything but the plain case (filter values, a publisher with ids that are not
         all new, a chunk over the stream's bounds or asking for a sync) and any error before the commit
         (a full map, a map another process grew, an LMDB error: the general path grows and retries, or
-        reports it). Nothing is stored when it returns None. The caller holds ``_claim``."""
+        reports it). Nothing is stored when it returns None. The caller holds ``_claim``.
+
+        A cluster leader (``Engine.replica_feed``) gets the stamped chunk after it is staged and before
+        LMDB commits it: its members store it while this node commits. Should that commit then fail, the
+        feed hears of it (``unsealed``), the append fails with a RiverbedError and the engine stops, as
+        after any failed commit, instead of the general path stamping it again (the members must never
+        hold another version of it)."""
         eng = self.engine
         name = req.stream
         s = eng._streams.get(name)
@@ -205,6 +215,8 @@ class _Writer(threading.Thread):
         new.advance(chunk_id, records, len(chunk), ts)
         sid = s.sid
         seqs = {}
+        feed = eng.replica_feed
+        sent = False
         gate = eng._gate
         gate.enter()
         try:
@@ -219,12 +231,25 @@ class _Writer(threading.Thread):
                         raise _NotAlone     # a duplicate among them: the general path drops it
                     txn.put(key, _U64.pack(ids.last), db=eng._db_tracking)
                     seqs[(sid, publisher)] = ids.last
-                txn.put(_CHUNK_KEY.pack(sid, chunk_id), chunk, db=eng._db_chunks)
-                txn.put(_TIME_KEY.pack(sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
-                txn.put(name.encode(), new.encode(), db=eng._db_streams)
+                # the chunk's leaf and LMDB's own pages: the index entry and the state record only
+                # now and then (sparse.py), as each page is a disk request under a sync policy
+                put_chunk(txn, eng._db_chunks, eng._db_time, sid, chunk_id, chunk, records, ts)
+                if new.unsaved >= STATE_SAVE_EVERY:
+                    new.unsaved = 0
+                    txn.put(name.encode(), new.encode(), db=eng._db_streams)
                 applied = time.perf_counter()
-        except Exception:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
-            return None
+                if feed is not None:
+                    sent = feed.sealed(name, chunk_id, records, chunk,
+                                       {} if publisher is None else {publisher: ids.last})
+        except Exception as e:  # noqa: BLE001 - not committed (the transaction aborted): the general path decides
+            if not sent:
+                return None
+            # LMDB refused the commit itself (an I/O error): the engine stops, as the general path does,
+            # so this node never stores another chunk at that id than the one its members were sent
+            self.stopping = True
+            feed.unsealed(name, chunk_id)
+            return RiverbedError(f"write failed, engine stopped: the commit of a chunk of {name!r} failed after "
+                                 f"it went to the members: {type(e).__name__}: {e}")
         finally:
             gate.leave()
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))
@@ -277,10 +302,11 @@ class _Writer(threading.Thread):
                             if op == _OP_RETENTION:
                                 fut.set_result(None)
                     else:
-                        self._commit_batch(batch)
+                        self._commit_group(batch)
                         self._housekeeping()
                 with self._mutex:
                     self._outstanding -= len(batch)
+            self._save_states()
             eng.env.sync(True)
         except BaseException:
             log.exception("writer thread stopped by an error")
@@ -288,6 +314,36 @@ class _Writer(threading.Thread):
             self._fail_pending(RiverbedError("the writer stopped after an error; see the log"))
         finally:
             self._stopped.set()
+
+    def _commit_group(self, batch):
+        """Commit what the thread dequeued: one sealed append alone (a one-message publish under a sync
+        policy, stop-and-wait) through :meth:`_commit_alone`, anything else as a group commit."""
+        if len(batch) == 1:
+            op, args, fut = batch[0]
+            if op == _OP_APPEND and args[0].sealed:
+                res = self._commit_alone(args[0])
+                if res is not None:
+                    fut.set_result(res)
+                    return
+        self._commit_batch(batch)
+
+    def _save_states(self):
+        """At a clean stop: write the state records not saved since their last chunks (sparse.py), so
+        the next open has nothing to roll forward. Best effort: a failure only leaves that to the open."""
+        eng = self.engine
+        due = [(name, s) for name, s in list(eng._streams.items()) if s.unsaved]
+        if not due:
+            return
+        try:
+            eng._gate.enter()
+            try:
+                with eng.env.begin(write=True) as txn:
+                    for name, s in due:
+                        txn.put(name.encode(), s.encode(), db=eng._db_streams)
+            finally:
+                eng._gate.leave()
+        except lmdb.Error:
+            log.warning("stream states not saved at stop; the next open rolls them forward", exc_info=True)
 
     def _idle_timeout(self):
         if self._purge:
@@ -1112,8 +1168,7 @@ class _Staged:
         """Put a stamped chunk and its index entry, and advance the staged stream state."""
         eng = self.engine
         txn = self.txn
-        txn.put(_CHUNK_KEY.pack(s.sid, chunk_id), chunk, db=eng._db_chunks)
-        txn.put(_TIME_KEY.pack(s.sid, ts + TS_BIAS, chunk_id), b"", db=eng._db_time)
+        put_chunk(txn, eng._db_chunks, eng._db_time, s.sid, chunk_id, chunk, records, ts)
         self.bytes_written += len(chunk)
         s.advance(chunk_id, records, len(chunk), ts)
         self.dirty = True
@@ -1178,6 +1233,7 @@ class _Staged:
             removed += 1
         if removed:
             s.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else s.last_chunk
+            s.unsaved = STATE_FORCE     # the chunks cannot tell that the head moved
             self.dirty = True
         return s.first_chunk
 
@@ -1228,6 +1284,7 @@ class _Staged:
             ok = tcur.delete()
         self.seqs = {k: v for k, v in self.seqs.items() if k[0] != s.sid}
         self.writer._seq_cache = {k: v for k, v in self.writer._seq_cache.items() if k[0] != s.sid}
+        s.unsaved = STATE_FORCE     # the chunks cannot tell that the tail went
         self.dirty = True
         return s.next_offset
 
@@ -1236,5 +1293,9 @@ class _Staged:
             self._flush(self.streams[name], p)
 
     def write_states(self):
+        """Write the state records that are due: a stream's record is saved when something its chunks do
+        not tell changed (STATE_FORCE) and otherwise every STATE_SAVE_EVERY chunks (sparse.py)."""
         for name, s in self.streams.items():
-            self.txn.put(name.encode(), s.encode(), db=self.engine._db_streams)
+            if s.unsaved >= STATE_SAVE_EVERY:
+                s.unsaved = 0
+                self.txn.put(name.encode(), s.encode(), db=self.engine._db_streams)

@@ -345,6 +345,29 @@ def kafka_chunk_batch(chunk, skip, base_offset, chunk_ts, out, from_stored):
     return len(batch)
 
 
+def kafka_chunk_batch_at(chunk, skip, base_offset, chunk_ts, out, at, from_stored):
+    """Fetch, into a buffer filled chunk after chunk: :func:`kafka_chunk_batch`'s batch written at
+    ``out[at:]`` (0 <= ``at`` <= ``len(out)``), over whatever is there, and its end returned (``at`` when
+    the chunk has no record from ``skip`` on). ``out[:at]`` is kept; ``out`` may end up longer than the
+    returned end (room for the next chunks: :func:`kafka_reserve`): the caller trims it when done. Raises
+    ChunkError as kafka_chunk_batch; ``out[at:]`` is then unspecified."""
+    if not 0 <= at <= len(out):
+        raise ValueError("at outside the buffer")
+    batch = kafka_batch(_core.chunk_records(chunk, False), skip, base_offset, chunk_ts, from_stored)
+    if batch is None:
+        return at
+    out[at:at + len(batch)] = batch
+    return at + len(batch)
+
+
+def kafka_reserve(out, at, chunks):
+    """Room in ``out`` past ``at`` for the batches of ``chunks`` (``(chunk_id, stored chunk)`` pairs, as
+    ``read_chunk_views`` gives them) before :func:`kafka_chunk_batch_at` writes them. Only a size hint:
+    the compiled twin grows ``out`` once, here the writes grow it as they go, so this does nothing."""
+    if not 0 <= at <= len(out):
+        raise ValueError("at outside the buffer")
+
+
 def kafka_sequence_ids(seqs):
     """An idempotent producer's sequences, ``(base sequence, records)`` per batch (ints >= 0), as the
     engine's publishing ids: each batch's ``base .. base + records - 1`` as big-endian u64s, in order

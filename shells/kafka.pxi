@@ -29,6 +29,11 @@ cdef enum:
 cdef const char* K_XKEY = b"\xa3\x05x-key\xb0"
 cdef const char* K_PROPS = (b"\x00\x53\x73\xc0\x21\x07\x40\x40\x40\x40\x40\x40\xa3\x18"
                                      b"application/octet-stream")
+# to_stored's properties with a creation time: K_PROPS sized for 10 fields, then 40 40 83 (the int64 follows)
+cdef const char* K_PLAIN = (b"\x00\x53\x73\xc0\x2c\x0a\x40\x40\x40\x40\x40\x40\xa3\x18"
+                            b"application/octet-stream\x40\x40\x83")
+if K_PLAIN[:41] != K_PROPS[:4] + bytes((0x21 + K_PROPS_TS_LEN, 10)) + K_PROPS[6:K_PROPS_LEN] + b"\x40\x40\x83":
+    raise ImportError("kafka.pxi: K_PLAIN is not K_PROPS with a creation time")
 
 cdef struct KSpan:
     Py_ssize_t off
@@ -550,14 +555,23 @@ cdef bint k_parse_stored(const unsigned char* b, Py_ssize_t n, KRec* r) noexcept
     return True
 
 
+cdef inline uint64_t k_ld8(const void* p) noexcept nogil:
+    cdef uint64_t v
+    memcpy(&v, p, 8)            # one unaligned load
+    return v
+
+
 cdef inline bint k_plain(const unsigned char* b, Py_ssize_t n, int64_t* ts, Py_ssize_t* vp, Py_ssize_t* vlen) noexcept nogil:
-    # to_stored's form of a record with no key and no header: its properties with a creation time, then
-    # one data section; its timestamp and value span, or False for any other form
+    # to_stored's form of a record with no key and no header: its properties with a creation time (bytes
+    # 0..40 fixed, K_PLAIN: compared a word at a time), then one data section; its timestamp and value
+    # span, or False for any other form
     cdef Py_ssize_t p = K_PROPS_LEN + K_PROPS_TS_LEN
-    if (n < p + 5 or b[4] != 0x21 + K_PROPS_TS_LEN or b[5] != 10 or memcmp(b, K_PROPS, 4) != 0
-            or memcmp(b + 6, K_PROPS + 6, K_PROPS_LEN - 6) != 0 or b[K_PROPS_LEN] != 0x40
-            or b[K_PROPS_LEN + 1] != 0x40 or b[K_PROPS_LEN + 2] != 0x83
-            or b[p] != 0x00 or b[p + 1] != 0x53 or b[p + 2] != 0x75):
+    if n < p + 5:
+        return False
+    if ((k_ld8(b) ^ k_ld8(K_PLAIN)) | (k_ld8(b + 8) ^ k_ld8(K_PLAIN + 8)) | (k_ld8(b + 16) ^ k_ld8(K_PLAIN + 16))
+            | (k_ld8(b + 24) ^ k_ld8(K_PLAIN + 24)) | (k_ld8(b + 32) ^ k_ld8(K_PLAIN + 32))):
+        return False
+    if b[40] != 0x83 or b[p] != 0x00 or b[p + 1] != 0x53 or b[p + 2] != 0x75:
         return False
     if b[p + 3] == 0xA0:
         vp[0] = p + 5
@@ -573,6 +587,34 @@ cdef inline bint k_plain(const unsigned char* b, Py_ssize_t n, int64_t* ts, Py_s
     return True
 
 
+cdef inline int k_plain_record(bytearray out, Py_ssize_t* filled, const unsigned char* b, Py_ssize_t n, int64_t i,
+                               int64_t* base_ts, int64_t* max_ts) except -1:
+    # to_stored's form of a record with a value alone (what Kafka producers mostly send) written at once as
+    # record ``i`` of a batch, the same bytes as k_batch_record's general path: 1, or 0 (nothing written)
+    # for any other form
+    cdef int64_t ts, delta
+    cdef Py_ssize_t vp, vlen, size
+    cdef unsigned char* o
+    if not k_plain(b, n, &ts, &vp, &vlen):
+        return 0
+    if i == 0:
+        base_ts[0] = max_ts[0] = ts
+    elif ts > max_ts[0]:
+        max_ts[0] = ts
+    delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts[0])
+    size = 1 + k_zz_len(delta) + k_zz_len(i) + 1 + k_zz_len(vlen) + vlen + 1
+    o = k_room(out, filled, k_zz_len(size) + size)
+    o = k_put_zz(o, size)
+    o[0] = 0
+    o = k_put_zz(o + 1, delta)
+    o = k_put_zz(o, i)
+    o[0] = 0x01                           # no key
+    o = k_put_zz(o + 1, vlen)
+    memcpy(o, b + vp, vlen)
+    o[vlen] = 0                           # no headers
+    return 1
+
+
 cdef int k_batch_record(bytearray out, Py_ssize_t* filled, const unsigned char* b, Py_ssize_t n, object raw,
                         int64_t i, int64_t* base_ts, int64_t* max_ts, int64_t chunk_ts, from_stored) except -1:
     # record ``i`` of a batch (its offset delta) appended at filled[0]: read in place, or handed to
@@ -582,25 +624,7 @@ cdef int k_batch_record(bytearray out, Py_ssize_t* filled, const unsigned char* 
     cdef int64_t ts, delta
     cdef unsigned char* o
     cdef object slow = None
-    cdef Py_ssize_t vp, vlen
-    if k_plain(b, n, &ts, &vp, &vlen):
-        # to_stored's form of a record with a value alone (what Kafka producers mostly send): written
-        # here at once, the same bytes as below
-        if i == 0:
-            base_ts[0] = max_ts[0] = ts
-        elif ts > max_ts[0]:
-            max_ts[0] = ts
-        delta = <int64_t>(<uint64_t>ts - <uint64_t>base_ts[0])
-        size = 1 + k_zz_len(delta) + k_zz_len(i) + 1 + k_zz_len(vlen) + vlen + 1
-        o = k_room(out, filled, k_zz_len(size) + size)
-        o = k_put_zz(o, size)
-        o[0] = 0
-        o = k_put_zz(o + 1, delta)
-        o = k_put_zz(o, i)
-        o[0] = 0x01                           # no key
-        o = k_put_zz(o + 1, vlen)
-        memcpy(o, b + vp, vlen)
-        o[vlen] = 0                           # no headers
+    if k_plain_record(out, filled, b, n, i, base_ts, max_ts):
         return 0
     if k_parse_stored(b, n, &rec):
         ts = rec.ts if rec.has_ts else chunk_ts
@@ -691,11 +715,40 @@ cdef object c_kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64
     return out
 
 
-cdef Py_ssize_t c_kafka_chunk_batch(const unsigned char* p, Py_ssize_t plen, Py_ssize_t skip, int64_t base_offset,
-                                    int64_t chunk_ts, bytearray out, from_stored) except -2:
-    # -1 when the data section is not simple entries that walk to the header's counts (sub-batches, or a
-    # chunk chunk_records refuses): the caller then goes through chunk_records, which decides
-    cdef Py_ssize_t start, end, pos, ln, count = 0, i = 0, at, filled
+def kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
+    """Fetch: the stored records ``raws[skip:]`` (bytes each: one chunk's, as the broker reads them) as
+    one record batch v2 from ``base_offset``, each record read as ``from_stored(raw, chunk_ts)`` gives
+    it (timestamp ms, key, value, headers): a ``bytearray``, CRC-32C set, no compression, attributes 0,
+    no producer; or None when there is no record from ``skip`` on. ``from_stored`` is called only for
+    records the fast path does not read itself (see kafka.pxi's head)."""
+    return c_kafka_batch(raws, skip, base_offset, chunk_ts, from_stored)
+
+
+cdef inline int k_reserve(bytearray out, Py_ssize_t at, Py_ssize_t need) except -1:
+    # ``out``'s size is its capacity (the caller trims it): at least ``at + need``, grown at least twofold so
+    # a buffer filled chunk by chunk is copied O(1) times, its new bytes left unset
+    cdef Py_ssize_t cap = PyByteArray_GET_SIZE(out)
+    if at + need > cap:
+        PyByteArray_Resize(out, max(2 * cap, at + need))
+    return 0
+
+
+cdef inline Py_ssize_t k_chunk_room(const unsigned char* p, Py_ssize_t plen) noexcept nogil:
+    # what a chunk's batch takes for the layouts the shells write: a Kafka record is its stored one's spans
+    # plus a few varints (32 bytes cover them; a WebSocket ``pkey`` is both key and header and may take
+    # more: k_room grows the buffer then). Read from the header alone.
+    if plen < HDR_LEN:
+        return 0
+    return K_BATCH_HEADER + <Py_ssize_t>ld_u32(p + 36) + 32 * <Py_ssize_t>ld_u32(p + 4)
+
+
+cdef Py_ssize_t c_kafka_chunk_at(const unsigned char* p, Py_ssize_t plen, Py_ssize_t skip, int64_t base_offset,
+                                 int64_t chunk_ts, bytearray out, Py_ssize_t at, from_stored) except -2:
+    # The batch written at out[at:] (out's size is its capacity: grown here when short, never trimmed);
+    # returns its end (``at`` when the chunk has no record from ``skip`` on), or -1 when the data section is
+    # not simple entries that walk to the header's counts (sub-batches, or a chunk chunk_records refuses):
+    # the caller then goes through chunk_records, which decides. On an exception out[at:] is unspecified.
+    cdef Py_ssize_t start, end, pos, ln, count = 0, i = 0, filled
     cdef int64_t base_ts = 0, max_ts = 0
     if plen < HDR_LEN:
         return -1
@@ -715,39 +768,46 @@ cdef Py_ssize_t c_kafka_chunk_batch(const unsigned char* p, Py_ssize_t plen, Py_
     if count != <Py_ssize_t>ld_u32(p + 4) or count != <Py_ssize_t>ld_u16(p + 2):
         return -1
     if skip >= count:
-        return 0
-    at = PyByteArray_GET_SIZE(out)
-    # sized once for the whole chunk (a Kafka record is its stored one's spans plus a few varints);
-    # k_room grows it past that only for records read by from_stored
-    PyByteArray_Resize(out, at + K_BATCH_HEADER + (end - start) + 32 * (count - skip))
+        return at
+    # room for the whole chunk at once; k_room grows it past that only for records read by from_stored
+    k_reserve(out, at, K_BATCH_HEADER + (end - start) + 32 * (count - skip))
     filled = at + K_BATCH_HEADER
     pos = start
-    try:
-        while pos < end:
-            ln = <Py_ssize_t>ld_u32(p + pos)
-            if i >= skip:
-                k_batch_record(out, &filled, p + pos + K_SIMPLE_HDR, ln, None, i - skip, &base_ts, &max_ts,
-                               chunk_ts, from_stored)
-            pos += K_SIMPLE_HDR + ln
-            i += 1
-    except BaseException:
-        PyByteArray_Resize(out, at)
-        raise
-    PyByteArray_Resize(out, filled)
+    while pos < end:
+        ln = <Py_ssize_t>ld_u32(p + pos)
+        if i >= skip and not k_plain_record(out, &filled, p + pos + K_SIMPLE_HDR, ln, i - skip, &base_ts, &max_ts):
+            k_batch_record(out, &filled, p + pos + K_SIMPLE_HDR, ln, None, i - skip, &base_ts, &max_ts,
+                           chunk_ts, from_stored)
+        pos += K_SIMPLE_HDR + ln
+        i += 1
     k_seal(out, at, filled, base_offset, count - skip, base_ts, max_ts)
-    return filled - at
+    return filled
 
 
-def kafka_batch(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, from_stored):
-    """Fetch: the stored records ``raws[skip:]`` (bytes each: one chunk's, as the broker reads them) as
-    one record batch v2 from ``base_offset``, each record read as ``from_stored(raw, chunk_ts)`` gives
-    it (timestamp ms, key, value, headers): a ``bytearray``, CRC-32C set, no compression, attributes 0,
-    no producer; or None when there is no record from ``skip`` on. ``from_stored`` is called only for
-    records the fast path does not read itself (see kafka.pxi's head)."""
-    return c_kafka_batch(raws, skip, base_offset, chunk_ts, from_stored)
+cdef Py_ssize_t k_chunk_batch_at(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, bytearray out,
+                                 Py_ssize_t at, from_stored) except -1:
+    # c_kafka_chunk_at on any bytes-like chunk, sub-batches through chunk_records and c_kafka_batch
+    cdef Py_buffer view
+    cdef Py_ssize_t r, n
+    c_get_buffer(chunk, &view)
+    try:
+        r = c_kafka_chunk_at(<const unsigned char*>view.buf, view.len, skip, base_offset, chunk_ts, out, at,
+                             from_stored)
+    finally:
+        PyBuffer_Release(&view)
+    if r >= 0:
+        return r
+    batch = c_kafka_batch(_k_core.chunk_records(chunk, False), skip, base_offset, chunk_ts, from_stored)
+    if batch is None:
+        return at
+    n = PyByteArray_GET_SIZE(batch)
+    k_reserve(out, at, n)
+    memcpy(PyByteArray_AS_STRING(out) + at, PyByteArray_AS_STRING(batch), n)
+    return at + n
 
 
-def kafka_chunk_batch(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, bytearray out, from_stored):
+def kafka_chunk_batch(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, bytearray out not None,
+                      from_stored):
     """Fetch: the records of one stored user chunk ``chunk`` (bytes-like, as ``read_chunks`` gives it)
     from its ``skip``-th on, appended to ``out`` as the one record batch v2 :func:`kafka_batch` makes of
     them (from ``base_offset``, ``chunk_ts`` the chunk's timestamp). Returns the bytes appended: 0 when
@@ -756,21 +816,41 @@ def kafka_chunk_batch(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk
 
     A chunk of simple entries is read in place, record by record, into ``out``: no object per record.
     Any other (sub-batches) goes through ``chunk_records`` and :func:`kafka_batch`."""
-    cdef Py_buffer view
-    cdef Py_ssize_t r
-    c_get_buffer(chunk, &view)
+    cdef Py_ssize_t at = PyByteArray_GET_SIZE(out), end = -1
     try:
-        r = c_kafka_chunk_batch(<const unsigned char*>view.buf, view.len, skip, base_offset, chunk_ts, out,
-                                from_stored)
+        end = k_chunk_batch_at(chunk, skip, base_offset, chunk_ts, out, at, from_stored)
     finally:
+        PyByteArray_Resize(out, at if end < 0 else end)
+    return end - at
+
+
+def kafka_chunk_batch_at(chunk, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts, bytearray out not None,
+                         Py_ssize_t at, from_stored):
+    """Fetch, into a buffer filled chunk after chunk: :func:`kafka_chunk_batch`'s batch written at
+    ``out[at:]`` (0 <= ``at`` <= ``len(out)``), over whatever is there, and its end returned (``at`` when
+    the chunk has no record from ``skip`` on). ``out[:at]`` is kept; ``out`` may end up longer than the
+    returned end (room for the next chunks: :func:`kafka_reserve`): the caller trims it when done. Raises
+    ChunkError as kafka_chunk_batch; ``out[at:]`` is then unspecified."""
+    if at < 0 or at > PyByteArray_GET_SIZE(out):
+        raise ValueError("at outside the buffer")
+    return k_chunk_batch_at(chunk, skip, base_offset, chunk_ts, out, at, from_stored)
+
+
+def kafka_reserve(bytearray out not None, Py_ssize_t at, list chunks not None):
+    """Room in ``out`` past ``at`` for the batches of ``chunks`` (``(chunk_id, stored chunk)`` pairs, as
+    ``read_chunk_views`` gives them) before :func:`kafka_chunk_batch_at` writes them: ``out`` made long
+    enough for what the shells' layouts take (61 bytes per chunk, its data section, 32 per record; read
+    from the headers), growing at least twofold, its new bytes unset; ``out[:at]`` is kept. Only a size
+    hint: the writes grow ``out`` themselves when it is short (the pure twin does nothing here)."""
+    cdef Py_buffer view
+    cdef Py_ssize_t need = 0
+    if at < 0 or at > PyByteArray_GET_SIZE(out):
+        raise ValueError("at outside the buffer")
+    for item in chunks:
+        c_get_buffer((<tuple?>item)[1], &view)
+        need += k_chunk_room(<const unsigned char*>view.buf, view.len)
         PyBuffer_Release(&view)
-    if r >= 0:
-        return r
-    batch = c_kafka_batch(_k_core.chunk_records(chunk, False), skip, base_offset, chunk_ts, from_stored)
-    if batch is None:
-        return 0
-    out += batch
-    return len(batch)
+    k_reserve(out, at, need)
 
 
 def kafka_batch_fast(list raws, Py_ssize_t skip, int64_t base_offset, int64_t chunk_ts):

@@ -33,5 +33,7 @@ bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised wit
 kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -> stored records (chunk entries)
 kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2
 kafka_chunk_batch = impl.kafka_chunk_batch  # Kafka Fetch: a stored chunk -> one record batch v2, into a buffer
+kafka_chunk_batch_at = impl.kafka_chunk_batch_at    # the same, written at a position of a reserved buffer
+kafka_reserve = impl.kafka_reserve          # Kafka Fetch: room for the batches of chunks read in place
 kafka_sequence_ids = impl.kafka_sequence_ids    # Kafka Produce: idempotent sequences -> publishing ids
 ream_publish_run = impl.ream_publish_run  # REAM: a run of plain pipelined EVENT PUBLISH requests

@@ -598,6 +598,11 @@ class Broker:
         """Up to ``n`` committed chunks from the one holding ``offset`` (engine.read_chunks)."""
         return self.engine.read_chunks(stream, offset, n)
 
+    def read_chunk_views(self, stream, offset, fn, n, max_bytes):
+        """``fn(chunks)`` over up to ``n`` committed chunks from the one holding ``offset``, read in place:
+        memoryviews valid only during ``fn`` (engine.read_chunk_views)."""
+        return self.engine.read_chunk_views(stream, offset, fn, n, max_bytes)
+
     def committed_chunk_id(self, stream):
         try:
             return self.engine.committed_chunk_id(stream)

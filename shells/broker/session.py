@@ -356,9 +356,16 @@ class SessionKernel:
                 return
         limit = self._idle_timeout()
         if limit and now - self.last_recv > limit:
-            log.info("%s: nothing received for %.1f s; closing the idle connection", self.peer, now - self.last_recv)
-            self._hard_close()
-            return
+            if self.pending_ops or self._read_paused:
+                # the peer waits on us (answers owed: a publisher whose window is full of unconfirmed
+                # messages sends nothing until they are confirmed), or its input waits unread because we
+                # stopped reading it: that silence is ours, so it counts only from now on
+                self.last_recv = now
+            else:
+                silent = now - self.last_recv
+                log.info("%s: nothing received for %.1f s; closing the idle connection", self.peer, silent)
+                self._idle_close(silent)
+                return
         hb = self._heartbeat_interval()
         if hb and now - self.last_sent >= hb:
             self._send(self._heartbeat_frame())
@@ -370,8 +377,14 @@ class SessionKernel:
         return None
 
     def _idle_timeout(self):
-        """Hook: seconds without input before the connection is closed (None: never)."""
+        """Hook: seconds without input before the connection is closed (None: never). Time during which
+        the connection has engine operations pending or its reading paused does not count."""
         return None
+
+    def _idle_close(self, silent):
+        """Hook: close a connection that sent nothing for ``silent`` seconds (default: flush, then close;
+        a protocol that can say why first does so)."""
+        self._hard_close()
 
     def _heartbeat_interval(self):
         """Hook: seconds without output before a heartbeat frame is sent (None: none; only when OPEN)."""

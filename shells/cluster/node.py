@@ -46,6 +46,7 @@ from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
+from riverbed.shells.cluster.leader_path import SendAhead
 from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
 from riverbed.shells.cluster.sac import ClusterSac
@@ -138,6 +139,8 @@ class ClusterNode(ReplicationPlane):
                 log.warning("cluster: etcd not answering yet: %s", e)
                 await asyncio.sleep(0.5)
         self.broker.cluster = self
+        # a one-message publish's chunk leaves for the members before this node commits it (leader_path.py)
+        self.engine.replica_feed = SendAhead(self)
         self.broker.on_stream_created(self._stream_created)
         self.broker.on_stream_deleted(self._stream_deleted)
         await self.etcd_view.resync()
@@ -162,6 +165,7 @@ class ClusterNode(ReplicationPlane):
 
     async def stop(self):
         self._stopping = True
+        self.engine.replica_feed = None
         for t in self._tasks:
             t.cancel()
         self.etcd_view.close()
@@ -668,7 +672,7 @@ class ClusterNode(ReplicationPlane):
             end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
             st.wait(end, lambda err: cb(res, None) if err is None else cb(None, err))
             st.recompute()
-            st.poke()
+            st.poke_behind(end)     # a chunk sent ahead of its commit (leader_path.py) went already
         return held
 
     def metadata(self, stream):

@@ -20,6 +20,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_CHUNK_ID, H_CRC, H_EPOCH, H_RECORDS
 from riverbed.shells.cluster import forward_wire, membership, sac_wire, wire
+from riverbed.shells.cluster.leader_path import AckReader
 
 log = logging.getLogger("riverbed.cluster")
 
@@ -56,6 +57,8 @@ class Leading:
         # nodes copying the log that do not count toward the majority yet (membership.py)
         self.learners = membership.learners_of(node.placements.get(name, ({}, 0))[0])
         self.frozen = False        # handing leadership over: the committed offset stays where it is
+        self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
+        self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
         self._shared = None        # [pos, stream state, (chunks, seqs), feeds served]: read_for_replica
 
     def read_for_replica(self, pos):
@@ -83,10 +86,13 @@ class Leading:
             return 0
 
     def recompute(self):
-        offsets = sorted([self.local_next()] + [self.acked.get(m, 0) for m in self.members if m != self.node.name],
+        local = self.local_next()
+        offsets = sorted([local] + [self.acked.get(m, 0) for m in self.members if m != self.node.name],
                          reverse=True)
         majority = len(self.members) // 2 + 1
-        committed = offsets[min(majority, len(offsets)) - 1]
+        # never past the leader's own committed log: a chunk sent ahead of its local commit
+        # (leader_path.py) counts once this node has stored it too, and a majority holds it
+        committed = min(offsets[min(majority, len(offsets)) - 1], local)
         if committed > self.committed and self.node.lease_valid() and not self.frozen:
             self.committed = committed
             self.node.engine.set_read_limit(self.name, committed)
@@ -134,6 +140,29 @@ class Leading:
         for feed in list(self.feeds):
             feed.poke()
 
+    def poke_behind(self, end):
+        """After the local commit of a publish ending at ``end``: the connections a chunk was not sent ahead
+        to get the frames the first members got (leader_path.py; no read), and those still behind ``end``
+        or with consumer offsets to send are poked."""
+        version = self.node.engine.offsets_version
+        ahead = self.ahead
+        for feed in list(self.feeds):
+            if ahead is not None and feed.pos == ahead[0] and feed.can_send_ahead(ahead[0]):
+                feed.send_ahead(ahead[2], ahead[1])     # the frames the first members got: no read
+            if feed.pos < end or feed.offsets_seen != version:
+                feed.poke()
+
+    def drop_members(self, chunk_id):
+        """Close every member connection of this stream and forget how far they are past ``chunk_id``: that
+        chunk was sent to them and not committed here (leader_path.SendAhead.unsealed). Each member
+        reconnects, and its HELLO's last chunk, which this log lacks, gets it a TRUNCATE."""
+        for feed in list(self.feeds):
+            feed.dropped = True
+            feed.writer.close()
+        self.feeds.clear()
+        for m in list(self.acked):
+            self.acked[m] = min(self.acked[m], chunk_id)
+
 
 class _Feed:
     """What a leader has sent one member connection, and how it sends more: from the connection's serving
@@ -143,7 +172,7 @@ class _Feed:
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
-                 "sent_at", "sent_offsets", "offsets_seen")
+                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -158,6 +187,29 @@ class _Feed:
         self.sent_at = 0.0
         self.sent_offsets = {}
         self.offsets_seen = -1
+        self.dropped = False      # its leader closed it (drop_members): its ACKs no longer count
+        self.member = None        # the node at the other end
+        # the whole publisher sequence table went out (with a chunk) on this connection: only then may a
+        # chunk go ahead with just the sequence it moves (a member that truncated lost its table)
+        self.seqs_sent = False
+
+    def can_send_ahead(self, chunk_id):
+        """Whether chunk ``chunk_id`` may go out now, ahead of its local commit (leader_path.py): the
+        serving task is parked, everything before the chunk was sent, and the socket's buffer is empty."""
+        t = self.transport
+        return (self.parked and self.pos == chunk_id and self.seqs_sent and not self.dropped
+                and not t.get_write_buffer_size() and not t.is_closing())
+
+    def send_ahead(self, frames, end):
+        """Write ``frames`` (SEQS and CHUNK of the chunk ending at ``end``), with the committed offset if it
+        moved, in one write."""
+        out = list(frames)
+        committed = self.st.committed
+        if committed != self.sent_commit:
+            self.sent_commit, self.sent_at = committed, time.monotonic()
+            out.append(wire.u64_frame(wire.COMMIT, committed))
+        self.pos = end
+        self.writer.writelines(out)
 
     def poke(self):
         t = self.transport
@@ -184,6 +236,7 @@ class _Feed:
         for i, (chunk_id, raw) in enumerate(chunks):
             if seqs is not None and i == last:     # even {}: it ends the batch
                 out.append(wire.json_frame(wire.SEQS, seqs))
+                self.seqs_sent = True
             # header and chunk as two buffers: the chunk is not copied into a new frame
             out.append(wire.head(wire.CHUNK, len(raw)))
             out.append(raw)
@@ -251,6 +304,7 @@ class ReplicationPlane:
                 st = None
                 return
             feed = _Feed(self, st, writer, pos, ev)
+            feed.member = node
             st.feeds.add(feed)
             st.conns.add(writer)
             st.acked[node] = pos
@@ -258,9 +312,9 @@ class ReplicationPlane:
             st.heard[node] = time.monotonic()
             connected = node
             loop = asyncio.get_running_loop()
-            acks = loop.create_task(self._read_acks(reader, st, node))
-            acks.add_done_callback(lambda t: t.cancelled() or t.exception())
-            while not acks.done() and self.leading.get(name) is st:
+            # ACKs are handled as they arrive, by the connection's protocol (leader_path.py)
+            acks = AckReader(st, node, feed, reader, writer.transport, ev)
+            while not acks.closed and not feed.dropped and self.leading.get(name) is st:
                 ev.clear()
                 more = feed.send()
                 await writer.drain()
@@ -276,7 +330,6 @@ class ReplicationPlane:
                 finally:
                     feed.parked = False
                     timer.cancel()
-            acks.cancel()
         except (asyncio.IncompleteReadError, ConnectionError, wire.WireError, OSError, StreamNotFound):
             pass
         except Exception:
@@ -307,14 +360,6 @@ class ReplicationPlane:
             if h[H_EPOCH] == epoch and h[H_CRC] == crc and chunk_id + max(h[H_RECORDS], 1) == pos:
                 return None
         return chunk_id        # the member's last chunk is not ours: it drops it and asks again
-
-    async def _read_acks(self, reader, st, node):
-        while True:
-            kind, payload = await wire.read_frame(reader)
-            if kind == wire.ACK:
-                st.acked[node] = wire.u64(payload)
-                st.heard[node] = time.monotonic()
-                st.recompute()
 
     # ------------------------------------------------------------------------------ member side
 

@@ -8,7 +8,9 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
     CHUNK     leader -> member   one whole chunk as the leader stores it (header, bloom, data)
     SEQS      leader -> member   JSON {publisher: last id}: stored with the next CHUNK (dedup survives failover);
                                  before the last chunk of every batch that reaches the log end (the member
-                                 holds the chunks before it until then)
+                                 holds the chunks before it until then), and before each chunk a leader
+                                 sends ahead of its own commit (leader_path.py: only the publisher that
+                                 chunk moves, {} for none; the member holds every earlier sequence)
     COMMIT    leader -> member   u64 committed offset (held by a majority): how far readers may see; sent
                                  again every lease TTL / 4 as a heartbeat
     ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy; also

@@ -22,16 +22,16 @@ import logging
 import struct
 
 from riverbed.engine import OffsetSpec, PublishingIds
-from riverbed.engine.errors import ChunkError, InvalidArgument, RiverbedError, StreamExists, StreamNotFound
+from riverbed.engine.errors import InvalidArgument, RiverbedError, StreamExists, StreamNotFound
 from riverbed.shells import auth as _auth
 from riverbed.shells import wire
 from riverbed.shells.broker import CONFIGURE, READ, WRITE
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.broker.records import chunk_span
 from riverbed.shells.broker import limits as _limits
 from riverbed.shells.broker.session import SessionKernel, State, commands
 from riverbed.shells.kafka import codec as C
 from riverbed.shells.kafka.admin_commands import AdminCommands, producer_reference
+from riverbed.shells.kafka.fetch_read import read_batches
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
 from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
@@ -44,7 +44,7 @@ TS_LATEST, TS_EARLIEST = -1, -2
 ERR_ILLEGAL_SASL_STATE = 34
 ERR_UNSUPPORTED_SASL_MECHANISM = 33
 ERR_SASL_AUTHENTICATION_FAILED = 58
-READ_CHUNKS = 16            # chunks read per step of a Fetch
+READ_CHUNKS = 16            # chunks read per step of a ListOffsets by time
 MAX_WAIT_MS_CAP = 30000     # a Fetch waits at most this long whatever it asks
 FETCH_MAX_BYTES = 55 << 20  # record bytes of one Fetch answer at most (Kafka's default fetch.max.bytes)
 TIME_SKEW_MS = 60_000       # ListOffsets by time: how much later than stored a record's creation time may be
@@ -662,51 +662,11 @@ class _Fetch:
                     continue
                 limit = min(p["partition_max_bytes"], budget - size)
                 # Kafka returns at least one batch whatever the limits, so a consumer always progresses
-                data = _read_batches(s.broker, stream, off, limit if size else max(limit, 1))
+                data = read_batches(s.broker, stream, off, limit if size else max(limit, 1))
                 res["records"] = data
                 size += len(data)
         body = {"throttle_time_ms": 0, "error_code": 0, "session_id": 0, "responses": responses}
         return body, size, waits
-
-
-def _read_batches(broker, stream, offset, limit):
-    """Record batches v2 from ``offset``, one per stored chunk, written one after the other into one
-    bytearray (no object per record: :func:`riverbed.shells.wire.kafka_chunk_batch`), stopped once
-    ``limit`` bytes are reached (the first batch is always whole). The log's own chunks (offset
-    tracking) become an empty batch over their offsets, so a consumer moves past them."""
-    out = bytearray()
-    pos = offset
-    chunk_batch = wire.kafka_chunk_batch
-    while len(out) < limit:
-        try:
-            chunks = broker.read_chunks(stream, pos, READ_CHUNKS)
-        except (StreamNotFound, RiverbedError):
-            break
-        was = pos
-        for chunk_id, raw in chunks:
-            user, taken, chunk_ts = chunk_span(raw)     # read_chunks checked the header
-            nxt = chunk_id + taken
-            if nxt <= pos or not user:
-                continue            # the log's own chunks: covered by the gap before the next batch
-            start = max(pos, chunk_id)
-            if start > pos:         # an empty batch over the offsets of the log's own chunks before it
-                out += _empty_batch(pos, start - 1)
-            try:
-                chunk_batch(raw, start - chunk_id, start, chunk_ts, out, R.from_stored)
-            except ChunkError as e:
-                log.error("cannot read the records of chunk %d of %r: %s", chunk_id, stream, e)
-            pos = nxt
-            if len(out) >= limit:
-                return out
-        if chunks:
-            last_id, last_raw = chunks[-1]
-            nxt = last_id + chunk_span(last_raw)[1]
-            if nxt > pos:           # the read ended on chunks of the log's own
-                out += _empty_batch(pos, nxt - 1)
-                pos = nxt
-        if pos == was:
-            break
-    return out
 
 
 class _ProducerIds(PublishingIds):
@@ -743,18 +703,6 @@ def _sequence_ids(seqs):
     increasing = all(a[0] + a[1] <= b[0] for a, b in zip(seqs, seqs[1:]))
     last_base, last_n = seqs[-1]
     return _ProducerIds(seqs, seqs[0][0], last_base + last_n - 1, increasing)
-
-
-def _empty_batch(first, last):
-    # a batch with no records whose offset delta spans ``first..last`` (what compaction leaves in Kafka)
-    b = bytearray(C.encode_batch(first, [(0, None, b"", [])]))
-    # rewrite: zero records, last offset delta, no record bytes
-    head = b[:C.LEN_BATCH_HEADER]
-    C._I32.pack_into(head, 8, C.LEN_BATCH_HEADER - C.LEN_BATCH_OVERHEAD)
-    C._I32.pack_into(head, 23, last - first)
-    C._I32.pack_into(head, 57, 0)
-    C._U32.pack_into(head, 17, C.crc32c(bytes(head[21:])))
-    return bytes(head)
 
 
 def _api_keys():

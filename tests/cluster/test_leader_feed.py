@@ -148,6 +148,249 @@ def test_commit_rides_with_the_next_chunk_when_it_comes_first(leader_engine, mon
     asyncio.run(run())
 
 
+# ------------------------------------------------------------------ chunks sent ahead of the local commit
+
+def publish_inline(node, st, record):
+    """A one-message publish as the broker makes it in a cluster: the engine commits it on this (the loop's)
+    thread, handing the stamped chunk to ``engine.replica_feed`` before LMDB commits it; then what
+    ClusterNode.hold does. Returns ``(end offset or None, exc, future of the confirm)``."""
+    got = []
+    node.engine.append("s", [record], on_done=lambda res, exc: got.append((res, exc)))
+    assert got, "not committed inline"
+    res, exc = got[0]
+    confirmed = asyncio.get_running_loop().create_future()
+    if exc is not None:
+        return None, exc, confirmed
+    end = res.last_offset + 1
+    st.wait(end, lambda err: confirmed.done() or confirmed.set_result(err))
+    st.recompute()
+    st.poke_behind(end)
+    return end, None, confirmed
+
+
+async def joined(node, st, reader, writer, next_offset=0, last=None):
+    """HELLO as member m1; returns its feed once the serving task has parked."""
+    writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": next_offset,
+                                              "last": last}))
+    await frames_until(reader, wire.COMMIT)
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if st.feeds and next(iter(st.feeds)).parked:
+            return next(iter(st.feeds))
+    raise AssertionError("the serving task never parked")
+
+
+def test_chunk_leaves_before_the_local_commit_and_counts_only_once_stored_here(leader_engine):
+    """The member gets the chunk (and its publisher sequence) while the leader has not committed it yet;
+    the confirm still needs the member's ACK, and an ACK past the leader's own log end moves the committed
+    offset no further than that end."""
+    from riverbed.shells.cluster.leader_path import SendAhead
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        ahead = leader_engine.replica_feed = SendAhead(node)
+        at_send = []
+        sealed = ahead.sealed
+
+        def spy(name, chunk_id, records, chunk, sequences):
+            # what the leader's readers and its own log say at the moment the chunk goes out
+            at_send.append((leader_engine._current(name).next_offset, chunk_id, sequences))
+            return sealed(name, chunk_id, records, chunk, sequences)
+        ahead.sealed = spy
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            feed = await joined(node, st, reader, writer)
+            for n in range(4):
+                end, exc, confirmed = publish_inline(node, st, b"ahead %d" % n)
+                assert exc is None
+                assert at_send[-1][:2] == (n, n)          # the hook ran while the leader's log ended before it
+                # the first chunk on a connection goes after the commit, with the whole sequence table (a
+                # member that truncated its log lost its table); the others go ahead of the commit
+                assert feed.pos == end and ahead.sent == n
+                got = await frames_until(reader, wire.CHUNK)
+                assert [k for k, _ in got if k != wire.COMMIT] == [wire.SEQS, wire.CHUNK]
+                assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == n
+                await asyncio.sleep(0.05)
+                assert not confirmed.done() and leader_engine.read_limit("s") == n
+                # the last one: both members (m2 as if it had acknowledged) past the leader's log end move
+                # the committed offset only to that end (nothing counts that the leader has not stored)
+                if n == 3:
+                    st.acked["m2"] = end + 10
+                writer.write(wire.u64_frame(wire.ACK, end + (10 if n == 3 else 0)))
+                assert await asyncio.wait_for(confirmed, WAIT) is None
+                assert st.committed == end and leader_engine.read_limit("s") == end
+            # a named publisher's sequence travels with its chunk
+            got = []
+            from riverbed.engine.layout import PublishingIds
+            ids = PublishingIds((7).to_bytes(8, "big"), 7, 7, True)     # as the RabbitMQ Stream shell makes them
+            leader_engine.append("s", [b"named"], publisher="pa", publishing_ids=ids,
+                                 on_done=lambda res, exc: got.append((res, exc)))
+            assert got and got[0][1] is None
+            frames = await frames_until(reader, wire.CHUNK)
+            assert (wire.SEQS, b'{"pa":7}') in frames
+            assert at_send[-1][2] == {"pa": 7}
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+class _FailingCommit:
+    """``engine.env`` whose next write transaction fails at its commit (after every put went through)."""
+
+    def __init__(self, env):
+        self.env = env
+        self.armed = True
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    def begin(self, **kw):
+        txn = self.env.begin(**kw)
+        if not (kw.get("write") and self.armed):
+            return txn
+        self.armed = False
+        return _FailAtExit(txn)
+
+
+class _FailAtExit:
+    def __init__(self, txn):
+        self.txn = txn
+
+    def __enter__(self):
+        return self.txn.__enter__()
+
+    def __exit__(self, kind, exc, tb):
+        self.txn.abort()
+        if kind is None:
+            import lmdb
+            raise lmdb.Error("injected: the commit failed")
+        return False
+
+
+def test_a_local_commit_failing_after_the_send_drops_the_members_copy(leader_engine):
+    """The chunk went to the member, then the leader's commit of it failed: the publish fails, the engine
+    stops (as after any failed commit), the member's connection is closed at once (its ACK of that chunk
+    never counts), and when it comes back its HELLO names a chunk the leader does not hold: it is told to
+    TRUNCATE it."""
+    from riverbed.engine.errors import RiverbedError
+    from riverbed.engine.format import H_CRC, H_EPOCH
+    from riverbed.shells.cluster.leader_path import SendAhead
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        leader_engine.replica_feed = SendAhead(node)
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await joined(node, st, reader, writer)
+            end, exc, confirmed = publish_inline(node, st, b"first")      # sent after its commit: see above
+            await frames_until(reader, wire.CHUNK)
+            writer.write(wire.u64_frame(wire.ACK, end))
+            assert await asyncio.wait_for(confirmed, WAIT) is None
+            real = leader_engine.env
+            leader_engine.env = _FailingCommit(real)
+            try:
+                end, exc, _ = publish_inline(node, st, b"lost")
+            finally:
+                leader_engine.env = real
+            assert end is None and isinstance(exc, RiverbedError)
+            assert leader_engine._current("s").next_offset == 1
+            got = await frames_until(reader, wire.CHUNK)
+            h = wire.decode_chunk(got[-1][1])
+            assert h[H_CHUNK_ID] == 1
+            # dropped: the leader closed the connection, and the member counts no further than before
+            assert st.feeds == set() and st.acked["m1"] == 1
+            with pytest.raises(asyncio.IncompleteReadError):
+                while True:
+                    await asyncio.wait_for(wire.read_frame(reader), WAIT)
+            writer.close()
+            assert st.committed == 1 and leader_engine.read_limit("s") == 1
+            # the member returns holding the chunk: it must cut it
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 2,
+                                                      "last": [1, h[H_EPOCH], h[H_CRC]]}))
+            kind, payload = await asyncio.wait_for(wire.read_frame(reader), WAIT)
+            assert (kind, wire.u64(payload)) == (wire.TRUNCATE, 1)
+            # the engine stops after a failed commit, as it does on its general path: this node never
+            # stores another chunk at the id its members were sent
+            with pytest.raises(RiverbedError):
+                leader_engine.append("s", [b"next"]).result()
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+def test_chunk_goes_ahead_to_a_majority_first_the_rest_after_the_commit(leader_engine):
+    """Two members: the chunk goes ahead of the local commit to one of them (a majority with the leader),
+    the member whose ACK made the last majority first; the other gets the very same frames once the leader
+    has committed. Both hold every chunk."""
+    from riverbed.shells.cluster.leader_path import SendAhead
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        ahead = leader_engine.replica_feed = SendAhead(node)
+        at_send = []
+        sealed = ahead.sealed
+
+        def spy(*a):
+            sent = sealed(*a)
+            at_send.append({f.member: f.pos for f in st.feeds})
+            return sent
+        ahead.sealed = spy
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conns = {}
+        try:
+            for m in ("m1", "m2"):
+                reader, writer = conns[m] = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(wire.json_frame(wire.HELLO, {"node": m, "stream": "s", "epoch": 1, "next": 0,
+                                                          "last": None}))
+                await frames_until(reader, wire.COMMIT)
+            for _ in range(100):
+                await asyncio.sleep(0.01)
+                if len(st.feeds) == 2 and all(f.parked for f in st.feeds):
+                    break
+            end, _, confirmed = publish_inline(node, st, b"first")    # after the commit, to both
+            for m, (reader, writer) in conns.items():
+                await frames_until(reader, wire.CHUNK)
+            conns["m2"][1].write(wire.u64_frame(wire.ACK, end))
+            assert await asyncio.wait_for(confirmed, WAIT) is None
+            conns["m1"][1].write(wire.u64_frame(wire.ACK, end))
+            assert st.fastest == "m2"
+            for n in range(1, 4):
+                end, _, confirmed = publish_inline(node, st, b"next %d" % n)
+                first = st.fastest
+                other = "m1" if first == "m2" else "m2"
+                # at the send: only the last majority-maker was sent it; after the commit: both
+                assert at_send[-1] == {first: end, other: end - 1}
+                assert {f.member: f.pos for f in st.feeds} == {first: end, other: end}
+                for m, (reader, writer) in conns.items():
+                    got = await frames_until(reader, wire.CHUNK)
+                    assert [k for k, _ in got if k != wire.COMMIT] == [wire.SEQS, wire.CHUNK]
+                    assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == end - 1
+                # the other one answers first this time: it gets the next chunk first
+                conns[other][1].write(wire.u64_frame(wire.ACK, end))
+                assert await asyncio.wait_for(confirmed, WAIT) is None
+                conns[first][1].write(wire.u64_frame(wire.ACK, end))
+                assert st.fastest == other
+            assert ahead.sent == 3
+        finally:
+            for reader, writer in conns.values():
+                writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
 def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engine, monkeypatch):
     """Both member connections get the publish's chunk from ONE read of the leader's log (the chunk is
     copied out of LMDB once, not once per member), and the same bytes; a later publish is read anew."""

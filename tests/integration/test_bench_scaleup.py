@@ -1,5 +1,6 @@
-"""bench.compare's scale-up row (issue 26, one node per core): two nodes each leading one unreplicated
-stream against one node holding both (bench/_scaleup.py)."""
+"""bench.compare's scale-up row (issue 26, one node per core): a super stream with one unreplicated
+partition per client, on two nodes each leading one partition against one node leading both
+(bench/_scaleup.py)."""
 
 import json
 import os
@@ -27,7 +28,7 @@ def test_scaleup_goal_is_the_pairs_rate_over_one_nodes():
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd: ci/ensure-etcd.sh installs it (make test does)")
-def test_bench_compare_runs_the_scaleup_row_with_each_node_leading_one_stream(tmp_path):
+def test_bench_compare_runs_the_scaleup_row_with_each_node_leading_one_partition(tmp_path):
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "bench.compare", "--peers", "none", "--no-floors",
                         "--workloads", "scaleup-publish", "--n", "25000", "--rounds", "1", "--max-tries", "1",
@@ -39,8 +40,11 @@ def test_bench_compare_runs_the_scaleup_row_with_each_node_leading_one_stream(tm
     assert by["riverbed"]["ok"] and by[RiverbedPair.name]["ok"], [run.get("error") for run in doc["runs"]]
     # the row sends n_scale (8) × --n per process, so that a run lasts long enough to judge scaling
     assert by[RiverbedPair.name]["n_per_client"] == 200000 and by[RiverbedPair.name]["n"] == 400000
-    # both nodes worked: each led the stream its client made there (initial-cluster-size 1, client-local);
-    # 200,000 messages a client, so that each node's CPU is well above /proc's 10 ms tick
+    # each client published to its partition on that partition's leader: one node on the single node, each
+    # of the two nodes on the pair (balanced placement, initial-cluster-size 1)
+    assert len(set(by["riverbed"]["partition_ports"])) == 1
+    assert len(set(by[RiverbedPair.name]["partition_ports"])) == 2
+    # both nodes worked; 200,000 messages a client, so that each node's CPU is well above /proc's 10 ms tick
     n1, n2 = by[RiverbedPair.name]["server_node_cpu_s"]
     assert n1 > 0 and n2 > 0
     assert doc["scaleup_goals"] and "Scale-up (issue 26, one node per core)" in r.stdout

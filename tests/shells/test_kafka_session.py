@@ -468,3 +468,63 @@ def test_fetch_covers_the_logs_own_chunks_with_empty_batches(h):
     assert _fetched_batches(c, "t", 9)[1] == [(9, 0, [])]
     # a small limit: the first batch whole, then nothing more
     assert _fetched_batches(c, "t", 1, max_bytes=10)[1] == [(1, 2, [b"a", b"b", b"c"])]
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+def test_fetch_answer_is_the_same_whatever_chunks_one_read_takes(h, monkeypatch, window):
+    # a Fetch reads the log in place in reads of at most READ_MAX_CHUNKS chunks (and about the bytes it
+    # still has room for): where one read ends must not show in the answer, the log's own chunks included
+    from riverbed.engine import core
+    from riverbed.engine.format import CHUNK_TRACKING_DELTA
+    from riverbed.shells.kafka import fetch_read
+    from riverbed.shells.kafka import records as R
+    c = h.connect()
+    create(c, "t", 1)
+    at = 0
+    for k in range(7):
+        if k % 3 == 1:
+            h.eng.replicate_chunk("t", core.build_chunk(b"", 0, 1, 5, at, chunk_type=CHUNK_TRACKING_DELTA)).result(10)
+            at += 1
+        vals = [b"c%d-%d" % (k, i) for i in range(k + 1)]
+        h.eng.replicate_chunk("t", core.encode_chunk([R.to_stored(None, v, [], 1) for v in vals], at, 5)).result(10)
+        at += len(vals)
+    h.settle()
+    whole = {start: _fetched_batches(c, "t", start) for start in (0, 2, 5, at - 1)}
+    assert sum(len(b[2]) for b in whole[0][1]) == 28
+    monkeypatch.setattr(fetch_read, "READ_MAX_CHUNKS", window)
+    for start, want in whole.items():
+        assert _fetched_batches(c, "t", start) == want, start
+
+
+def test_a_corrupt_chunk_ends_a_fetch_before_it_and_a_fetch_from_it_gets_no_records(h, tmp_path):
+    import mmap
+
+    from riverbed.engine.format import LEN_CHUNK_HEADER
+    c = h.connect()
+    create(c, "t", 1)
+    values = [[b"chunk-%d-record-%d-" % (k, i) + bytes([65 + k]) * 40 for i in range(3)] for k in range(4)]
+    for vals in values:             # one Produce, one chunk each
+        c.call(C.API_PRODUCE, 9, produce_body("t", 0, C.encode_batch(0, [(1000, None, v, []) for v in vals])))
+    chunks = h.eng.read_chunks("t", 0, 10)
+    assert [cid for cid, _ in chunks] == [0, 3, 6, 9]
+    h.eng.close()
+    # a data byte of chunk 6 flipped on disk (every copy LMDB keeps): its CRC no longer matches
+    with open(tmp_path / "data" / "data.mdb", "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        pos = m.find(chunks[2][1])
+        assert pos >= 0
+        while pos >= 0:
+            m[pos + LEN_CHUNK_HEADER + 5] ^= 0xFF
+            pos = m.find(chunks[2][1], pos + 1)
+    h._open(tmp_path / "data")      # reopened: each chunk's CRC is checked at its first read
+    h.shell = KafkaShell(h.broker, call_later=h._call_later)
+    c = h.connect()
+
+    def fetched(offset):
+        p = c.call(C.API_FETCH, 12, fetch_body("t", 0, offset))["responses"][0]["partitions"][0]
+        return p["error_code"], [r[2] for b in C.decode_batches(bytes(p["records"] or b""), 1 << 20) for r in b.records]
+    assert fetched(0) == (0, values[0] + values[1])     # the records before the corrupt chunk
+    assert fetched(3) == (0, values[1])
+    for offset in (6, 7, 6):                            # from it: no records (never sent, never trusted)
+        assert fetched(offset) == (0, [])
+    assert fetched(9) == (0, values[3])                 # past it, the log reads on
+    assert not c.io.closed

@@ -288,6 +288,49 @@ def test_fetch_from_a_chunk_appends_what_kafka_batch_makes(wire_twin, form, skip
     assert bytes(out) == b"before" + want + _expected_batch(raws, 0, 80, 7) and n2 > 0
 
 
+@pytest.mark.parametrize("form", ["simple", "bloom", "sub-batch"])
+def test_fetch_into_a_reserved_buffer_writes_each_batch_after_the_last(wire_twin, form):
+    # chunk after chunk at the end of what is written, over room reserved (and garbage) past it: the
+    # same bytes kafka_chunk_batch appends, the head kept, and a buffer trimmed once at the end
+    raws = _stored_records()
+    chunk = _chunk_forms(raws)[form]
+    one = [R.to_stored(None, b"v", [], 5)]
+    small = core.encode_chunk(one, 900, 5)
+    out = bytearray(b"head")
+    wire_twin.kafka_reserve(out, 4, [(40, memoryview(chunk)), (900, small)])
+    if wire_twin.COMPILED:      # room for both batches, from their headers (the pure twin grows as it writes)
+        assert len(out) >= 4 + len(_expected_batch(raws, 0, 40, 1) + _expected_batch(one, 0, 900, 5))
+    out[4:] = b"\xee" * (len(out) - 4)
+    at = wire_twin.kafka_chunk_batch_at(memoryview(chunk), 3, 43, 1, out, 4, R.from_stored)
+    at = wire_twin.kafka_chunk_batch_at(small, 0, 900, 5, out, at, R.from_stored)
+    assert wire_twin.kafka_chunk_batch_at(small, 1, 901, 5, out, at, R.from_stored) == at     # nothing from 1 on
+    want = b"head" + _expected_batch(raws, 3, 43, 1) + _expected_batch(one, 0, 900, 5)
+    assert at == len(want) and bytes(out[:at]) == want
+    # the same as appending one chunk after the other
+    appended = bytearray(b"head")
+    wire_twin.kafka_chunk_batch(chunk, 3, 43, 1, appended, R.from_stored)
+    wire_twin.kafka_chunk_batch(small, 0, 900, 5, appended, R.from_stored)
+    assert appended == want
+    # the room need not be reserved: an empty buffer grows as it is written
+    out = bytearray()
+    end = wire_twin.kafka_chunk_batch_at(chunk, 0, 40, 1, out, 0, R.from_stored)
+    assert bytes(out[:end]) == _expected_batch(raws, 0, 40, 1)
+    for bad_at in (-1, len(out) + 1):
+        with pytest.raises(ValueError):
+            wire_twin.kafka_chunk_batch_at(chunk, 0, 40, 1, out, bad_at, R.from_stored)
+        with pytest.raises(ValueError):
+            wire_twin.kafka_reserve(out, bad_at, [])
+
+
+def test_fetch_into_a_reserved_buffer_refuses_a_chunk_that_does_not_walk(wire_twin):
+    raws = [R.to_stored(None, b"v%d" % i, [], 5) for i in range(3)]
+    bad = core.build_chunk(core.encode_entries(raws), 3, 4, 5, 0)          # header says 4 records
+    out = bytearray(b"kept")
+    with pytest.raises(ChunkError):
+        wire_twin.kafka_chunk_batch_at(bad, 0, 0, 5, out, 4, R.from_stored)
+    assert out[:4] == b"kept"
+
+
 @needs_compiled
 def test_compiled_fetch_from_a_chunk_makes_no_object_per_record():
     # the shells' layouts are read in place: from_stored is never called, for none of the records

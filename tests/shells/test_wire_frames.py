@@ -27,7 +27,8 @@ PROPERTY = settings(max_examples=60, deadline=None,
                                            HealthCheck.data_too_large])
 needs_compiled = pytest.mark.skipif(wire.NO_EXTENSIONS, reason="RIVERBED_NO_EXTENSIONS=1")
 
-PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub", "kafka_stored", "kafka_batch"]
+PUBLIC = ["split_frames", "split_bson_frames", "publish_chunk", "bson_pub", "kafka_stored", "kafka_batch",
+          "kafka_chunk_batch", "kafka_chunk_batch_at", "kafka_reserve"]
 
 
 def test_wire_twin_fixture_yields_the_named_implementation(wire_twin):

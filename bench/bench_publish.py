@@ -17,6 +17,10 @@ Reference, 20,000 messages, this 2-core VM with other work running (2026-11-22, 
 before the inline commit (bc26e76) fsync=never p50 43-58 µs, 55-60 µs CPU/msg; with it, p50 19 µs,
 20-24 µs CPU/msg. fsync=batch p50 272-319 µs either way (the fsync itself; an LMDB commit with a sync
 costs ~160 µs here and a bare fdatasync ~340 µs).
+2026-11-26, the one-message path beside the general one (RmqStreamSession._publish_alone): fsync=never
+p50 22.9 µs, 26.5 µs CPU/msg at load 10-13 (no quiet window was left to time it against the old path);
+the comparison that holds is the instruction count (bench.onemsg_profile --tool callgrind): 121,873 ->
+81,926 per message for this client shape, 139,164 -> 96,541 for rbfly's named publisher.
 
 After the table it measures the fsync floor in the same run (``bench/fsync_floor.py``: a bare LMDB
 commit with a sync, on the same filesystem) and prints fsync=batch's p50 against it: issue 26's goal is

@@ -5,7 +5,8 @@ for the timed messages only.
 Servers (``--target``):
 
 - ``riverbed``: ``riverbed serve --fsync never`` (every listener but RabbitMQ Stream off) on a fresh data
-  directory; one stream, one publisher without a reference, Publish frames of one ``--size``-byte message;
+  directory; one stream, one publisher without a reference, Publish frames of one ``--size``-byte message
+  (``--client rbfly``: rbfly's ``PublisherBin.send`` instead, a named publisher, as the rbfly rows);
   With ``--prefill N``, first N messages are published in frames of 5,000 to another stream, which is
   then deleted and purged (the server idle again) before anything is timed: the state of a long-running
   server, whose LMDB free list holds the pages of the streams it deleted (``bench.compare`` runs every
@@ -123,6 +124,39 @@ def riverbed_client(port, size):
     return conn, lambda n, lat=None: _loadgen.send_wait(conn, n, frame, lat)
 
 
+def rbfly_client(port, size):
+    """rbfly's ``PublisherBin.send`` as ``bench.compare``'s publish-rbfly-raw-1 and latency-rbfly rows drive
+    it (a named publisher: deduplication on), on an event loop of its own; returns (conn, round trip).
+    The stream is made by a load-generator connection, kept open beside it."""
+    import asyncio
+
+    from rbfly.streams import streams_client
+    from rbfly.streams._client import PublisherBin
+
+    a = types.SimpleNamespace(host="127.0.0.1", port=port, stream="onemsg")
+    setup = _loadgen._setup(a)
+    loop = asyncio.new_event_loop()
+    client = streams_client(f"rabbitmq-stream://guest:guest@127.0.0.1:{port}")
+    ctx = client.publisher(a.stream, name=f"onemsg/{os.getpid()}", cls=PublisherBin)
+    pub = loop.run_until_complete(ctx.__aenter__())
+    body = b"x" * size
+    clock = time.perf_counter_ns
+
+    async def send(n, lat):
+        for _ in range(n):
+            t = clock()
+            await pub.send(body)
+            if lat is not None:
+                lat.append(clock() - t)
+
+    def close():
+        loop.run_until_complete(ctx.__aexit__(None, None, None))
+        loop.run_until_complete(client.disconnect())
+        loop.close()
+        setup.close()
+    return types.SimpleNamespace(close=close), lambda n, lat=None: loop.run_until_complete(send(n, lat))
+
+
 def prefill(port, n, size):
     """Publish ``n`` messages to a stream of their own, delete it, and wait until the server is idle."""
     a = types.SimpleNamespace(host="127.0.0.1", port=port, stream="onemsg-prefill")
@@ -174,6 +208,8 @@ def callgrind_total(path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", choices=("riverbed", "echo"), default="riverbed")
+    ap.add_argument("--client", choices=("loadgen", "rbfly"), default="loadgen",
+                    help="riverbed: the load generator's unnamed publisher (default) or rbfly's named one")
     ap.add_argument("--tool", choices=("cpu", "callgrind", "strace", "pyspy", "perf"), default="cpu")
     ap.add_argument("--messages", type=int, default=20000, help="timed messages (default 20,000)")
     ap.add_argument("--warmup", type=int, default=2000, help="untimed messages first (default 2,000)")
@@ -193,7 +229,8 @@ def main(argv=None):
         if a.prefill and a.target == "riverbed":
             prefill(srv.port, a.prefill, a.size)
             wait_idle(srv.pid)
-        conn, run = (riverbed_client if a.target == "riverbed" else echo_client)(srv.port, a.size)
+        client = echo_client if a.target == "echo" else rbfly_client if a.client == "rbfly" else riverbed_client
+        conn, run = client(srv.port, a.size)
         run(a.warmup)
         if a.tool == "callgrind":
             subprocess.run(["callgrind_control", "-i", "on", str(srv.pid)], check=True, capture_output=True)
@@ -234,6 +271,7 @@ def main(argv=None):
     lat.sort()
     n = a.messages
     print(f"{a.target} under {a.tool}: {n:,} messages of {a.size} B, one per frame, stop-and-wait"
+          + (f", client {a.client}" if a.target == "riverbed" else "")
           + (f", after {a.prefill:,} published and deleted" if a.prefill and a.target == "riverbed" else "")
           + f"; load {os.getloadavg()[0]:.2f}")
     print(f"  server CPU {cpu / n * 1e6:.1f} µs/msg, round trip p50 {lat[n // 2] / 1e3:.0f} µs, "

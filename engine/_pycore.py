@@ -82,6 +82,32 @@ def encode_chunk_buffer(records):
     return bytearray(encode_chunk(records, 0, 0))
 
 
+_STAMP = struct.Struct(">qQQ")             # header bytes 8..32: timestamp, epoch, chunk id
+STAMP_RANGE = "a chunk's chunk id, timestamp or epoch is outside its field's range"
+
+
+def stamp_chunk(chunk, chunk_id, timestamp, epoch, crc):
+    """Ready a sealed chunk for storing at ``chunk_id``, in place (the one-message commit's byte work).
+
+    ``chunk`` is a ``bytearray`` of a 48-byte header and the data after it (no bloom, no trailer: a
+    Publish frame's chunk, wire.publish_chunk). With ``crc`` true its data CRC (of every byte after the
+    header) is computed into the header first; then ``timestamp`` (ms, i64), ``epoch`` and ``chunk_id``
+    (u64) are stamped. Returns None. Raises TypeError when ``chunk`` is not a bytearray, struct.error for
+    a value outside its field's range, ChunkError when ``chunk`` is shorter than the header (nothing is
+    changed then)."""
+    if type(chunk) is not bytearray:
+        raise TypeError(f"a chunk to stamp must be a bytearray, not {type(chunk).__name__}")
+    try:
+        stamp = _STAMP.pack(timestamp, epoch, chunk_id)
+    except struct.error:
+        raise struct.error(STAMP_RANGE) from None
+    if len(chunk) < LEN_CHUNK_HEADER:
+        raise ChunkError(f"{len(chunk)} bytes is shorter than the 48-byte chunk header")
+    if crc:
+        _U32.pack_into(chunk, 32, _data_crc32(memoryview(chunk)[LEN_CHUNK_HEADER:]))
+    chunk[8:32] = stamp
+
+
 def read_header(buf):
     """Parse the 48-byte header into an 11-tuple (see format.H_*). Checks magic and size only."""
     if len(buf) < LEN_CHUNK_HEADER:

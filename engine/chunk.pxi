@@ -649,3 +649,39 @@ def chunk_records(buf, verify=True):
     if out is None or produced != <Py_ssize_t>h.records:
         raise ChunkError(f"entries hold {produced} records, header says {h.records}")
     return out
+
+
+STAMP_RANGE = "a chunk's chunk id, timestamp or epoch is outside its field's range"
+
+
+def stamp_chunk(chunk, chunk_id, timestamp, epoch, crc):
+    """Ready a sealed chunk for storing at ``chunk_id``, in place (the one-message commit's byte work).
+
+    ``chunk`` is a ``bytearray`` of a 48-byte header and the data after it (no bloom, no trailer: a
+    Publish frame's chunk, wire.publish_chunk). With ``crc`` true its data CRC (of every byte after the
+    header) is computed into the header first; then ``timestamp`` (ms, i64), ``epoch`` and ``chunk_id``
+    (u64) are stamped. Returns None. Raises TypeError when ``chunk`` is not a bytearray, struct.error for
+    a value outside its field's range, ChunkError when ``chunk`` is shorter than the header (nothing is
+    changed then)."""
+    cdef uint64_t c_id, c_epoch
+    cdef int64_t c_ts
+    cdef Py_ssize_t n
+    cdef unsigned char* p
+    if type(chunk) is not bytearray:
+        raise TypeError(f"a chunk to stamp must be a bytearray, not {type(chunk).__name__}")
+    try:
+        c_id = chunk_id
+        c_ts = timestamp
+        c_epoch = epoch
+    except OverflowError:
+        raise StructError(STAMP_RANGE) from None
+    n = PyByteArray_GET_SIZE(chunk)
+    if n < HDR_LEN:
+        raise ChunkError(f"{n} bytes is shorter than the 48-byte chunk header")
+    p = <unsigned char*>PyByteArray_AS_STRING(chunk)
+    if crc:
+        # nobody else holds the chunk (the engine's from here on): its buffer stays put during the CRC
+        st_u32(p + 32, c_crc32(0, p + HDR_LEN, <size_t>(n - HDR_LEN)))
+    st_u64(p + 8, <uint64_t>c_ts)
+    st_u64(p + 16, c_epoch)
+    st_u64(p + 24, c_id)

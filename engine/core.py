@@ -30,6 +30,7 @@ build_chunk = impl.build_chunk
 encode_chunk = impl.encode_chunk
 encode_chunk_buffer = impl.encode_chunk_buffer
 read_header = impl.read_header
+stamp_chunk = impl.stamp_chunk     # the one-message commit: a sealed chunk's CRC and stamps in one call
 check_chunk = impl.check_chunk
 data_records = impl.data_records
 scan_entries = impl.scan_entries

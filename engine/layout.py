@@ -79,6 +79,9 @@ AppendResult.__doc__ = """Outcome of an append: the offsets given to the stored 
 entry was a duplicate) and the publishing ids dropped as duplicates."""
 
 
+_new_object = object.__new__
+
+
 class PublishingIds:
     """The publishing ids of one append's entries, kept as the raw big-endian uint64s they arrived as
     (``raw``, 8 bytes each: a PublishConfirm body as is) plus ``first``, ``last`` and ``increasing``
@@ -93,6 +96,14 @@ class PublishingIds:
         self.last = last
         self.increasing = increasing
         self._ints = None
+
+    @staticmethod
+    def of(raw, first, last, increasing):
+        """``PublishingIds(raw, first, last, increasing)`` without the class call (type_call ->
+        slot_tp_init -> the Python __init__), which costs more than the object on the one-message path."""
+        ids = _new_object(PublishingIds)
+        ids.raw, ids.first, ids.last, ids.increasing, ids._ints = raw, first, last, increasing, None
+        return ids
 
     def __len__(self):
         return len(self.raw) >> 3

@@ -947,11 +947,8 @@ class Engine(SuperStreamBindings):
         s = self._streams.get(stream)
         if s is not None and s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > self.fsync_rank:
             return None     # the stream asks for a sync: never on the caller's thread (an event loop)
-        got = []
-        req = _Append(stream, chunk, publishing_ids, publisher, None, num_entries, num_records, True, not crc_done)
-        if not self._writer.commit_inline((_OP_APPEND, (req,), Done(lambda res, exc: got.append((res, exc))))):
-            return None
-        return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
+        return self._writer.append_alone(_Append.sealed_chunk(stream, chunk, publishing_ids, publisher, num_entries,
+                                                              num_records, not crc_done))
 
     def append_entries(self, stream, data, *, publishing_ids=None, publisher=None, filter_values=None,
                        num_entries=None, num_records=None, on_done=None):

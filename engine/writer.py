@@ -44,6 +44,8 @@ H_CRC_OFFSET = 32            # the data CRC's place in the chunk header (format.
 # its first id (0 included) is new. Never written to LMDB; absence of the key is what says it.
 NO_SEQUENCE = -1
 OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stored as it is, not merged
+SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
+_tuple_new = tuple.__new__
 
 # --------------------------------------------------------------------------------------------------------
 # requests queued to the writer
@@ -65,6 +67,19 @@ class _Append:
         self.filters = filters
         self.entries = entries
         self.records = records
+
+    @staticmethod
+    def sealed_chunk(stream, chunk, ids, publisher, entries, records, crc_pending):
+        """``_Append(stream, chunk, ids, publisher, None, entries, records, True, crc_pending)`` made
+        without the class call (type_call -> slot_tp_init -> the Python __init__), which costs more than
+        the object itself on the one-message path (Engine.append_chunk_now)."""
+        req = _new_object(_Append)
+        req.stream, req.data, req.ids, req.publisher, req.filters = stream, chunk, ids, publisher, None
+        req.entries, req.records, req.sealed, req.crc_pending = entries, records, True, crc_pending
+        return req
+
+
+_new_object = object.__new__
 
 
 class Done:
@@ -125,6 +140,9 @@ class _Writer(threading.Thread):
         self.max_batch_bytes = max_batch_bytes
         self._next_retention = time.monotonic() + retention_interval
         self._seq_cache = {}      # (sid, publisher) -> last publishing id, committed
+        # (sid, publisher) -> its tracking key, built once for _commit_alone (stream ids are never reused,
+        # so an entry never goes stale; _seq_key empties the dict when it reaches SEQ_KEYS_MAX)
+        self._seq_keys = {}
         self._purge = []          # sids of deleted streams whose keys are still to be removed
         self._stopped = threading.Event()
         # Who writes: every write transaction runs holding _claim, on this thread or, for a small
@@ -141,6 +159,57 @@ class _Writer(threading.Thread):
         with self._mutex:
             self._outstanding += 1
         self.queue.put(item)
+
+    def append_alone(self, req):
+        """Engine.append_chunk_now's commit: the sealed append ``req`` committed now, on the caller's
+        thread, when nothing is queued or being written (:meth:`commit_inline`'s rule). Returns
+        ``(AppendResult, None)``, ``(None, exc)`` when the append failed, or None when the writer is
+        busy (nothing done). The one-message path: a commit that :meth:`_commit_alone` takes costs no
+        completion object or callback here."""
+        # acquire/release, not ``with``: a with statement looks up and binds __enter__ and __exit__, which
+        # on this path (a message) costs more than the lock itself
+        mutex = self._mutex
+        mutex.acquire()
+        try:
+            if self._outstanding or self.stopping:
+                return None
+            self._outstanding = 1
+        finally:
+            mutex.release()
+        try:
+            if not self._claim.acquire(False):  # the thread is purging or applying retention
+                return None
+            got = []
+            try:
+                res = self._commit_alone(req)
+                if type(res) is AppendResult:
+                    return res, None
+                # anything else as commit_inline completes it: the general path for one append (a
+                # duplicate, a chunk to cut, a full map, ...), or the error _commit_alone gave
+                done = Done(lambda r, e: got.append((r, e)))
+                if res is None:
+                    self._commit_batch([(_OP_APPEND, (req,), done)])
+                else:
+                    done.set_exception(res)
+            except BaseException:  # the completion has the error; the engine is stopped (see commit_inline)
+                log.exception("inline commit failed; the engine is stopped")
+            finally:
+                self._claim.release()
+            return got[0] if got else (None, RiverbedError("the append was not completed; see the log"))
+        finally:
+            mutex.acquire()
+            try:
+                self._outstanding -= 1
+            finally:
+                mutex.release()
+
+    def _seq_key(self, sid, publisher):
+        """The tracking key of ``publisher``'s sequence on stream ``sid``, built once (``_seq_keys``)."""
+        keys = self._seq_keys
+        if len(keys) >= SEQ_KEYS_MAX:
+            keys.clear()
+        key = keys[(sid, publisher)] = _tracking_key(sid, TRACKING_SEQUENCE, publisher)
+        return key
 
     def commit_inline(self, item):
         """Commit ``item`` now, on the caller's thread, if nothing is queued or being written; returns
@@ -194,23 +263,20 @@ class _Writer(threading.Thread):
         chunk = req.data
         records = req.records
         size = len(chunk) - LEN_CHUNK_HEADER
-        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max
-                or records > s.chunk_max_records or FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank):
+        if (s is None or req.filters is not None or size <= 0 or size > s.chunk_max or records > s.chunk_max_records
+                or (s.args and FSYNC_RANK.get(s.args.get("fsync"), 0) > eng.fsync_rank)):
             return None
         ids = req.ids
         publisher = req.publisher if ids is not None else None
         if publisher is not None and (not isinstance(ids, PublishingIds) or not ids.increasing or not len(ids)):
             return None
         started = time.perf_counter()
-        if req.crc_pending:
-            _CRC.pack_into(chunk, H_CRC_OFFSET, core.crc32(memoryview(chunk)[LEN_CHUNK_HEADER:]))
-            req.crc_pending = False
         now = eng.clock()
         ts = now if now > s.last_ts else s.last_ts
         chunk_id = s.next_offset
-        _STAMP_TS.pack_into(chunk, 8, ts)
-        _STAMP_ID.pack_into(chunk, 16, eng.epochs.get(name, CHUNK_EPOCH))
-        _STAMP_ID.pack_into(chunk, 24, chunk_id)
+        # the byte work in one compiled call: the data CRC when the caller left it, then the stamps
+        core.stamp_chunk(chunk, chunk_id, ts, eng.epochs.get(name, CHUNK_EPOCH), req.crc_pending)
+        req.crc_pending = False
         new = s.copy()
         new.advance(chunk_id, records, len(chunk), ts)
         sid = s.sid
@@ -220,9 +286,10 @@ class _Writer(threading.Thread):
         gate = eng._gate
         gate.enter()
         try:
-            with eng.env.begin(write=True, buffers=True) as txn:
+            # begin(db, parent, write, buffers), positional: py-lmdb builds no keyword dict for it
+            with eng.env.begin(None, None, True, True) as txn:
                 if publisher is not None:
-                    key = _tracking_key(sid, TRACKING_SEQUENCE, publisher)
+                    key = self._seq_keys.get((sid, publisher)) or self._seq_key(sid, publisher)
                     last = self._seq_cache.get((sid, publisher))
                     if last is None:
                         raw = txn.get(key, db=eng._db_tracking)
@@ -255,13 +322,18 @@ class _Writer(threading.Thread):
         eng.stats.commit_done(started, applied, time.perf_counter(), 1, len(chunk))
         if seqs:
             self._seq_cache.update(seqs)
-        with eng._lock:
+        lock = eng._lock        # acquired, not ``with``: see append_alone
+        lock.acquire()
+        try:
             quiet = not eng._waiters.get(sid)
             if quiet:       # no reader waits on this stream (a publisher alone): swap the state in, done
                 eng._streams[name] = new
+        finally:
+            lock.release()
         if not quiet:
             self._publish(_Alone(name, new, seqs))
-        return AppendResult(chunk_id, chunk_id + records - 1, [])
+        # AppendResult(...) without the namedtuple's Python-level __new__: one frame less per message
+        return _tuple_new(AppendResult, (chunk_id, chunk_id + records - 1, []))
 
     def stop(self):
         self.stopping = True

@@ -147,6 +147,40 @@ def publish_chunk(payload, crc=True):
             ids[0] if ids else 0, ids[-1] if ids else 0, increasing, records, subs)
 
 
+_ALONE_HEAD = struct.Struct(">IHHBi")    # size, key, version, publisher id, count: a Publish frame's head
+_CONFIRM_HEAD = struct.Struct(">IHHBi")  # size, key, version, publisher id, id count: a PublishConfirm's
+KEY_PUBLISH = 0x0002
+KEY_PUBLISH_CONFIRM = 0x0003
+
+
+def publish_alone(data, max_size, max_entries):
+    """The one-message path's parser (issue 26): ``data``, one read from a connection, taken whole when it
+    is exactly one RabbitMQ Stream Publish v1 frame (its u32 size first) of at most ``max_size`` bytes
+    after the size, with 1..``max_entries`` messages, all plain (no sub-batch entry), that parses.
+
+    Returns ``publish_chunk(payload, crc=False)``'s first eight values with, in the place of the
+    sub-batches, ``confirm``: the PublishConfirm frame of every id (size prefix included), the bytes the
+    general path's merged confirm of this frame alone would be. Anything else gives None, a malformed
+    frame included: the general path then splits, checks and refuses it as usual.
+    """
+    mv = memoryview(data).cast("B")
+    n = len(mv)
+    if n < 13:
+        return None
+    size, key, version, _, count = _ALONE_HEAD.unpack_from(mv, 0)
+    if size != n - 4 or size > max_size or key != KEY_PUBLISH or version != 1 or not 1 <= count <= max_entries:
+        return None
+    try:
+        got = publish_chunk(mv[4:], crc=False)
+    except FrameError:
+        return None
+    if got[8]:
+        return None
+    ids = got[3]
+    confirm = _CONFIRM_HEAD.pack(9 + len(ids), KEY_PUBLISH_CONFIRM, 1, got[0], count) + ids
+    return got[:8] + (confirm,)
+
+
 # ---- Kafka record batches v2 <-> the one record format (kafka.pxi is the compiled twin) --------------
 #
 # The Kafka shell's two byte loops. Produce: the records of one record batch v2 (its records section,

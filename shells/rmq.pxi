@@ -111,3 +111,58 @@ def publish_chunk(payload, crc=True):
         return c_publish_chunk(<const unsigned char*>view.buf, view.len, crc)
     finally:
         PyBuffer_Release(&view)
+
+
+cdef enum:
+    KEY_PUBLISH = 0x0002
+    KEY_PUBLISH_CONFIRM = 0x0003
+    CONFIRM_HEAD = 13     # size u32 | key u16 | version u16 | publisher id u8 | id count i32
+
+
+def publish_alone(data, max_size, max_entries):
+    """The one-message path's parser (issue 26): ``data``, one read from a connection, taken whole when it
+    is exactly one RabbitMQ Stream Publish v1 frame (its u32 size first) of at most ``max_size`` bytes
+    after the size, with 1..``max_entries`` messages, all plain (no sub-batch entry), that parses.
+
+    Returns ``publish_chunk(payload, crc=False)``'s first eight values with, in the place of the
+    sub-batches, ``confirm``: the PublishConfirm frame of every id (size prefix included), the bytes the
+    general path's merged confirm of this frame alone would be. Anything else gives None, a malformed
+    frame included: the general path then splits, checks and refuses it as usual.
+    """
+    cdef Py_buffer view
+    cdef const unsigned char* p
+    cdef Py_ssize_t n
+    cdef int64_t count
+    cdef int64_t cap = max_size
+    cdef int64_t most = max_entries
+    cdef unsigned char* c
+    cdef tuple got
+    c_get_buffer(data, &view)
+    try:
+        p = <const unsigned char*>view.buf
+        n = view.len
+        if n < 4 + PUB_HEAD or <int64_t>ld_u32(p) != n - 4 or n - 4 > cap:
+            return None
+        if ld_u16(p + 4) != KEY_PUBLISH or ld_u16(p + 6) != 1:
+            return None
+        count = <int32_t>ld_u32(p + 9)
+        if count < 1 or count > most:
+            return None
+        try:
+            got = c_publish_chunk(p + 4, n - 4, False)
+        except FrameError:
+            return None
+    finally:
+        PyBuffer_Release(&view)
+    if got[8]:
+        return None
+    ids = <bytes>got[3]
+    confirm = c_new_bytes(CONFIRM_HEAD + len(ids))
+    c = <unsigned char*>PyBytes_AS_STRING(confirm)
+    st_u32(c, <uint32_t>(CONFIRM_HEAD - 4 + len(ids)))
+    st_u16(c + 4, KEY_PUBLISH_CONFIRM)
+    st_u16(c + 6, 1)
+    c[8] = <unsigned char>(<int>got[0])
+    st_u32(c + 9, <uint32_t>count)
+    memcpy(c + CONFIRM_HEAD, PyBytes_AS_STRING(ids), len(ids))
+    return got[:8] + (confirm,)

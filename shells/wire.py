@@ -29,6 +29,7 @@ COMPILED = impl.COMPILED
 split_frames = impl.split_frames            # RabbitMQ Stream: u32 BE size | payload
 split_bson_frames = impl.split_bson_frames  # BSON/TCP: whole documents, i32 LE size first
 publish_chunk = impl.publish_chunk          # RabbitMQ Stream Publish v1 -> a sealed chunk in one pass
+publish_alone = impl.publish_alone          # ... when one read is that one frame, with its PublishConfirm
 bson_pub = impl.bson_pub                    # a mewbase PUB frame recognised without decoding it
 kafka_stored = impl.kafka_stored            # Kafka Produce: a batch's records -> stored records (chunk entries)
 kafka_batch = impl.kafka_batch              # Kafka Fetch: a chunk's stored records -> one record batch v2

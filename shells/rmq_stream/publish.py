@@ -44,6 +44,9 @@ class Publisher:
 
 
 MAX_CONFIRM_IDS = 1 << 16      # ids per merged PublishConfirm frame (512 KiB, under any client's frame max)
+# Publish frames up to this size (after their u32 size) may take the one-message path (_publish_alone): the
+# engine commits appends up to its INLINE_MAX_BYTES on the caller's thread
+ALONE_MAX_BYTES = 64 << 10
 
 
 class PublishCommands:
@@ -153,13 +156,54 @@ class PublishCommands:
         if now is not None:
             self._published(pub, publisher_id, count, raw_ids, first, last, increasing, *now)
             return
+        self._append_v1(pub, publisher_id, count, chunk, raw_ids, first, last, increasing, records, ids)
 
+    def _append_v1(self, pub, publisher_id, count, chunk, raw_ids, first, last, increasing, records, ids):
+        """A parsed Publish v1 frame appended the usual way (the engine's writer thread commits it)."""
         def done(result, exc):
             self._published(pub, publisher_id, count, raw_ids, first, last, increasing, result, exc)
 
         self.broker.append_chunk(pub.stream, chunk, ids, pub.reference,
                                  self._inflight(len(chunk) - fmt.LEN_CHUNK_HEADER, done), count, records,
                                  crc_done=False)
+
+    def _set_alone_limits(self):
+        """Once open (and after a later Tune): what :meth:`_publish_alone` takes. Frames up to
+        ALONE_MAX_BYTES within the Publish cap, with at most as many messages as the entries limit
+        allows and as one PublishConfirm frame within the client's frame_max holds."""
+        self._alone_max = min(self._max_frame, ALONE_MAX_BYTES)
+        self._alone_entries = min(self.limits.max_entries_per_frame, self._confirm_ids_max())
+
+    def _publish_alone(self, data):
+        """The one-message path (issue 26), beside the general one: ``data``, one whole read, is a
+        single small Publish v1 frame (wire.publish_alone) of a live publisher, and no output is queued.
+        One compiled pass parses it, seals its chunk and builds its PublishConfirm frame; when the engine
+        commits it inline (Broker.append_chunk_now) that frame is written at once. Otherwise it goes on
+        as the general path does with the parsed frame. The client sees the same bytes, the engine
+        stores the same chunk and the log says the same as through ``_received`` -> ``_dispatch`` ->
+        ``_publish_v1`` -> ``_send_confirm`` -> ``_flush`` (tests/shells/test_rmq_alone.py). Returns False,
+        having done nothing, for anything else (then the general path reads ``data``)."""
+        got = wire.publish_alone(data, self._alone_max, self._alone_entries)
+        if got is None or self._out:
+            return False
+        publisher_id, count, chunk, raw_ids, first, last, increasing, records, confirm = got
+        pub = self.publishers.get(publisher_id)
+        if pub is None or pub.stream_gone:
+            return False        # the errors are the general path's
+        reference = pub.reference
+        ids = PublishingIds.of(raw_ids, first, last, increasing) if reference else None
+        now = self.broker.append_chunk_now(pub.stream, chunk, ids, reference, count, records, crc_done=False)
+        if now is None:
+            self._append_v1(pub, publisher_id, count, chunk, raw_ids, first, last, increasing, records, ids)
+        elif now[1] is None:
+            # the confirm after the commit, in the bytes _send_confirm and _merged_confirms would make
+            self.io.write(confirm)
+            self.last_sent = self.last_recv
+            return True
+        else:
+            self._published(pub, publisher_id, count, raw_ids, first, last, increasing, *now)
+        self._flush()
+        return True
 
     def _published(self, pub, publisher_id, count, raw_ids, first, last, increasing, result, exc):
         """A Publish v1 frame's append completed: confirm its ids, or refuse each with the error's code."""

@@ -135,12 +135,16 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         self._confirms = {}             # publisher id -> its confirm being merged in _out (publish.py)
         self._corr = 0
         self._pending_updates = {}      # correlation id of a ConsumerUpdate we sent -> subscription id
+        self._alone_max = 0             # Publish frames the one-message path takes: none until Open
+        self._alone_entries = 0         # (publish.py: _set_alone_limits, _publish_alone)
 
     # ------------------------------------------------------------------------------- input and output
 
     def _received(self, data):
         """Bytes from the peer (the kernel's ``data_received``): every complete frame, then the replies."""
         buf = self._buf
+        if not buf and self._publish_alone(data):
+            return                  # one small Publish frame alone: done (publish.py)
         if buf:
             buf += data
             if len(buf) < self._need:
@@ -433,6 +437,8 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         hb = self.shell.heartbeat
         # as RabbitMQ: 0 from one side means "no preference", so the other side's value holds
         self.heartbeat = min(heartbeat, hb) if heartbeat and hb else (heartbeat or hb)
+        if self.state >= ST_OPEN:
+            self._set_alone_limits()    # a confirm must still fit the frame_max
 
     def _on_open(self, f, version):
         r = Reader(f)
@@ -445,6 +451,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
             return
         self.state = ST_OPEN
         self._max_frame = self.limits.max_frame_size
+        self._set_alone_limits()
         host, port = self._advertised()
         self._respond(CMD_OPEN, corr, RC_OK,
                       enc_properties({"advertised_host": host, "advertised_port": str(port)}))

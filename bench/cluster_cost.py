@@ -15,7 +15,10 @@ collection is switched on (``callgrind_control -i on``) just before the timed pa
 after its last confirm, so start-up and stream creation are not counted but everything time-driven
 during the window is (valgrind stretches the window some 30-50x: a clock-driven cost weighs far more
 per message here than at full speed). ``--py-spy DIR`` records each node with py-spy during the timed
-part (raw collapsed stacks). Prints one JSON document.
+part (raw collapsed stacks); ``--strace DIR`` counts each node's system calls (``strace -c``, every thread)
+during it (strace slows the nodes: read its counts, not the CPU figures of that run); ``--perf DIR`` samples
+each node with ``perf record -e cpu-clock`` (kernel and native frames: copies, page faults). Prints one JSON
+document, with each node's user and system CPU apart (``user_sys_us_per_msg``).
 """
 
 import argparse
@@ -46,9 +49,11 @@ def _helpers():
 
 
 def _cpu(pid):
+    """``(user, system)`` CPU seconds of process ``pid`` so far (/proc/PID/stat utime, stime)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tck = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tck, int(fields[12]) / tck
 
 
 def _total_ir(path):
@@ -133,6 +138,35 @@ def _spy(servers, directory, seconds):
             for name, srv in servers.nodes.items()]
 
 
+def _strace(servers, directory):
+    """``strace -c`` attached to every thread of every node (syscall counts of the timed part)."""
+    procs = []
+    for name, srv in servers.nodes.items():
+        tids = sorted(os.listdir(f"/proc/{srv.pid}/task"))
+        cmd = ["strace", "-c", "-f", "-o", f"{directory}/{name}.txt"]
+        for tid in tids:
+            cmd += ["-p", tid]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    time.sleep(0.5)      # attached before the timed part starts
+    return procs
+
+
+def _perf(servers, directory):
+    """``perf record`` (software cpu-clock samples: this VM has no hardware counters) of every node."""
+    procs = [subprocess.Popen(["perf", "record", "-F", "1999", "-e", "cpu-clock", "-p", str(srv.pid), "-o",
+                               f"{directory}/{name}.data"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name, srv in servers.nodes.items()]
+    time.sleep(0.5)
+    return procs
+
+
+def _strace_stop(procs):
+    for p in procs:
+        p.send_signal(signal.SIGINT)
+    for p in procs:
+        p.wait(60)
+
+
 def run(a):
     tmp = tempfile.mkdtemp(prefix="riverbed-cluster-cost-")
     nodes = 1 if a.mode == "single" else 3
@@ -144,6 +178,8 @@ def run(a):
         asyncio.run(_create_and_warm(port, 2000))
         time.sleep(2 * LEASE_TTL if nodes > 1 else 0.5)       # members connected and caught up, progress written
         spies = []
+        straces = _strace(servers, a.strace) if a.strace else []
+        straces += _perf(servers, a.perf) if a.perf else []
         servers.collect(True)
         cpu0, t0, load0 = servers.cpu(), time.monotonic(), os.getloadavg()[0]
         if a.mode == "idle":
@@ -159,17 +195,21 @@ def run(a):
             time.sleep(1.0)
         cpu1 = servers.cpu()
         servers.collect(False)
+        _strace_stop(straces)
         for s in spies:
             s.wait(120)
         result.update(elapsed_s=round(elapsed, 2), load=[round(load0, 2), round(os.getloadavg()[0], 2)],
-                      cpu_s={k: round(cpu1[k] - cpu0[k], 3) for k in cpu0})
+                      cpu_s={k: round(sum(cpu1[k]) - sum(cpu0[k]), 3) for k in cpu0})
         msgs = a.n * a.repeat if a.mode != "idle" else 0
         if msgs:
             result["messages"] = msgs
-            result["cpu_us_per_msg"] = {k: round(1e6 * (cpu1[k] - cpu0[k]) / msgs, 3) for k in cpu0}
+            result["cpu_us_per_msg"] = {k: round(1e6 * (sum(cpu1[k]) - sum(cpu0[k])) / msgs, 3) for k in cpu0}
+            # user and system time apart: the kernel's share (socket copies, page faults) vs Python's
+            result["user_sys_us_per_msg"] = {k: [round(1e6 * (cpu1[k][i] - cpu0[k][i]) / msgs, 3) for i in (0, 1)]
+                                             for k in cpu0}
             result["cpu_us_per_msg_total"] = round(sum(result["cpu_us_per_msg"].values()), 3)
         else:
-            result["cpu_percent"] = {k: round(100 * (cpu1[k] - cpu0[k]) / elapsed, 2) for k in cpu0}
+            result["cpu_percent"] = {k: round(100 * (sum(cpu1[k]) - sum(cpu0[k])) / elapsed, 2) for k in cpu0}
     finally:
         irs = servers.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -197,8 +237,10 @@ def main(argv=None):
     ap.add_argument("--callgrind", metavar="DIR", help="run the servers under callgrind, its files in DIR")
     ap.add_argument("--py-spy", metavar="DIR", help="record each node with py-spy during the timed part")
     ap.add_argument("--spy-seconds", type=float, default=10.0)
+    ap.add_argument("--strace", metavar="DIR", help="count each node's syscalls (strace -c) during the timed part")
+    ap.add_argument("--perf", metavar="DIR", help="perf record (cpu-clock) each node during the timed part")
     a = ap.parse_args(argv)
-    for d in (a.callgrind, a.py_spy):
+    for d in (a.callgrind, a.py_spy, a.strace, a.perf):
         if d:
             os.makedirs(d, exist_ok=True)
     print(json.dumps(run(a)))

@@ -490,8 +490,10 @@ class Engine(SuperStreamBindings):
         before anything is queued), every chunk id against the log's end in the writer (a gap refuses
         the whole batch: nothing of it is stored). ``sequences`` cover the whole batch; ``start`` lets an
         empty copy begin at the first chunk's id. Future (or ``on_done``) of the stream's next offset after
-        the last chunk."""
-        checked = [(bytes(c), core.check_chunk(c)) for c in chunks]
+        the last chunk. A ``bytearray`` chunk is stored as it is, not copied: the caller hands it over
+        and must not change it afterwards (a member's chunk as it came off the socket)."""
+        checked = [(c if type(c) is bytes or type(c) is bytearray else bytes(c), core.check_chunk(c))
+                   for c in chunks]
         return self._submit(_OP_REPLICA, stream, checked, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):

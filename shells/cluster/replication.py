@@ -59,6 +59,25 @@ class Leading:
         self.frozen = False        # handing leadership over: the committed offset stays where it is
         self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
         self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
+        self._shared = None        # [pos, stream state, (chunks, seqs), feeds served]: read_for_replica
+
+    def read_for_replica(self, pos):
+        """``engine.read_for_replica(name, pos)``, read once for every member connection at ``pos`` (they
+        are all at the same place while they keep up): each member's send then copies no chunk out of
+        LMDB again. A read is shared only while no commit has changed the stream since (the same stream
+        state object: the writer replaces it on every commit) and only until every connection has had it,
+        so no chunk bytes are held between batches. Raises StreamNotFound."""
+        engine = self.node.engine
+        state = engine._current(self.name)
+        shared = self._shared
+        if shared is not None and shared[0] == pos and shared[1] is state:
+            shared[3] += 1
+            if shared[3] >= len(self.feeds):
+                self._shared = None
+            return shared[2]
+        got = engine.read_for_replica(self.name, pos)
+        self._shared = [pos, state, got, 1] if len(self.feeds) > 1 else None
+        return got
 
     def local_next(self):
         try:
@@ -211,7 +230,7 @@ class _Feed:
         plane = self.plane
         engine = plane.engine
         name = self.name
-        chunks, seqs = engine.read_for_replica(name, self.pos)
+        chunks, seqs = self.st.read_for_replica(self.pos)
         out = []
         last = len(chunks) - 1
         for i, (chunk_id, raw) in enumerate(chunks):
@@ -403,13 +422,16 @@ class ReplicationPlane:
             writer.write(wire.u64_frame(wire.ACK, offset))
 
 
-class _Following(asyncio.Protocol):
-    """A member's connection to the leader of one stream: each frame is handled in ``data_received`` as it
-    arrives, so a chunk is stored, and (committed inline, fsync=never) acknowledged, in the same loop turn
-    that read it, with no task wake-up in between. ``done`` resolves to None (REFUSE), to the offset a
-    TRUNCATE asks to cut at, or to the error that ends the connection (the leader closed it, a bad frame,
-    a refused chunk); :meth:`ReplicationPlane._follow_once` awaits it. Loop thread only, except ``stored``
-    (see there)."""
+class _Following(asyncio.BufferedProtocol):
+    """A member's connection to the leader of one stream. The socket is read straight into a
+    :class:`wire.FrameReader`: a chunk lands in a buffer of its own, which goes to the engine as it is
+    (checked once, by its CRC, and put once). The frames of one read are handled as it arrives, so a chunk
+    is stored, and (committed inline, fsync=never) acknowledged, in the same loop turn that read it, with
+    no task wake-up in between; every whole batch of that read (the chunks up to each SEQS's last chunk)
+    goes to the engine in ONE transaction, acknowledged by one ACK. ``done`` resolves to None (REFUSE), to
+    the offset a TRUNCATE asks to cut at, or to the error that ends the connection (the leader closed it, a
+    bad frame, a refused chunk); :meth:`ReplicationPlane._follow_once` awaits it. Loop thread only, except
+    ``stored`` (see there)."""
 
     def __init__(self, plane, name, epoch):
         self.plane = plane
@@ -419,12 +441,15 @@ class _Following(asyncio.Protocol):
         self.loop_thread = threading.get_ident()
         self.done = self.loop.create_future()
         self.transport = None
-        self.buf = bytearray()
+        self.frames = wire.FrameReader()
         self.durable = [0, 0.0]     # the highest offset acknowledged here, and when the last ACK went out
         self.start = False          # an empty copy starts at the first chunk its leader sends
         self.seqs = None
         self.held = []              # chunks received without the sequences that cover them yet
         self.held_bytes = 0
+        self.ready = []             # whole batches of this read, stored together at its end (_store)
+        self.ready_seqs = None
+        self.ack_asked = False      # a COMMIT of this read wants its heartbeat answer
 
     def begin(self, next_offset, empty):
         self.durable[0] = next_offset
@@ -443,19 +468,24 @@ class _Following(asyncio.Protocol):
             else:
                 self.done.set_exception(exc)
 
-    def data_received(self, data):
+    def get_buffer(self, sizehint):
+        return self.frames.get_buffer()
+
+    def buffer_updated(self, nbytes):
         if self.done.done():
             return
-        buf = self.buf
-        buf += data
         try:
-            frames, used = wire.split_frames(buf)
-            if used:
-                del buf[:used]
-            for kind, payload in frames:
+            for kind, payload in self.frames.feed(nbytes):
                 self._frame(kind, payload)
                 if self.done.done():
                     return
+            if self.ready:
+                self._store()
+            if self.ack_asked:
+                self.ack_asked = False
+                if time.monotonic() - self.durable[1] >= ACK_QUIET:
+                    # the heartbeat's answer, unless this read's batch was acknowledged a moment ago
+                    ReplicationPlane._ack(self.transport, self.durable[0], self.durable)
         except Exception as e:       # noqa: BLE001 - _follow tells the kinds apart (a bad frame, a refused chunk)
             self._finish(exc=e)
             self.transport.close()
@@ -477,10 +507,20 @@ class _Following(asyncio.Protocol):
         else:
             self.loop.call_soon_threadsafe(t.close)
 
+    def _store(self):
+        """The whole batches of this read in ONE transaction (one commit, one sync, one ACK), with the
+        publisher sequences of the last of them (each SEQS holds every publisher's sequence as of its
+        batch's end, so the later one covers the earlier ones); a ChunkError (a bad CRC, a gap) stores none
+        of them and drops the connection; the member then asks again."""
+        chunks, self.ready = self.ready, []
+        seqs, self.ready_seqs = self.ready_seqs, None
+        start, self.start = self.start, False
+        self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start, on_done=self.stored)
+
     def _frame(self, kind, payload):
         plane, name = self.plane, self.name
         if kind == wire.CHUNK:
-            h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks below
+            h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks
             epoch = self.epoch
             if h[H_EPOCH] > epoch or epoch < plane.max_epoch.get(name, 0):
                 # a leader of an older epoch than one this member has seen: refused
@@ -493,29 +533,34 @@ class _Following(asyncio.Protocol):
                 self.held.append(payload)
                 self.held_bytes += len(payload)
                 return
-            # the held chunks and this one in ONE transaction (one commit, one sync, one ACK), the
-            # sequences with them; a ChunkError (a bad CRC, a gap) stores none of them and drops the
-            # connection; the member then asks again
-            held = self.held
-            held.append(payload)
+            # the held chunks and this one are a whole batch: stored with the read's other batches
+            self.ready += self.held
+            self.ready.append(payload)
             self.held, self.held_bytes = [], 0
             seqs, self.seqs = self.seqs, None
-            start, self.start = self.start, False
-            plane.engine.replicate_chunks(name, held, sequences=seqs, start=start, on_done=self.stored)
-        elif kind == wire.SEQS:
+            if seqs is not None:
+                if self.ready_seqs is None:
+                    self.ready_seqs = seqs
+                else:
+                    self.ready_seqs.update(seqs)
+            return
+        if kind == wire.SEQS:
             self.seqs = wire.decode_seqs(payload)
-        elif kind == wire.OFFSETS:
-            for ref, off in wire.decode_offsets(payload).items():
-                plane.engine.store_offset(name, ref, off)
-        elif kind == wire.COMMIT:
+            return
+        if kind == wire.COMMIT:
             commit = wire.u64(payload)
             plane.engine.set_read_limit(name, commit)
             plane.observers.heard_commit(name, commit)
             if time.monotonic() - self.durable[1] >= ACK_QUIET:
-                # the heartbeat's answer; a member that acknowledged a chunk a moment ago was heard already
-                # (each publish moves the committed offset: answering every COMMIT doubled the ACKs the
-                # leader reads)
-                ReplicationPlane._ack(self.transport, self.durable[0], self.durable)
+                # answered at the end of the read (a member that acknowledged a chunk a moment ago was
+                # heard already: answering every COMMIT doubled the ACKs the leader reads)
+                self.ack_asked = True
+            return
+        if self.ready:
+            self._store()       # whatever comes after a batch acts after it is stored (as sent)
+        if kind == wire.OFFSETS:
+            for ref, off in wire.decode_offsets(payload).items():
+                plane.engine.store_offset(name, ref, off)
         elif kind == wire.TRUNCATE:
             self._finish(wire.u64(payload))
         elif kind == wire.REFUSE:

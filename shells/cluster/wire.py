@@ -105,6 +105,91 @@ def split_frames(buf):
     return frames, pos
 
 
+class FrameReader:
+    """The frames of a byte stream read straight into this reader's buffers (for an
+    ``asyncio.BufferedProtocol``: :meth:`get_buffer` is the protocol's ``get_buffer``, :meth:`feed` its
+    ``buffer_updated``), with no copy of a large payload: a payload of at least ``big`` bytes is read into
+    a ``bytearray`` of its own, which the caller may keep (a member hands a replicated chunk to the engine
+    as it came off the socket). Smaller frames come out of one scratch buffer as ``bytes``; it is small
+    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload over
+    ``grow`` bytes gets a buffer that doubles as it arrives, so a hostile length reserves little up front.
+
+    The same frames as :func:`split_frames` and :func:`read_frame` for the same bytes, whatever the reads
+    (tests/fuzz/t_replication.py checks it). Not thread-safe: one connection's loop thread."""
+
+    __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled")
+
+    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20):
+        if scratch < big + LEN_FRAME_HEADER:
+            raise ValueError("the scratch buffer must hold a whole small frame")
+        self.big = big
+        self.grow = grow
+        self.scratch = bytearray(scratch)
+        self.view = memoryview(self.scratch)
+        self.have = 0             # bytes of scratch holding data not yet split into frames
+        self.payload = None       # the large payload being read into its own buffer
+        self.payload_view = None
+        self.kind = 0
+        self.size = 0             # bytes of that payload in all
+        self.filled = 0           # bytes of it read so far
+
+    def get_buffer(self):
+        """Where the next read goes: the rest of a large payload, else the scratch buffer's free part
+        (never empty)."""
+        if self.payload is not None:
+            if self.filled == len(self.payload):
+                # more of a payload over ``grow`` bytes: a buffer twice as large (a copy, never a resize:
+                # the loop may still hold a view of the old one)
+                payload = bytearray(min(self.size, 2 * self.filled))
+                payload[:self.filled] = self.payload
+                self.payload, self.payload_view = payload, memoryview(payload)
+            return self.payload_view[self.filled:]
+        return self.view[self.have:]
+
+    def feed(self, nbytes):
+        """``[(type, payload)]``: the frames completed by the ``nbytes`` just read into :meth:`get_buffer`'s
+        buffer (a large payload as its ``bytearray``, the others as ``bytes``). Raises WireError for a
+        length outside 1..MAX_FRAME; the reader is then unusable."""
+        if self.payload is not None:
+            self.filled += nbytes
+            if self.filled < self.size:
+                return []
+            done = (self.kind, self.payload)
+            self.payload = self.payload_view = None
+            return [done]
+        self.have += nbytes
+        view, pos, end = self.view, 0, self.have
+        frames = []
+        while end - pos >= LEN_FRAME_HEADER:
+            length, kind = _HEAD.unpack_from(view, pos)
+            if not 1 <= length <= MAX_FRAME:
+                raise WireError(f"frame length {length}")
+            size = length - 1
+            start = pos + LEN_FRAME_HEADER
+            if size >= self.big:
+                # its own buffer: what of it is here now is copied once, the rest is read straight into it
+                got = min(end - start, size)
+                payload = bytearray(max(min(size, self.grow), got))
+                payload[:got] = view[start:start + got]
+                pos = start + got
+                if got == size:
+                    frames.append((kind, payload))
+                    continue
+                self.payload, self.payload_view = payload, memoryview(payload)
+                self.kind, self.size, self.filled = kind, size, got
+                break
+            if end - start < size:
+                break
+            frames.append((kind, bytes(view[start:start + size])))
+            pos = start + size
+        rest = end - pos
+        if rest and pos:
+            # the start of a small frame (under ``big`` + a header): moved to the front for the next read
+            self.scratch[:rest] = bytes(view[pos:end])
+        self.have = rest
+        return frames
+
+
 def _count(obj, key, default=None):
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= U64_MAX:

@@ -389,3 +389,45 @@ def test_chunk_goes_ahead_to_a_majority_first_the_rest_after_the_commit(leader_e
             server.close()
             await server.wait_closed()
     asyncio.run(run())
+
+
+def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engine, monkeypatch):
+    """Both member connections get the publish's chunk from ONE read of the leader's log (the chunk is
+    copied out of LMDB once, not once per member), and the same bytes; a later publish is read anew."""
+    reads = []
+    real = leader_engine.read_for_replica
+
+    def counted(name, pos, *args, **kw):
+        got = real(name, pos, *args, **kw)
+        reads.append((pos, len(got[0])))
+        return got
+    monkeypatch.setattr(leader_engine, "read_for_replica", counted)
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conns = []
+        try:
+            for m in ("m1", "m2"):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(wire.json_frame(wire.HELLO, {"node": m, "stream": "s", "epoch": 1, "next": 0,
+                                                          "last": None}))
+                await frames_until(reader, wire.COMMIT)
+                conns.append((reader, writer))
+            await asyncio.sleep(0.05)         # both serving tasks park
+            assert len(st.feeds) == 2 and all(f.parked for f in st.feeds)
+            for n in range(1, 3):
+                reads.clear()
+                end, _ = publish(node, st, b"record %d" % n)
+                got = [await frames_until(reader, wire.CHUNK) for reader, _ in conns]
+                assert got[0] == got[1]
+                assert wire.decode_chunk(got[0][-1][1])[H_CHUNK_ID] == end - 1
+                assert [r for r in reads if r[1]] == [(end - 1, 1)], reads
+        finally:
+            for _, writer in conns:
+                writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())

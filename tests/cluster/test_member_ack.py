@@ -84,28 +84,45 @@ def leader_batches(leader, n_batches, chunks_per_batch):
     return out
 
 
-async def run_leader(batches, member, on_ack):
-    """Serve one member connection: send every batch (SEQS before its last chunk), read the ACKs until the
-    member holds everything; ``on_ack(offset)`` at each ACK as it arrives."""
+def batch_frames(chunks, seqs):
+    """The frames of one batch as the leader sends them: SEQS before its last chunk."""
+    out = []
+    for i, raw in enumerate(chunks):
+        if i == len(chunks) - 1:
+            out.append(wire.json_frame(wire.SEQS, seqs))
+        out += [wire.head(wire.CHUNK, len(raw)), raw]
+    return out
+
+
+async def run_leader(batches, member, on_ack, one_write=False):
+    """Serve one member connection: send every batch, each once the member acknowledged the one before
+    (or, ``one_write``, all of them in one write), read the ACKs until the member holds everything;
+    ``on_ack(offset)`` at each ACK as it arrives."""
     end = batches[-1][1]["p"] + 1
     done = asyncio.get_running_loop().create_future()
 
     async def serve(reader, writer):
         kind, payload = await wire.read_frame(reader)
         assert kind == wire.HELLO and wire.decode_hello(payload)["stream"] == "s"
+        if one_write:
+            writer.writelines([f for chunks, seqs in batches for f in batch_frames(chunks, seqs)])
+            await writer.drain()
+        offset = -1
         for chunks, seqs in batches:
-            for i, raw in enumerate(chunks):
-                if i == len(chunks) - 1:
-                    writer.write(wire.json_frame(wire.SEQS, seqs))
-                writer.writelines((wire.head(wire.CHUNK, len(raw)), raw))
-        await writer.drain()
-        while True:
+            if one_write:
+                break
+            writer.writelines(batch_frames(chunks, seqs))
+            await writer.drain()
+            while offset < seqs["p"] + 1:
+                kind, payload = await wire.read_frame(reader)
+                assert kind == wire.ACK
+                offset = wire.u64(payload)
+                on_ack(offset)
+        while offset < end:
             kind, payload = await wire.read_frame(reader)
             assert kind == wire.ACK
             offset = wire.u64(payload)
             on_ack(offset)
-            if offset >= end:
-                break
         writer.write(wire.json_frame(wire.REFUSE, {"reason": "test over"}))   # the member's loop returns
         await writer.drain()
         done.set_result(None)
@@ -156,3 +173,45 @@ def test_member_stores_a_batch_in_one_commit_and_acks_it_once(engines):
     assert acks == ends
     assert member.stats.group_commits - commits == len(batches)
     assert member.query_publisher_sequence("s", "p") == ends[-1] - 1
+
+
+def test_batches_that_arrive_in_one_read_are_stored_in_one_commit_with_one_ack(engines):
+    """Several whole batches in one read (a leader that sent them together): one transaction and one
+    ACK for all of them, naming the last batch's end, with the sequences of the last batch; the log is
+    the leader's byte for byte. A member storing (and acknowledging) each batch apart fails here."""
+    leader, member = engines
+    batches = leader_batches(leader, 3, 4)
+    member.create_stream("s").result()
+    commits = member.stats.group_commits
+    acks = []
+    asyncio.run(run_leader(batches, Member(member), acks.append, one_write=True))
+    end = batches[-1][1]["p"] + 1
+    assert acks == [end]
+    assert member.stats.group_commits - commits == 1
+    assert member.query_publisher_sequence("s", "p") == end - 1
+    assert member.read_chunks("s", 0, 10_000, limited=False) == leader.read_chunks("s", 0, 10_000, limited=False)
+
+
+def test_large_chunks_are_stored_as_read_and_byte_identical(engines):
+    """Chunks far larger than a read (each lands in its own buffer, read in many pieces) are stored
+    byte for byte as the leader holds them, one commit and one ACK per batch."""
+    leader, member = engines
+    leader.create_stream("s", {"chunk-max-records": 100_000}).result()
+    body = bytes(range(256)) * 8
+    for i in range(6):
+        leader.append("s", [body + b"%d-%d" % (i, j) for j in range(300)],
+                      publishing_ids=list(range(300 * i, 300 * i + 300)), publisher="p").result()
+    chunks = [raw for _, raw in leader.read_chunks("s", 0, 10_000, limited=False)]
+    assert len(chunks) == 6 and all(len(c) > 500_000 for c in chunks)
+    batches = []
+    for b in range(3):
+        part = chunks[2 * b:2 * b + 2]
+        last = core.read_header(part[-1])
+        batches.append((part, {"p": last[H_CHUNK_ID] + last[H_RECORDS] - 1}))
+    member.create_stream("s", {"chunk-max-records": 100_000}).result()
+    commits = member.stats.group_commits
+    acks = []
+    asyncio.run(run_leader(batches, Member(member), acks.append))
+    assert acks == [seqs["p"] + 1 for _, seqs in batches]
+    assert member.stats.group_commits - commits == len(batches)
+    assert member.read_chunks("s", 0, 10_000, limited=False) == leader.read_chunks("s", 0, 10_000, limited=False)

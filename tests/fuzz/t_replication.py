@@ -72,11 +72,19 @@ class ReplicationTarget:
             if again != body[:used] or used > len(body):
                 raise InvariantBroken("split_frames: the frames do not re-encode to the bytes consumed")
         read = self.loop.run_until_complete(self._read_all(pieces(flags, body)))
+        buffered, buffered_error = self._read_buffered(pieces(flags, body))
         if split_error is None:
             if read != frames:
                 raise InvariantBroken(f"read_frame gave {len(read)} frames, split_frames {len(frames)}")
-        elif read != wire.split_frames(body[:self._good_prefix(body)])[0]:
-            raise InvariantBroken("read_frame and split_frames disagree before a bad length")
+            if buffered != frames or buffered_error is not None:
+                raise InvariantBroken(f"FrameReader gave {len(buffered)} frames ({buffered_error}), "
+                                      f"split_frames {len(frames)}")
+        else:
+            good = wire.split_frames(body[:self._good_prefix(body)])[0]
+            if read != good:
+                raise InvariantBroken("read_frame and split_frames disagree before a bad length")
+            if buffered_error is None or buffered != good[:len(buffered)]:
+                raise InvariantBroken("FrameReader and split_frames disagree before a bad length")
         for kind, payload in (frames or read)[:MAX_FRAMES]:
             self._decode(kind, payload)
 
@@ -90,6 +98,25 @@ class ReplicationTarget:
                 break
             pos += 4 + length
         return pos
+
+    @staticmethod
+    def _read_buffered(parts):
+        """The frames a member's FrameReader makes of ``parts`` (each read as far as its buffers take
+        it), as bytes, and the WireError that stopped it (or None)."""
+        reader = wire.FrameReader()
+        out = []
+        try:
+            for p in parts:
+                pos = 0
+                while pos < len(p):
+                    buf = reader.get_buffer()
+                    n = min(len(buf), len(p) - pos)
+                    buf[:n] = p[pos:pos + n]
+                    pos += n
+                    out += [(k, bytes(v)) for k, v in reader.feed(n)]
+        except wire.WireError as e:
+            return out, e
+        return out, None
 
     @staticmethod
     async def _read_all(parts):

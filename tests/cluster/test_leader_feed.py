@@ -248,9 +248,10 @@ class _FailingCommit:
     def __getattr__(self, name):
         return getattr(self.env, name)
 
-    def begin(self, **kw):
-        txn = self.env.begin(**kw)
-        if not (kw.get("write") and self.armed):
+    def begin(self, db=None, parent=None, write=False, buffers=False):
+        # py-lmdb's positional order: the one-message commit calls begin(None, None, True, True)
+        txn = self.env.begin(db=db, parent=parent, write=write, buffers=buffers)
+        if not (write and self.armed):
             return txn
         self.armed = False
         return _FailAtExit(txn)

@@ -156,14 +156,19 @@ async def rstream_fill(a, body):
 
 
 async def publish_rstream_batches(p, stream, n, body, batch, inflight):
-    state = {"confirmed": 0}
+    state = {"confirmed": 0, "refused": 0, "code": None}
     sent = 0
     done = asyncio.Event()
     room = asyncio.Event()
     window = batch * inflight
 
     def on_confirm(status):
+        # a PublishError answers a message too (it frees its place in the window) but is not a confirm:
+        # the run fails below rather than count it as published
         state["confirmed"] += 1
+        if not status.is_confirmed:
+            state["refused"] += 1
+            state["code"] = state["code"] or status.response_code
         if sent - state["confirmed"] < window:
             room.set()
         if state["confirmed"] >= n:
@@ -177,6 +182,9 @@ async def publish_rstream_batches(p, stream, n, body, batch, inflight):
         sent += k
         await p.send_batch(stream, [body] * k, on_publish_confirm=on_confirm)
     await asyncio.wait_for(done.wait(), 900)
+    if state["refused"]:
+        raise RuntimeError(f"{state['refused']} of {n} messages answered with PublishError "
+                           f"(first code {state['code']:#x}), not confirmed")
 
 
 def rbfly_client(a):

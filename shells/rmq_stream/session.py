@@ -17,8 +17,8 @@ Behaviour where the protocol leaves a choice (each covered by tests/shells/test_
   at once, then the socket closes; an unknown mechanism (0x07) leaves the connection open for another
   try. A re-authentication after Open that fails, changes the user (0x15) or the mechanism (0x14) ends
   the connection the same delayed way.
-* How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error,
-  and (unlike RabbitMQ) for a heartbeat timeout.
+* How the broker ends a connection follows RabbitMQ (below): a Close frame only for a protocol error;
+  a heartbeat timeout closes the socket without one, as RabbitMQ does (issue 19's contract).
 * Flow control: a connection stops being read while ``max_pending_bytes`` (32 MiB) of its appends are
   uncommitted, while the broker-wide in-flight budget is exceeded, while 10,000
   of its engine operations are pending, or while its transport's write buffer is over 4 MiB (so a
@@ -42,8 +42,7 @@ rabbit_mgmt_wm_connection.erl``), which this module does the same way:
   ``close/3`` again: no Close frame. Here: :meth:`close_gracefully` (called by the listener once
   in-flight appends have confirmed) flushes and closes the socket.
 * Heartbeat timeout: ``open(info, heartbeat_timeout)`` -> ``stop``: no frame (likewise the handshake
-  ``state_timeout/3`` and an expired token). Here: :meth:`tick` sends Close (code 0x01, the reason
-  "heartbeat timeout: ...") and closes the socket, so the client can tell why; and a connection the
+  ``state_timeout/3`` and an expired token). Here: :meth:`tick` closes the socket, without a frame; and a connection the
   broker owes answers (appends not yet confirmed: a publisher whose window is full sends nothing) or
   has stopped reading is never idle: its silence counts from when the broker is done with it.
 * Authentication failure: ``handle_frame_pre_auth/4`` answers SaslAuthenticate 0x08 and moves to
@@ -219,13 +218,6 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
 
     def _heartbeat_interval(self):
         return self.heartbeat if self.state >= ST_OPEN else None
-
-    def _idle_close(self, silent):
-        # says why before the socket closes (RabbitMQ closes without a word here): a client that sees
-        # only the socket end cannot tell a heartbeat timeout from a crash
-        self._send(encode_close(self._next_corr(), RC_OK, f"heartbeat timeout: nothing received for "
-                                                           f"{silent:.1f} s (2 heartbeat intervals)"))
-        self._hard_close()
 
     def _heartbeat_frame(self):
         return encode_heartbeat()

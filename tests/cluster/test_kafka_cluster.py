@@ -74,7 +74,15 @@ def test_kafka_clients_bootstrap_from_one_node_and_go_to_each_partition_leader(t
                             {"routing_key": str(i), "arguments": {"x-stream-partition-order": i}}) == 201
 
         boot = f"127.0.0.1:{kafka['n1']}"
-        md = AdminClient({"bootstrap.servers": boot}).list_topics(TOPIC, timeout=10)
+        # n1 learns the other nodes' partition streams from its etcd watch: a Metadata answered before it has
+        # seen all three lists the ones it knows (a Kafka client refreshes), so wait until it lists three
+        admin = AdminClient({"bootstrap.servers": boot})
+        deadline = time.monotonic() + 20
+        while True:
+            md = admin.list_topics(TOPIC, timeout=10)
+            if len(md.topics[TOPIC].partitions) == 3 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert {b.id: b.port for b in md.brokers.values()} == {node_id(n): kafka[n] for n in names}
         parts = md.topics[TOPIC].partitions
         assert {i: parts[i].leader for i in range(3)} == {i: node_id(n) for i, n in enumerate(names)}

@@ -4,6 +4,7 @@ log line, stop with a signal, read RSS and CPU time from /proc."""
 import os
 import re
 import signal
+import time
 import subprocess
 import sys
 import threading
@@ -74,6 +75,16 @@ class ServerProcess:
 
     def log(self):
         return "\n".join(self.lines)
+
+    def log_has(self, text, timeout=10):
+        """Whether ``text`` is in the server's log within ``timeout`` s: a reader thread copies the log
+        lines, so a line the server has written may not be in :meth:`log` yet."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def stop(self, sig=signal.SIGTERM, timeout=15):
         """Signal the server and wait; returns its exit status."""

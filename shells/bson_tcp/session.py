@@ -115,7 +115,10 @@ class BsonSession(AdminCommands, SessionKernel):
             frames, used = self._split_until_bad(src, max_frame)
             bad = e
         if src is buf:
-            del buf[:used]
+            if used:
+                # a new buffer, not ``del buf[:used]``: the frames may be views of buf (the pure twin's
+                # are), and a bytearray with views cannot be resized
+                self._buf = bytearray(memoryview(buf)[used:])
         elif used < len(data):
             self._buf = bytearray(memoryview(data)[used:])
         for f in frames:

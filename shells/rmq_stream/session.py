@@ -162,7 +162,9 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
                 return
             if src is buf:
                 if used:
-                    del buf[:used]
+                    # a new buffer, not ``del buf[:used]``: the frames may be views of buf (the pure
+                    # twin's are), and a bytearray with views cannot be resized
+                    self._buf = bytearray(memoryview(buf)[used:])
                 src = None
         if src is None or (used == 0 and src is buf):
             pass                                    # nothing taken from the buffer: keep it as it is

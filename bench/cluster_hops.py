@@ -113,7 +113,9 @@ def install_hooks(path):
 
     def on_arrive(obj, data):
         arrived[0] = ns()
-    wrap(replication._Following, "data_received", before=on_arrive)
+    # a BufferedProtocol since repcpu (buffer_updated), a Protocol before (data_received)
+    wrap(replication._Following, "buffer_updated" if hasattr(replication._Following, "buffer_updated")
+         else "data_received", before=on_arrive)
 
     def on_ack(writer, offset, durable):
         if arrived[0]:

@@ -33,6 +33,7 @@ from riverbed.engine.layout import (
     _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FORMAT_VERSION, FSYNC_RANK, MAX_CHUNK_ENTRIES, STATE_FORCE,
     TS_BIAS, AppendResult, PublishingIds, _check_name, _Stream, _tracking_key,
 )
+from riverbed.engine.replica_alone import replicate_alone
 from riverbed.engine.sparse import STATE_SAVE_EVERY, put_chunk
 
 log = logging.getLogger("riverbed.engine")
@@ -232,7 +233,10 @@ class _Writer(threading.Thread):
                 return False
             try:
                 op, args, fut = item
-                res = self._commit_alone(args[0]) if op == _OP_APPEND and args[0].sealed else None
+                if op == _OP_APPEND:
+                    res = self._commit_alone(args[0]) if args[0].sealed else None
+                else:   # a member's store of one read of its leader (replica_alone.py), else the general path
+                    res = replicate_alone(self, *args) if op == _OP_REPLICA else None
                 if res is None:
                     self._commit_batch([item])
                 elif isinstance(res, BaseException):
@@ -402,6 +406,11 @@ class _Writer(threading.Thread):
             op, args, fut = batch[0]
             if op == _OP_APPEND and args[0].sealed:
                 res = self._commit_alone(args[0])
+                if res is not None:
+                    fut.set_result(res)
+                    return
+            elif op == _OP_REPLICA:
+                res = replicate_alone(self, *args)
                 if res is not None:
                     fut.set_result(res)
                     return

@@ -76,6 +76,15 @@ def install_hooks(path):
     orig_done = core.Broker._done
     core.Broker._done = lambda obj, cb: on_done_made(orig_done(obj, cb), obj, cb)
 
+    def on_held(obj, stream, publisher, res, cb):
+        # the one-message path on a leader (Broker.append_chunk_now, replicated): committed, now held
+        if "read" in cur and "appended" not in cur:
+            cur["appended"] = ns()
+            if getattr(res, "last_offset", -1) >= 0:
+                cur["end"] = res.last_offset + 1
+    if hasattr(core.Broker, "hold_replicated"):
+        wrap(core.Broker, "hold_replicated", before=on_held)
+
     def on_writelines(obj, parts):
         if "read" in cur and "sent" not in cur:
             for p in parts:

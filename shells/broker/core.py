@@ -696,14 +696,19 @@ class Broker:
             publisher=publisher, crc_done=crc_done, on_done=on_done), stream, publisher, cb, len(chunk),
             forward and (lambda: (ids, None, num_entries, num_records, memoryview(chunk)[LEN_CHUNK_HEADER:])))
 
-    def append_chunk_now(self, stream, chunk, ids, publisher, num_entries, num_records, crc_done=True):
+    def append_chunk_now(self, stream, chunk, ids, publisher, num_entries, num_records, crc_done=True,
+                         replicated=False):
         """:meth:`append_chunk` done before this returns, or not at all: ``(AppendResult, None)`` or
-        ``(None, exc)`` once the engine committed it (or refused it) on this thread, else None (a
-        cluster, the disk alarm on, completions not yet delivered, or the engine cannot commit it inline:
-        Engine.append_chunk_now); then nothing was done and the caller uses :meth:`append_chunk`. Nothing
-        is in flight in between, so no budget or barrier is taken. Loop thread only."""
+        ``(None, exc)`` once the engine committed it (or refused it) on this thread, else None (the disk
+        alarm on, completions not yet delivered, the engine cannot commit it inline: Engine.append_chunk_now,
+        or a cluster, see below); then nothing was done and the caller uses :meth:`append_chunk`. Nothing
+        is in flight in between, so no budget or barrier is taken. In a cluster only on the stream's leader
+        and only with ``replicated``: the caller then confirms a committed append through
+        :meth:`hold_replicated`, not at once. Loop thread only."""
         disk = self.disk
-        if self.cluster is not None or (disk is not None and disk.alarm) or self._inbox:
+        cluster = self.cluster
+        if ((cluster is not None and (not replicated or cluster.check_write(stream) is not None))
+                or (disk is not None and disk.alarm) or self._inbox):
             # completions still to deliver go first: a confirm never overtakes an earlier one
             return None
         got = self.engine.append_chunk_now(stream, chunk, num_entries=num_entries, num_records=num_records,
@@ -711,6 +716,22 @@ class Broker:
         if got is not None and disk is not None and isinstance(got[1], StorageFull):
             self._post(disk.check)
         return got
+
+    def hold_replicated(self, stream, publisher, result, cb):
+        """After :meth:`append_chunk_now` (``replicated``) committed ``result`` on a cluster leader:
+        ``cb(result, exc)`` once a majority of the stream's members hold it (shells/cluster: the member
+        ACK that makes the majority runs it), or with the error that ends the wait (ReplicationTimeout,
+        NotLeader). A named publisher's QueryPublisherSequence waits for it meanwhile, as for
+        :meth:`append_chunk`. Loop thread only."""
+        if publisher:
+            key = (stream, publisher)
+            self._barrier_enter(self._seq_writes, key)
+            inner = cb
+
+            def cb(res, exc):
+                self._barrier_leave(self._seq_writes, key)
+                inner(res, exc)
+        self.cluster.hold(stream, cb)(result, None)
 
     def append_records(self, stream, records, cb, *, forward=True):
         """Append ``records`` (bytes each, e.g. :func:`riverbed.engine.record.encode_record`), contiguous

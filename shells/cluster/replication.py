@@ -31,6 +31,11 @@ HEARTBEAT_WAKE = 0.2       # seconds: a parked member connection wakes this ofte
 # seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
 # one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
 COMMIT_DELAY = 0.005
+# seconds a chunk sent ahead to a majority's worth of members waits, at most, before the other members get
+# it too (Leading.poke_behind): they get it as soon as the majority holds it, so on a machine with fewer
+# cores than busy processes their store runs beside the client's next step, not beside the confirm path;
+# this bound is for a first member that does not answer (dead, stopped, slow)
+BEHIND_WAIT = 0.001
 
 
 class ReplicationTimeout(RiverbedError):
@@ -60,6 +65,7 @@ class Leading:
         self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
         self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
         self._shared = None        # [pos, stream state, (chunks, seqs), feeds served]: read_for_replica
+        self._behind = None        # [end, timer]: poke_behind(end) held until end is committed (BEHIND_WAIT)
 
     def read_for_replica(self, pos):
         """``engine.read_for_replica(name, pos)``, read once for every member connection at ``pos`` (they
@@ -97,6 +103,9 @@ class Leading:
             self.committed = committed
             self.node.engine.set_read_limit(self.name, committed)
             self.release()
+            behind = self._behind
+            if behind is not None and committed >= behind[0]:
+                self._poke_behind_now()     # after the confirms: the other members' copies go out now
             if self._commit_timer is None and self.feeds:
                 self._commit_timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._send_commit)
 
@@ -143,7 +152,25 @@ class Leading:
     def poke_behind(self, end):
         """After the local commit of a publish ending at ``end``: the connections a chunk was not sent ahead
         to get the frames the first members got (leader_path.py; no read), and those still behind ``end``
-        or with consumer offsets to send are poked."""
+        or with consumer offsets to send are poked. When that chunk went ahead to a majority's worth of
+        members and is not committed yet, this waits until it is (:meth:`recompute`), or BEHIND_WAIT."""
+        ahead = self.ahead
+        if ahead is not None and ahead[1] == end and self.committed < end:
+            behind = self._behind
+            if behind is not None:      # an earlier one still waits: it goes now, this one waits
+                behind[1].cancel()
+                self._poke_behind(behind[0])
+            self._behind = [end, asyncio.get_running_loop().call_later(BEHIND_WAIT, self._poke_behind_now)]
+            return
+        self._poke_behind(end)
+
+    def _poke_behind_now(self):
+        behind, self._behind = self._behind, None
+        if behind is not None:
+            behind[1].cancel()
+            self._poke_behind(behind[0])
+
+    def _poke_behind(self, end):
         version = self.node.engine.offsets_version
         ahead = self.ahead
         for feed in list(self.feeds):

@@ -192,10 +192,18 @@ class PublishCommands:
             return False        # the errors are the general path's
         reference = pub.reference
         ids = PublishingIds.of(raw_ids, first, last, increasing) if reference else None
-        now = self.broker.append_chunk_now(pub.stream, chunk, ids, reference, count, records, crc_done=False)
+        broker = self.broker
+        now = broker.append_chunk_now(pub.stream, chunk, ids, reference, count, records, crc_done=False,
+                                      replicated=True)
         if now is None:
             self._append_v1(pub, publisher_id, count, chunk, raw_ids, first, last, increasing, records, ids)
         elif now[1] is None:
+            if broker.cluster is not None:
+                # a cluster leader: confirmed once a majority holds it (issue 23), as _append_v1 would
+                def done(result, exc):
+                    self._published(pub, publisher_id, count, raw_ids, first, last, increasing, result, exc)
+                broker.hold_replicated(pub.stream, reference, now[0], self._later(done))
+                return True
             # the confirm after the commit, in the bytes _send_confirm and _merged_confirms would make
             self.io.write(confirm)
             self.last_sent = self.last_recv

@@ -329,10 +329,12 @@ def test_a_local_commit_failing_after_the_send_drops_the_members_copy(leader_eng
     asyncio.run(run())
 
 
-def test_chunk_goes_ahead_to_a_majority_first_the_rest_after_the_commit(leader_engine):
+def test_chunk_goes_ahead_to_a_majority_first_the_rest_once_committed(leader_engine):
     """Two members: the chunk goes ahead of the local commit to one of them (a majority with the leader),
-    the member whose ACK made the last majority first; the other gets the very same frames once the leader
-    has committed. Both hold every chunk."""
+    the member whose ACK made the last majority first; the other gets the very same frames once that
+    majority holds it (in the loop turn of the ACK that makes it, after the confirm), or after
+    BEHIND_WAIT when the first member does not answer, and then its ACK makes the majority. Both hold
+    every chunk."""
     from riverbed.shells.cluster.leader_path import SendAhead
 
     async def run():
@@ -367,23 +369,37 @@ def test_chunk_goes_ahead_to_a_majority_first_the_rest_after_the_commit(leader_e
             assert await asyncio.wait_for(confirmed, WAIT) is None
             conns["m1"][1].write(wire.u64_frame(wire.ACK, end))
             assert st.fastest == "m2"
-            for n in range(1, 4):
+            def check(got, end):
+                assert [k for k, _ in got if k != wire.COMMIT] == [wire.SEQS, wire.CHUNK]
+                assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == end - 1
+
+            for n in range(1, 5):
                 end, _, confirmed = publish_inline(node, st, b"next %d" % n)
                 first = st.fastest
                 other = "m1" if first == "m2" else "m2"
-                # at the send: only the last majority-maker was sent it; after the commit: both
+                # at the send: only the last majority-maker was sent it; after the commit still only it
                 assert at_send[-1] == {first: end, other: end - 1}
-                assert {f.member: f.pos for f in st.feeds} == {first: end, other: end}
-                for m, (reader, writer) in conns.items():
-                    got = await frames_until(reader, wire.CHUNK)
-                    assert [k for k, _ in got if k != wire.COMMIT] == [wire.SEQS, wire.CHUNK]
-                    assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == end - 1
-                # the other one answers first this time: it gets the next chunk first
-                conns[other][1].write(wire.u64_frame(wire.ACK, end))
-                assert await asyncio.wait_for(confirmed, WAIT) is None
-                conns[first][1].write(wire.u64_frame(wire.ACK, end))
-                assert st.fastest == other
-            assert ahead.sent == 3
+                assert {f.member: f.pos for f in st.feeds} == {first: end, other: end - 1}
+                if n % 2:
+                    # the first member answers: the other gets the same frames in that ACK's loop turn
+                    check(await frames_until(conns[first][0], wire.CHUNK), end)
+                    conns[first][1].write(wire.u64_frame(wire.ACK, end))
+                    assert await asyncio.wait_for(confirmed, WAIT) is None
+                    assert {f.member: f.pos for f in st.feeds} == {first: end, other: end}
+                    check(await frames_until(conns[other][0], wire.CHUNK), end)
+                    conns[other][1].write(wire.u64_frame(wire.ACK, end))
+                    assert st.fastest == first
+                else:
+                    # the first member is silent: the other gets it after BEHIND_WAIT, and its ACK makes
+                    # the majority; it gets the next chunk first
+                    check(await frames_until(conns[other][0], wire.CHUNK), end)
+                    assert not confirmed.done()
+                    conns[other][1].write(wire.u64_frame(wire.ACK, end))
+                    assert await asyncio.wait_for(confirmed, WAIT) is None
+                    check(await frames_until(conns[first][0], wire.CHUNK), end)
+                    conns[first][1].write(wire.u64_frame(wire.ACK, end))
+                    assert st.fastest == other
+            assert ahead.sent == 4
         finally:
             for reader, writer in conns.values():
                 writer.close()

@@ -60,7 +60,9 @@ def run(a):
         servers.collect(False)
         cpu1 = servers.cpu()
         result.update(elapsed_s=round(elapsed, 2), load=[round(load0, 2), round(os.getloadavg()[0], 2)],
-                      cpu_us_per_msg={k: round(1e6 * (sum(cpu1[k]) - sum(cpu0[k])) / a.n, 1) for k in cpu0})
+                      cpu_us_per_msg={k: round(1e6 * (sum(cpu1[k]) - sum(cpu0[k])) / a.n, 1) for k in cpu0},
+                      user_sys_us_per_msg={k: [round(1e6 * (cpu1[k][i] - cpu0[k][i]) / a.n, 1) for i in (0, 1)]
+                                           for k in cpu0})
     finally:
         irs = servers.stop()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -44,6 +44,7 @@ log = logging.getLogger("riverbed.cluster")
 # send a chunk ahead to a majority's worth of members only, the others after the local commit (see
 # SendAhead.sealed); False: to every member connection that is ready
 MAJORITY_FIRST = True
+SEQS_NONE = wire.json_frame(wire.SEQS, {})
 
 
 class SendAhead:
@@ -72,7 +73,9 @@ class SendAhead:
                 return False
             # SEQS first: a member stores a chunk only with the sequences that cover it (its other
             # sequences it holds already: it got every chunk before this one)
-            frames = [wire.json_frame(wire.SEQS, sequences), wire.head(wire.CHUNK, len(chunk)), bytes(chunk)]
+            # SEQS {} (no named publisher) is one constant frame: no JSON per publish
+            seqs = wire.json_frame(wire.SEQS, sequences) if sequences else SEQS_NONE
+            frames = [seqs, wire.head(wire.CHUNK, len(chunk)), bytes(chunk)]
             end = chunk_id + max(records, 1)
             later = []
             if MAJORITY_FIRST:

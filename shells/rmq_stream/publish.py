@@ -201,6 +201,11 @@ class PublishCommands:
             if broker.cluster is not None:
                 # a cluster leader: confirmed once a majority holds it (issue 23), as _append_v1 would
                 def done(result, exc):
+                    if exc is None and not self._out:
+                        # nothing queued before it: the prebuilt confirm, as a lone node writes it
+                        self.io.write(confirm)
+                        self.last_sent = self.broker.clock()
+                        return
                     self._published(pub, publisher_id, count, raw_ids, first, last, increasing, result, exc)
                 broker.hold_replicated(pub.stream, reference, now[0], self._later(done))
                 return True

@@ -113,3 +113,56 @@ def test_leader_killed_between_send_and_local_commit_loses_and_duplicates_nothin
             assert got == want, f"{name}: {len(got)} records, want {len(want)}"
     finally:
         c.stop()
+
+
+def test_one_message_confirms_wait_for_a_majority_also_when_the_first_member_stops(tmp_path, etcd):
+    """The leader's one-message path (Broker.append_chunk_now with ``replicated``, issue 23's confirm
+    latency) commits inline and holds the confirm: with both members stopped (SIGSTOP) a publish is not
+    confirmed; once one of them runs again it is. When the member that gets each chunk first (the last
+    majority-maker) stops, the other one still gets the chunk (BEHIND_WAIT; test_leader_feed.py times that
+    exactly) and its ACK confirms it: one-at-a-time publishes go on, each in well under a second. At the end every node holds the same log."""
+    import os
+    import signal
+    c = Cluster(tmp_path, etcd, lease_ttl=2.0)
+    try:
+        c.start()
+        pub = rawwire.connect(c.nodes["n1"].port)
+        assert pub.create(STREAM, {"queue-leader-locator": "client-local"}) == rawwire.OK
+        c.wait(lambda st: stream_of(st, STREAM) is not None and stream_of(st, STREAM)["leader"] == "n1" and all(
+            m["committed_offset"] is not None for m in stream_of(st, STREAM)["members"]), what="the stream placed")
+        assert pub.declare_publisher(1, STREAM, "pm") == rawwire.OK
+        i = 0
+        for i in range(20):
+            assert pub.publish_confirmed(1, [(i, body_of("pm", i))], timeout=10) == ({i}, {})
+        pids = {name: c.nodes[name].pid for name in ("n2", "n3")}
+        for pid in pids.values():
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            i += 1
+            pub.publish(1, [(i, body_of("pm", i))])
+            with pytest.raises(socket.timeout):
+                pub.wait_confirms({i}, timeout=0.6)      # no member holds it: no confirm (lease TTL 2 s)
+            os.kill(pids["n3"], signal.SIGCONT)
+            assert pub.wait_confirms({i}, timeout=10) == ([i], {})
+            # n3's ACK made that majority: the next chunk goes ahead to n3 first. Stopped now, n2 back
+            os.kill(pids["n3"], signal.SIGSTOP)
+            os.kill(pids["n2"], signal.SIGCONT)
+            for i in range(i + 1, i + 21):
+                t0 = time.monotonic()
+                assert pub.publish_confirmed(1, [(i, body_of("pm", i))], timeout=10) == ({i}, {})
+                assert time.monotonic() - t0 < 0.9, "a confirm waited for the stopped member"
+        finally:
+            for pid in pids.values():
+                os.kill(pid, signal.SIGCONT)
+        pub.close()
+        want = [body_of("pm", j) for j in range(i + 1)]
+        deadline = time.monotonic() + 30
+        while True:
+            logs = {name: read_log(srv.port, STREAM, settle=0.2) for name, srv in c.nodes.items()}
+            if all(x == want for x in logs.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        for name, got in logs.items():
+            assert got == want, f"{name}: {len(got)} records, want {len(want)}"
+    finally:
+        c.stop()

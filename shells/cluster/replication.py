@@ -111,8 +111,10 @@ class Leading:
 
     def _send_commit(self):
         self._commit_timer = None
+        behind = self._behind
         for feed in list(self.feeds):
-            if feed.sent_commit != self.committed:
+            # a member held back by poke_behind gets its chunk, and this offset with it, within BEHIND_WAIT
+            if feed.sent_commit != self.committed and (behind is None or feed.pos >= behind[0]):
                 feed.poke()
 
     def release(self):

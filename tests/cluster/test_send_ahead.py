@@ -120,7 +120,8 @@ def test_one_message_confirms_wait_for_a_majority_also_when_the_first_member_sto
     latency) commits inline and holds the confirm: with both members stopped (SIGSTOP) a publish is not
     confirmed; once one of them runs again it is. When the member that gets each chunk first (the last
     majority-maker) stops, the other one still gets the chunk (BEHIND_WAIT; test_leader_feed.py times that
-    exactly) and its ACK confirms it: one-at-a-time publishes go on, each in well under a second. At the end every node holds the same log."""
+    exactly) and its ACK confirms it: one-at-a-time publishes go on, each in well under a second. At the end
+    every node holds the same log."""
     import os
     import signal
     c = Cluster(tmp_path, etcd, lease_ttl=2.0)

@@ -54,6 +54,8 @@ SERIAL = (
     "tests/cluster/test_failover.py",              # failover p50 and max bounds
     "tests/cluster/test_nemesis.py",               # a leader again within a bound after each fault
     "tests/cluster/test_partition_netns.py",       # lease expiry against the partition's timing
+    # each confirm under 0.9 s while a member is stopped; none within 0.6 s while both are
+    "tests/cluster/test_send_ahead.py::test_one_message_confirms_wait_for_a_majority_also_when_the_first_member_stops",
 )
 # The benches share one group (one worker, one after another): each looks for processes left behind by
 # its temporary directory's prefix, and none should find another bench's.

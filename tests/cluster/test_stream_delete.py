@@ -28,11 +28,11 @@ from test_kafka_clients import raw_call  # noqa: E402
 
 from riverbed.engine.log import Engine  # noqa: E402
 from riverbed.shells.kafka import codec as C  # noqa: E402
-from riverbed.shells.rmq_stream.constants import RC_STREAM_DOES_NOT_EXIST  # noqa: E402
+from riverbed.shells.rmq_stream.constants import RC_STREAM_DOES_NOT_EXIST, RC_STREAM_NOT_AVAILABLE  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
-KEY_METADATA, KEY_PARTITIONS, KEY_CREATE_SUPER, KEY_DELETE_SUPER = 0x0F, 0x19, 0x1D, 0x1E
+KEY_METADATA, KEY_METADATA_UPDATE, KEY_PARTITIONS, KEY_CREATE_SUPER, KEY_DELETE_SUPER = 0x0F, 0x10, 0x19, 0x1D, 0x1E
 ONE_COPY = {"initial-cluster-size": "1"}
 NODES = ("n1", "n2", "n3")
 
@@ -215,10 +215,19 @@ def test_plain_stream_deleted_through_a_node_holding_no_copy_and_through_a_membe
     assert errors == {} and len(confirmed) == 10
     assert series_of(metrics(n1), "solo"), "n1 counts its forwarded publishes"
     assert "solo" not in local_streams(cluster, "n1")
+    # a publisher on n2, which holds no copy either: told when the stream goes, as RabbitMQ tells it
+    n2 = cluster.nodes["n2"]
+    pub = connect(n2.port)
+    assert pub.declare_publisher(1, "solo", "p2") == rawwire.OK
+    assert pub.publish_confirmed(1, [(i, b"m") for i in range(5)]) == (set(range(5)), {})
+    assert series_of(metrics(n2), "solo")
     c = connect(n1.port)
     assert c.delete("solo") == rawwire.OK
     c.close()
     assert_gone_everywhere(cluster, ["solo"])
+    update = pub.wait_for(KEY_METADATA_UPDATE, timeout=10)
+    assert struct.unpack_from(">H", update, 0)[0] == RC_STREAM_NOT_AVAILABLE and update[4:] == b"solo"
+    pub.close()
     # no node keeps a metric series of the deleted stream (forwarded publishes, replica lag, ...)
     for n in NODES:
         wait_for(lambda: not series_of(metrics(cluster.nodes[n]), "solo"), what=f"solo's series gone on {n}")

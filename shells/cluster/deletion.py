@@ -64,16 +64,18 @@ def hold_delete(node, names, cb):
     then calls ``cb(res, exc)`` (exc a :class:`DeleteFailed` when etcd did not take it: the local copies
     are gone, the rest of the cluster still holds them; the hook tries again in the background). From
     this call on, the reconcile leaves ``names`` alone (it would otherwise make a member copy again from a
-    placement not yet removed)."""
+    placement not yet removed). A deleted stream also leaves every super stream it is a partition of on
+    the whole cluster (the definitions in etcd), as a deleted queue's bindings go on RabbitMQ."""
     names = list(names)
     node._cluster_deleting.update(names)
+    bound = _bound(node, names)
 
     def held(res, exc):
         if exc is not None:
             node._cluster_deleting.difference_update(names)
             cb(res, exc)
             return
-        asyncio.get_running_loop().create_task(_remove_all(node, names, lambda found, err: cb(res, err)))
+        asyncio.get_running_loop().create_task(_remove_all(node, names, lambda found, err: cb(res, err), bound))
     return held
 
 
@@ -85,10 +87,40 @@ def delete_remote(node, name, cb):
 
     def done(found, err):
         cb(err if err is not None or found else StreamNotFound(f"stream {name!r} does not exist"))
-    asyncio.get_running_loop().create_task(_remove_all(node, [name], done, must_exist=True))
+    asyncio.get_running_loop().create_task(_remove_all(node, [name], done, _bound(node, [name]), must_exist=True))
 
 
-async def _remove_all(node, names, cb, must_exist=False):
+def _bound(node, names):
+    """``{super stream: [its partitions among names]}`` as this node's definitions have them (a deletion
+    is rare: reading them all costs nothing that matters)."""
+    want, out = set(names), {}
+    for s in node.engine.list_super_streams():
+        hit = [p for p in (node.engine.super_stream(s) or {}).get("partitions", ()) if p in want]
+        if hit:
+            out[s] = hit
+    return out
+
+
+async def _unbind(node, bound):
+    """The deleted partitions leave their super streams here (a local copy's deletion did so already in
+    the engine; one this node held no copy of is unbound now) and the definitions go to etcd: without
+    that, every node's next reconcile would put them back from etcd, and Route would name a stream that
+    is gone. A super stream deleted with them (DeleteSuperStream) has its tombstone written already."""
+    for s, parts in bound.items():
+        try:
+            for p in parts:
+                d = node.engine.super_stream(s)
+                if d is None:
+                    break
+                if p in d["partitions"]:
+                    await asyncio.wrap_future(node.engine.unbind_super_stream(s, p))
+            else:
+                node.superstreams.changed(s)
+        except RiverbedError as e:
+            log.warning("cluster: cannot unbind %s from super stream %s: %s", ",".join(parts), s, e)
+
+
+async def _remove_all(node, names, cb, bound, must_exist=False):
     found, err = False, None
     try:
         for name in names:
@@ -106,6 +138,7 @@ async def _remove_all(node, names, cb, must_exist=False):
         node._cluster_deleting.difference_update(names)
     if err is None and found:
         log.info("cluster: %s deleted %s on the cluster", node.name, ",".join(names))
+        await _unbind(node, bound)
     cb(found, err)
 
 

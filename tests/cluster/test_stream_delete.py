@@ -266,6 +266,42 @@ def test_super_stream_deleted_while_a_member_is_down_is_removed_when_it_returns(
     assert_gone_everywhere(cluster, parts, superstream="away")
 
 
+def partitions_of(port, name):
+    c = connect(port)
+    try:
+        code, body = c.request(KEY_PARTITIONS, rawwire.s(name))
+    finally:
+        c.close()
+    if code != rawwire.OK:
+        return code
+    n, = struct.unpack_from(">i", body, 0)
+    pos, out = 4, []
+    for _ in range(n):
+        ln, = struct.unpack_from(">h", body, pos)
+        out.append(body[pos + 2:pos + 2 + ln].decode())
+        pos += 2 + ln
+    return out
+
+
+def test_a_partition_deleted_through_a_node_holding_no_copy_leaves_its_super_stream_everywhere(cluster):
+    """As a deleted queue's bindings go with it on RabbitMQ: every node's Partitions stops naming it, and
+    no node's reconcile brings it back from etcd."""
+    parts, where = make_spread_super(cluster, cluster.nodes["n1"].port, "bnd")
+    victim = next(p for p in parts if where[p] != "n1")
+    wait_for(lambda: victim not in local_streams(cluster, "n1"), what="n1 holding no copy of " + victim)
+    c = connect(cluster.nodes["n1"].port)
+    assert c.delete(victim) == rawwire.OK
+    c.close()
+    assert_gone_everywhere(cluster, [victim])
+    left = [p for p in parts if p != victim]
+    for n in NODES:
+        wait_for(lambda: partitions_of(cluster.nodes[n].port, "bnd") == left, what=f"bnd without {victim} on {n}")
+    time.sleep(1.0)          # several reconciles later
+    assert all(partitions_of(cluster.nodes[n].port, "bnd") == left for n in NODES)
+    assert delete_super(cluster.nodes["n2"].port, "bnd") == rawwire.OK
+    assert_gone_everywhere(cluster, left, superstream="bnd")
+
+
 def kafka_metadata_autocreate(port, topic):
     frame = C.encode_request(C.API_METADATA, 9, 7, "t", {"topics": [{"name": topic}],
                                                          "allow_auto_topic_creation": True})

@@ -111,6 +111,7 @@ async def _unbind(node, bound):
             for p in parts:
                 d = node.engine.super_stream(s)
                 if d is None:
+                    await node.superstreams.written(s)      # its tombstone, before the client is answered
                     break
                 if p in d["partitions"]:
                     await asyncio.wrap_future(node.engine.unbind_super_stream(s, p))

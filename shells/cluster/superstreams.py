@@ -39,6 +39,7 @@ class SuperStreams:
         self.engine = node.engine
         self.dirty = set()         # names changed here whose write to etcd is pending
         self.generation = 0        # raised by every local change and every end of its write to etcd
+        self._pushes = {}          # name -> the task writing its latest local change to etcd
         self._lock = asyncio.Lock()
 
     def _key(self, name):
@@ -52,7 +53,16 @@ class SuperStreams:
         made the super stream (then a live definition in etcd is left as it is)."""
         self.dirty.add(name)
         self.generation += 1
-        asyncio.get_running_loop().create_task(self._push(name, created))
+        task = self._pushes[name] = asyncio.get_running_loop().create_task(self._push(name, created))
+        task.add_done_callback(lambda t: self._pushes.pop(name, None) if self._pushes.get(name) is t else None)
+
+    async def written(self, name):
+        """Return once the latest local change to ``name`` is written to etcd (or its write gave up: it
+        logged why), at once when none is under way: a deletion is answered only after its tombstone is
+        there, so the name is free on every node."""
+        task = self._pushes.get(name)
+        if task is not None:
+            await asyncio.wait([task])      # its outcome is the push's to log, not the waiter's
 
     async def _push(self, name, created):
         try:

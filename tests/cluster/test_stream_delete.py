@@ -193,6 +193,15 @@ def test_super_stream_deleted_through_one_node_is_gone_from_every_node_and_made_
 def test_super_stream_with_a_copy_on_every_node_deleted_through_one_is_gone_everywhere(cluster):
     parts, _ = make_spread_super(cluster, cluster.nodes["n2"].port, "full", args={})
     assert delete_super(cluster.nodes["n1"].port, "full") == rawwire.OK
+    assert not [s["name"] for s in cluster.status()["streams"] if s["name"] in parts]
+    # made again at once through another node (n1 answered once etcd held the deletion and the
+    # definition's tombstone: the name is free for every node)
+    assert create_super(cluster.nodes["n3"].port, "full", parts, {}) == rawwire.OK
+    where = leaders(cluster, parts)
+    assert sorted(where.values()) == list(NODES), where
+    for p in parts:
+        wait_placed(cluster, p)
+    assert delete_super(cluster.nodes["n1"].port, "full") == rawwire.OK
     assert_gone_everywhere(cluster, parts, superstream="full")
 
 

@@ -544,7 +544,7 @@ class Broker:
             create()
             return
         cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
-            f"super stream {name!r} already exists on the cluster")) if defined else create())
+            f"super stream {name!r} already exists on the cluster")) if defined else create(), partitions)
 
     def delete_super_stream(self, name, cb):
         """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the

@@ -92,15 +92,20 @@ class SuperStreams:
             return True
         return await self.node.etcd.replace(self._key(name), kv.mod_revision, value)
 
-    def lookup(self, name, cb):
+    def lookup(self, name, cb, partitions=()):
         """``cb(defined)`` on the loop: whether etcd holds a live definition of super stream ``name`` (a
         creation here must not shadow one another node made since this node's last poll). False when
-        etcd does not answer: the creation goes on, and the poll reconciles once etcd is back."""
+        etcd does not answer: the creation goes on, and the poll reconciles once etcd is back. Each of
+        ``partitions`` that etcd no longer places is forgotten here first (deleted a moment ago, before
+        this node's reconcile saw it: the new partition must be placed anew, not taken for the old one)."""
         async def ask():
             try:
                 kv = await self.node.etcd.get(self._key(name))
                 held = kv.json() if kv is not None else {}
                 defined = isinstance(held, dict) and not held.get("deleted") and held.get("definition") is not None
+                for p in partitions:
+                    if p in self.node.placements and await self.node.etcd.get(self.node.prefix + "streams/" + p) is None:
+                        self.node.placements.pop(p, None)
             except (EtcdError, ValueError) as e:
                 log.warning("cluster: cannot ask etcd about super stream %s: %s", name, e)
                 defined = False

@@ -39,8 +39,13 @@ NODES = ("n1", "n2", "n3")
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with module_cluster(tmp_path_factory, "ssdel", extra=("--kafka-port", "0")) as c:
-        yield c
+    with pytest.MonkeyPatch.context() as mp:
+        # a node whose file is in this directory reads no new cluster state from etcd (viewhold.py)
+        hold_dir = tmp_path_factory.mktemp("hold")
+        mp.setenv("RIVERBED_CLUSTER_HOLD_DIR", str(hold_dir))
+        with module_cluster(tmp_path_factory, "ssdel", extra=("--kafka-port", "0")) as c:
+            c.hold_dir = hold_dir
+            yield c
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -309,6 +314,40 @@ def test_a_partition_deleted_through_a_node_holding_no_copy_leaves_its_super_str
     assert all(partitions_of(cluster.nodes[n].port, "bnd") == left for n in NODES)
     assert delete_super(cluster.nodes["n2"].port, "bnd") == rawwire.OK
     assert_gone_everywhere(cluster, left, superstream="bnd")
+
+
+def test_a_stream_made_again_through_a_node_that_has_not_seen_its_deletion_is_placed_anew(cluster):
+    """n3's view of etcd is held (a watch event late): it still has the deleted stream's placement when a
+    client makes the name again through it. The creation asks etcd, so the new stream is placed, and
+    when n3's view catches up the tombstone does not take it away."""
+    n1, n3 = cluster.nodes["n1"], cluster.nodes["n3"]
+    c = connect(n1.port)
+    assert c.create("again", dict(ONE_COPY, **{"queue-leader-locator": "client-local"})) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "again")
+    assert "again" not in local_streams(cluster, "n3")
+    (cluster.hold_dir / "n3").touch()
+    try:
+        c = connect(n1.port)
+        assert c.delete("again") == rawwire.OK
+        c.close()
+        c = connect(n3.port)
+        assert c.create("again", dict(ONE_COPY, **{"queue-leader-locator": "client-local"})) == rawwire.OK
+        c.close()
+        st = cluster.wait(lambda st: stream_of(st, "again") is not None, what="again placed anew")
+        assert stream_of(st, "again")["leader"] == "n3"
+    finally:
+        (cluster.hold_dir / "n3").unlink()
+    time.sleep(1.5)          # n3's view caught up with the deletion (and the tombstone it left)
+    st = cluster.status()
+    assert stream_of(st, "again") is not None and stream_of(st, "again")["leader"] == "n3"
+    assert "again" in local_streams(cluster, "n3")
+    confirmed, errors = publish_batches(n3.port, "again", 0, 5, batch=5, ref="a")
+    assert errors == {} and len(confirmed) == 5
+    c = connect(n1.port)
+    assert c.delete("again") == rawwire.OK
+    c.close()
+    assert_gone_everywhere(cluster, ["again"])
 
 
 def kafka_metadata_autocreate(port, topic):

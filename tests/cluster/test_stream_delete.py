@@ -25,6 +25,7 @@ from test_replication import connect, publish_batches, stream_of, wait_placed
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "integration"))
 from test_kafka_clients import raw_call  # noqa: E402
+from test_kafka_cluster import http  # noqa: E402
 
 from riverbed.engine.log import Engine  # noqa: E402
 from riverbed.shells.kafka import codec as C  # noqa: E402
@@ -258,6 +259,14 @@ def test_plain_stream_deleted_through_a_node_holding_no_copy_and_through_a_membe
     assert_gone_everywhere(cluster, ["led"])
     for n in NODES:
         wait_for(lambda: not series_of(metrics(cluster.nodes[n]), "led"), what=f"led's series gone on {n}")
+
+    # the management API of a node holding no copy (RabbitMQ's DELETE /api/queues)
+    c = connect(n3.port)
+    assert c.create("viahttp", dict(ONE_COPY, **{"queue-leader-locator": "client-local"})) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "viahttp")
+    assert http(n1.ports["http"], "DELETE", "/api/queues/%2F/viahttp") == 204
+    assert_gone_everywhere(cluster, ["viahttp"])
 
 
 def test_super_stream_deleted_while_a_member_is_down_is_removed_when_it_returns(cluster):

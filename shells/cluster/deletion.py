@@ -11,6 +11,15 @@ a tombstone ``deleted/<name>``. Every node holding a copy sees the placement giv
 does so when it returns (the tombstone stays); a node holding no copy forgets what it kept of the stream
 (its metric series, forwarding counters, single-active-consumer groups) and tells its sessions.
 
+**Tombstones are collected** (:func:`collect`), so etcd does not grow with every deleted name: a tombstone
+lists the nodes that held a copy (the placement's members and learners) and the time of the deletion;
+each listed node takes itself off (one compare-and-swap) once it holds no copy, at once or when it
+returns, and the last one deletes it. One older than ``--tombstone-max-age`` (default 7 days) goes even
+if a listed node never came back; a node that returns after that finds its copy neither placed nor in a
+tombstone, and drops it as an orphan because the copy records that it was placed once (incarnation.py).
+Making the name again deletes the tombstone at once (the new placement's revision tells its copies from
+the old ones).
+
 The broker calls :func:`hold_delete` around a deletion of local streams (RabbitMQ Delete and
 DeleteSuperStream, Kafka DeleteTopics, the management API, REAM) and :func:`delete_remote` for a stream
 this node holds no copy of. The client is answered once etcd holds the deletion, so a client that makes

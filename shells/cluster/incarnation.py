@@ -5,8 +5,12 @@ A name deleted on the cluster and made again is another stream. Its placement ke
 created anew in etcd, so the key's **creation revision** (etcd's ``create_revision``, unchanged by every
 compare-and-swap that later changes the placement: elections, members) names one incarnation. Each local
 copy made from a placement records, in the engine's ``meta`` database under ``cluster-incarnation/<name>``,
-the pair (the local stream's id, that revision). The stream id makes a record that outlived its copy
-(a crash between a deletion and the record's removal) mean nothing: a copy made later has another id.
+the local stream's id, that revision and the cluster's id. The stream id makes a record that outlived
+its copy (a crash between a deletion and the record's removal) mean nothing: a copy made later has another
+id. The cluster id (a random number the first node put under ``<prefix>id``) ties revisions to one etcd's
+data: should etcd lose its data and start afresh, its revisions mean other things and every record of the
+old one counts as none (the copies are placed again from the nodes, as before records existed, rather
+than dropped as orphans).
 
 On every reconcile (ClusterNode._refresh):
 
@@ -24,6 +28,7 @@ Loop thread, except the staged writes, which run on the engine's writer thread.
 """
 
 import logging
+import secrets
 import struct
 
 from riverbed.engine.errors import RiverbedError, StreamNotFound
@@ -31,16 +36,29 @@ from riverbed.engine.errors import RiverbedError, StreamNotFound
 log = logging.getLogger("riverbed.cluster")
 
 KEY_PREFIX = b"cluster-incarnation/"
-_RECORD = struct.Struct(">QQ")      # local stream id, etcd creation revision of the placement
+_RECORD = struct.Struct(">QQQ")     # local stream id, etcd creation revision of the placement, cluster id
 
 
 def _key(name):
     return KEY_PREFIX + name.encode()
 
 
-def recorded(engine, name):
+async def cluster_id(node):
+    """The id of the cluster's etcd data: made by the first node that asks (create-if-absent), then read.
+    Raises EtcdError."""
+    key = node.prefix + "id"
+    await node.etcd.create(key, str(secrets.randbits(63) + 1))
+    kv = await node.etcd.get(key)
+    try:
+        return int(kv.value)
+    except (AttributeError, ValueError):
+        return 0
+
+
+def recorded(node, name):
     """The placement creation revision recorded for the local copy of ``name`` now, or None (no copy, no
-    record, or a record of an earlier copy of that name)."""
+    record, a record of an earlier copy of that name or of another etcd's data)."""
+    engine = node.engine
     try:
         sid = engine._current(name).sid
     except StreamNotFound:
@@ -48,21 +66,22 @@ def recorded(engine, name):
     raw = engine.get_value(engine._db_meta, _key(name))
     if raw is None or len(raw) != _RECORD.size:
         return None
-    rec_sid, revision = _RECORD.unpack(raw)
-    return revision if rec_sid == sid else None
+    rec_sid, revision, cluster = _RECORD.unpack(raw)
+    return revision if rec_sid == sid and cluster == node.cluster_id and cluster else None
 
 
 def record(node, name, revision):
     """Record ``revision`` for the local copy of ``name`` (staged in the next group commit; a copy gone
     meanwhile records nothing). Errors are logged: a missing record only means the copy is adopted by the
     placement it finds next time."""
-    if not revision:
+    cluster = node.cluster_id
+    if not revision or not cluster:
         return
 
     def stage(ctx):
         if ctx.has_stream(name):
             sid = ctx._staged.stream(name).sid
-            ctx.txn.put(_key(name), _RECORD.pack(sid, int(revision)), db=ctx.engine._db_meta)
+            ctx.txn.put(_key(name), _RECORD.pack(sid, int(revision), cluster), db=ctx.engine._db_meta)
             ctx._staged.dirty = True
     node.broker.transact(stage, lambda res, exc: exc is not None and log.warning(
         "cluster: cannot record the incarnation of %s: %s", name, exc))
@@ -93,7 +112,7 @@ def check(node, name, revision):
     seen = node.__dict__.setdefault("_incarnation_seen", {})    # name -> (sid, revision) checked already
     if revision and seen.get(name) == (sid, revision):
         return True             # every reconcile, for every copy: no LMDB read once checked
-    have = recorded(node.engine, name)
+    have = recorded(node, name)
     if have is None:
         record(node, name, revision)
         have = revision
@@ -111,7 +130,7 @@ def check(node, name, revision):
 def orphan(node, name):
     """Whether the local copy of ``name``, which no placement and no tombstone names, was placed on the
     cluster once (it has a record): then the cluster deleted it and this copy must go."""
-    return recorded(node.engine, name) is not None
+    return recorded(node, name) is not None
 
 
 def drop(node, name):

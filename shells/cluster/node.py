@@ -96,6 +96,7 @@ class ClusterNode(ReplicationPlane):
         self._lease_until = 0.0       # monotonic time the lease surely lasts until (last keepalive + TTL)
         self.placements = {}          # stream -> (placement dict, mod_revision)
         self.incarnations = {}        # stream -> its placement key's creation revision (incarnation.py)
+        self.cluster_id = 0           # the id of the cluster's etcd data (incarnation.py), once started
         self.nodes = {}               # live node -> its registration
         self.leading = {}             # stream -> Leading (replication.py)
         self.following = {}           # stream -> (leader node, epoch, task)
@@ -135,6 +136,7 @@ class ClusterNode(ReplicationPlane):
         while True:
             try:
                 await self._new_lease()
+                self.cluster_id = await incarnation.cluster_id(self)
                 break
             except EtcdError as e:
                 # etcd busy or still starting: wait a little before giving up (exit status 2)
@@ -338,7 +340,8 @@ class ClusterNode(ReplicationPlane):
             if name in tombstones:
                 self._member_deleting.add(name)
                 log.info("cluster: %s deletes %s (deleted on the cluster)", self.name, name)
-                self.broker.delete_stream(name, lambda exc: self.kick(), copy_only=True)
+                self.broker.delete_stream(name, lambda exc, name=name: self._copy_deleted(name, exc),
+                                          copy_only=True)
             elif orphan:
                 log.info("cluster: %s deletes %s (an orphan: placed once, now neither placed nor in a "
                          "tombstone)", self.name, name)
@@ -365,6 +368,12 @@ class ClusterNode(ReplicationPlane):
             await self._take_role(name, p, rev)
         await self.superstreams.refresh(super_kvs, generation)
         await self._report_progress()
+
+    def _copy_deleted(self, name, exc):
+        # the tombstone is collected on the next reconcile (a failed deletion is tried again there)
+        if exc is not None:
+            self._member_deleting.discard(name)
+        self.kick()
 
     def _choose_members(self, name=None, leader=None):
         """``leader`` (default this node), this node, and more live ones (fewest streams first): a new

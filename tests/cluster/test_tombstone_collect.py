@@ -2,10 +2,15 @@
 one compare-and-swap per step, so nodes running it at once never undo each other's step, the last holder
 deletes the tombstone, and the age bound removes one whatever is still listed. The nodes here are stand-ins
 holding what ``collect`` reads of a ClusterNode (its name, etcd client and key prefix, the watched known
-nodes, which copies it holds); the whole path on real nodes is in test_stream_delete.py."""
+nodes, which copies it holds); the whole path on real nodes is in test_stream_delete.py. Last, one node
+on a real etcd that loses its data: its copies are placed again, not taken for orphans."""
 
 import asyncio
+import os
+import shutil
 import time
+
+import pytest
 
 from riverbed.shells.cluster import deletion
 from riverbed.shells.cluster.etcd import Etcd
@@ -106,3 +111,49 @@ def test_a_tombstone_of_an_earlier_version_lists_every_known_node(etcd):
         finally:
             await c.close()
     run(go())
+
+
+@pytest.mark.integration
+def test_copies_are_placed_again_not_dropped_when_etcd_starts_afresh(tmp_path, etcd):
+    """A copy that was placed once and is neither placed nor in a tombstone is an orphan only under the
+    etcd data it was placed in: should etcd lose its data (a fresh etcd at the same address), the node
+    places its stream again with its records, as before incarnation records existed."""
+    from clusterproc import Cluster
+    from rawwire import OK
+    from test_replication import connect, publish_batches, wait_placed
+
+    from riverbed.engine.log import Engine
+    from riverbed.shells.cluster import incarnation
+
+    c = Cluster(tmp_path, etcd, n=1)
+    try:
+        c.start()
+        port = c.nodes["n1"].port
+        conn = connect(port)
+        assert conn.create("kept") == OK
+        conn.close()
+        wait_placed(c, "kept")
+        confirmed, errors = publish_batches(port, "kept", 0, 5, batch=5, ref="k")
+        assert errors == {} and len(confirmed) == 5
+
+        def record():
+            eng = Engine(str(c.data_dir("n1")), readonly=True)
+            try:
+                return eng.get_value(eng._db_meta, incarnation.KEY_PREFIX + b"kept")
+            finally:
+                eng.close()
+        deadline = time.monotonic() + 10
+        while record() is None:
+            assert time.monotonic() < deadline, "no incarnation record for kept"
+            time.sleep(0.1)
+        c.nodes["n1"].kill()
+        etcd.stop()
+        shutil.rmtree(os.path.join(etcd.data_dir, "member"))
+        etcd.start()
+        c.restart("n1")
+        wait_placed(c, "kept")
+        conn = connect(c.nodes["n1"].port)
+        assert conn.read_from_first("kept") == [b"m-%d" % i for i in range(5)]
+        conn.close()
+    finally:
+        c.stop()

@@ -39,7 +39,8 @@ from riverbed.shells.cluster.etcd import EtcdError
 log = logging.getLogger("riverbed.cluster")
 
 CAS_TRIES = 5           # compare-and-swap rounds before a deletion gives up (the placement kept changing)
-DEFAULT_TOMBSTONE_MAX_AGE = 7 * 24 * 3600.0   # seconds a tombstone waits for a node that held a copy (--tombstone-max-age)
+# seconds a tombstone waits for a node that held a copy (--tombstone-max-age)
+DEFAULT_TOMBSTONE_MAX_AGE = 7 * 24 * 3600.0
 
 
 class DeleteFailed(RiverbedError):
@@ -202,14 +203,15 @@ async def _remove_all(node, names, cb, bound, must_exist=False):
     cb(found, err)
 
 
-def forget_gone(node, before, placements, tombstones):
+def forget_gone(node, before, placements):
     """On every reconcile: the streams whose placement this node knew (``before``) and that is gone (a
-    deletion: its tombstone is there, or collected already) while this node holds no copy (it is no member, or was never one): the broker's deletion
-    hooks and sessions hear of them, so nothing here keeps state of a deleted stream (a metric series of
-    forwarded publishes, a parked forward, a single-active-consumer group, a publisher's stream)."""
+    deletion: its tombstone is there, or collected already) while this node holds no copy (it is no
+    member, or was never one): the broker's deletion hooks and sessions hear of them, so nothing here
+    keeps state of a deleted stream (a metric series of forwarded publishes, a parked forward, a
+    single-active-consumer group, a publisher's stream)."""
     for name in before:
         # (a placement goes from etcd only by a deletion; its tombstone may be collected already)
-        if (name in placements or name in node._cluster_deleting or node.engine.has_stream(name)):
+        if name in placements or name in node._cluster_deleting or node.engine.has_stream(name):
             continue
         node._member_deleting.add(name)        # the node's hook forgets it without touching etcd
         node.broker.stream_deleted(name)

@@ -325,12 +325,11 @@ class ClusterNode(ReplicationPlane):
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
                       for kv in deleted_kvs}
         # local streams no placement names: deleted on the cluster while this node was away (a
-        # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
+        # tombstone says so; or, collected since, the copy records it was placed once: an orphan,
+        # incarnation.py), else made before the cluster or while etcd was away: this node leads them.
         # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
         # tombstone (a client deleted it through another member); one it leads but has not placed yet is
         # a new stream, whatever tombstone an older one of that name left
-        # A copy that was placed once (incarnation.py) and that neither names was deleted on the cluster
-        # while this node was away and its tombstone collected since: an orphan, dropped
         for name in self.engine.list_streams():
             if name in placements or name in self.placing or name in self._member_deleting:
                 continue
@@ -348,7 +347,7 @@ class ClusterNode(ReplicationPlane):
                 incarnation.drop(self, name)
             else:
                 await self._place(name)
-        deletion.forget_gone(self, before, placements, tombstones)
+        deletion.forget_gone(self, before, placements)
         await deletion.collect(self, deleted_kvs, placements)
         self.creation_ended(list(self.pending_leaders))
         for name, (p, rev) in list(self.placements.items()):

@@ -484,7 +484,8 @@ def test_tombstones_are_collected_once_no_node_holds_a_copy_or_after_the_max_age
     assert c.delete("tmp2") == rawwire.OK
     c.close()
     # n1 and n2 dropped their copies and took themselves off: n3, away, is the one listed
-    wait_for(lambda: (tombstone(cluster, "tmp2") or {}).get("holders") == ["n3"], what="tmp2's tombstone waiting for n3")
+    wait_for(lambda: (tombstone(cluster, "tmp2") or {}).get("holders") == ["n3"],
+             what="tmp2's tombstone waiting for n3")
     assert "tmp2" in local_streams(cluster, "n3")
     # past --tombstone-max-age (7 days by default): the live nodes collect it, n3 still away
     age_tombstone(cluster, "tmp2", 8 * DAY)

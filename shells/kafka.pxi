@@ -174,7 +174,9 @@ cdef inline unsigned char* k_put_var(unsigned char* o, unsigned char small, unsi
         o[0] = big
         st_u32(o + 1, <uint32_t>n)
         o += 5
-    memcpy(o, p, n)
+    # memmove, not memcpy: knowing n <= 255 here, gcc inlines a memcpy as ``rep movsb``, which costs an AMD
+    # core ~3x libc's vector copy for a 100-byte value (half of this loop's time); it never inlines memmove
+    memmove(o, p, n)
     return o + n
 
 

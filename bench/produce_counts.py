@@ -2,19 +2,32 @@
 
     .venv/bin/python -m bench.produce_counts --shell kafka [--n 300000] [--size 100] [--callgrind OUT]
     .venv/bin/python -m bench.produce_counts --shell rstream [--n 300000] [--size 100] [--callgrind OUT]
+    .venv/bin/python -m bench.produce_counts --shell kafka,kafka-native,rstream --n 1000000 --shape [--perf OUT]
 
-Starts ``riverbed serve`` (fsync=never, as the bench's headline rows; only the one listener), makes the
-topic (one partition) or stream, sends one untimed record, then the timed ``--n`` records with the bench's
-own clients and settings: confluent-kafka (acks=all, idempotent, batches of 5,000, ``bench._kafka``'s
-producer) or rstream ``send_batch`` of 5,000 with 16 batches in flight (``bench._client``). Prints, per
-record, the server's /proc counters over the timed part: CPU (schedstat's on-CPU ns summed over the threads,
-and user and system ticks), read and
-write syscalls, bytes read and written, page faults, context switches.
+Starts ``riverbed serve`` (fsync=never, as the bench's headline rows; the RabbitMQ Stream and Kafka
+listeners), then runs each row of ``--shell`` in turn on that one server. ``kafka`` is confluent-kafka
+(acks=all, idempotent, batches of 5,000, ``bench._kafka``'s producer); ``kafka-native`` is
+``bench/kafka_native.c`` (the same librdkafka and settings, ``bench._kafka_native``); ``rstream`` is
+rstream ``send_batch`` of 5,000 with 16 batches in flight (``bench._client``). For each row, it makes the
+row's own topic or stream (one partition), sends one untimed record, then the timed ``--n`` records. It
+then deletes the topic, so a later row reuses its pages, as ``bench.compare``'s rows do. Rows run one
+after another on one server, so A and B share the load; the order matters, because the first row grows
+the data file onto fresh pages.
 
-With ``--callgrind OUT`` the server runs under ``valgrind --tool=callgrind --instr-atstart=no`` and
-collection is switched on just for the timed part (``callgrind_control -i``): instructions per record
-(every thread of the server), and the top functions (``OUT.top``). Under valgrind the /proc figures are
-valgrind's, not the server's.
+Printed per record, for the timed part of each row: the server's /proc counters (CPU from schedstat's
+on-CPU ns summed over the threads, and from user and system ticks; read and write syscalls, bytes read
+and written, page faults, context switches). Also the data file's size and how much of it is in the page
+cache (util-linux ``fincore``).
+
+- ``--shape`` counts, inside the server, the requests by Kafka API key, the record batches and records
+  per Produce, their attributes, socket reads, and LMDB commits and records per commit
+  (``bench/_shape_hook.py``, loaded through a ``sitecustomize`` on the server's ``PYTHONPATH``).
+- ``--perf OUT`` records the server with ``perf record -g`` (kernel included) over each timed part, into
+  ``OUT.<i>``.
+- ``--callgrind OUT`` (one row only) runs the server under ``valgrind --tool=callgrind
+  --instr-atstart=no``, with collection switched on just for the timed part (``callgrind_control -i``).
+  It prints instructions per record (every thread of the server) and writes the top functions to
+  ``OUT.top``. Under valgrind the /proc figures are valgrind's, not the server's.
 """
 
 import argparse

@@ -128,24 +128,31 @@ def _kafka_records_5000():
     return memoryview(batch)[codec.LEN_BATCH_HEADER:]
 
 
-KAFKA_STORED_MAX_COPY_RATIO = 4.5   # kafka_stored against one copy of its output: 5.8 with rep movsb, 3.0 after
 
 
-def _best(fn, reps=30, inner=5):
+def _best_ratio(fn, ref, reps=60, inner=5):
+    """min time of ``fn`` over min time of ``ref``, the two timed in turn (so a loaded machine slows both)."""
     import time
-    best = float("inf")
+    best_fn = best_ref = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (time.perf_counter() - t) / inner)
-    return best
+        for which in (fn, ref):
+            t = time.perf_counter()
+            for _ in range(inner):
+                which()
+            took = (time.perf_counter() - t) / inner
+            if which is fn:
+                best_fn = min(best_fn, took)
+            else:
+                best_ref = min(best_ref, took)
+    return best_fn / best_ref
 
 
 def test_kafka_stored_5000x100(benchmark, wire_twin):
-    """Produce's per-record re-encoding (Kafka record -> the one record format). The compiled loop is
-    also held to a bound against a plain copy of the bytes it writes (best of many rounds, both taken
-    here): gcc once inlined its value copy as ``rep movsb``, which made it ~1.9x slower on AMD."""
+    """Produce's per-record re-encoding (Kafka record -> the one record format). For the compiled loop,
+    also its time as a multiple of one plain copy of the bytes it writes (``x copy``, best rounds, the two
+    timed in turn). When gcc inlined its value copy as ``rep movsb`` it read 5.8 on the AMD bench machine,
+    3.0 after (kafka.pxi). Only reported: under load the readings overlap (4.0-5.4 against 3.1-6.2 at
+    load 9), so it is no guard."""
     from riverbed.shells.kafka import records
     body = _kafka_records_5000()
 
@@ -159,6 +166,6 @@ def test_kafka_stored_5000x100(benchmark, wire_twin):
     _report(benchmark, wire_twin, "kafka_stored 5000 x 100 B", nbytes=len(out), records=5000)
     if wire_twin.COMPILED:
         same = bytes(len(out))
-        ratio = _best(run) / _best(lambda: bytearray(same))
+        ratio = _best_ratio(run, lambda: bytearray(same))
         benchmark.extra_info["x copy"] = round(ratio, 2)
-        assert ratio <= KAFKA_STORED_MAX_COPY_RATIO, f"kafka_stored costs {ratio:.1f}x a copy of its output"
+        _RESULTS.append(("kafka_stored vs a copy", {"impl": "compiled", "x copy": round(ratio, 2)}))

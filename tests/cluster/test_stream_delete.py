@@ -525,6 +525,7 @@ def test_forwarded_publishes_parked_for_a_stream_deleted_on_the_cluster_fail_at_
     confirmed, errors = pub.wait_confirms({0, 1, 2}, timeout=6)
     took = time.monotonic() - t0
     pub.close()
+    print(f"parked publishes refused {took:.2f} s after the delete was sent")
     assert confirmed == [] and errors == {i: RC_STREAM_DOES_NOT_EXIST for i in range(3)}, (confirmed, errors)
     assert took < 6
     assert (tombstone(cluster, "park") or {}).get("holders") == ["n3"]

@@ -96,9 +96,13 @@ async def collect(node, tomb_kvs, placements):
             name = t["name"]
         except (ValueError, KeyError, TypeError):
             continue
+        if not isinstance(name, str):
+            continue            # etcd is shared: anything may have written it; the reconcile goes on
         key = kv.key
+        holders = t.get("holders")
         try:
-            if not isinstance(t.get("holders"), list) or not isinstance(t.get("at"), (int, float)):
+            if (not isinstance(holders, list) or not all(isinstance(h, str) for h in holders)
+                    or not isinstance(t.get("at"), (int, float))):
                 if known is None:
                     known = sorted(k.key.decode()[len(node.prefix) + len("known/"):]
                                    for k in node.etcd_view.items("known/"))

@@ -108,6 +108,11 @@ def test_a_tombstone_of_an_earlier_version_lists_every_known_node(etcd):
             assert t["holders"] == ["a", "b"] and abs(t["at"] - time.time()) < 60
             t = await _round(c, [_Node("a", c, known=known)])
             assert t["holders"] == ["b"]
+            # malformed (etcd is shared): taken as one of an earlier version, never a failed reconcile
+            await c.put(KEY, {"name": "s", "holders": [1, None], "at": "yesterday"})
+            assert (await _round(c, [_Node("b", c, known=known)]))["holders"] == ["a", "b"]
+            await c.put(KEY, {"name": ["s"]})
+            assert await _round(c, [_Node("b", c, known=known)]) == {"name": ["s"]}
         finally:
             await c.close()
     run(go())

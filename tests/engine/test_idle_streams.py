@@ -29,6 +29,7 @@ def _keys(engine):
 
 
 def _wait_purged(engine, timeout=60):
+    engine.sync().result(timeout)       # the writer lists orphans (a killed purge's) before it takes any op
     end = time.monotonic() + timeout
     while engine._writer._purge:
         assert time.monotonic() < end, f"{len(engine._writer._purge)} deleted streams still to purge"
@@ -105,3 +106,82 @@ def test_retention_still_trims_a_limited_stream_among_idle_ones(engine):
     info = engine.stream_info("capped")
     assert info.chunks < 100 and info.bytes <= 2_000 + 200
     assert info.last_offset == 99
+
+
+# kill -9 in the middle of a purge: the keys of the deleted streams that were not removed yet are found
+# again at the next open (Writer._find_orphans) and purged; the live streams keep every record
+_PURGE_CHILD = r"""
+import sys, time
+from riverbed.engine.log import Engine
+path, fsync, k = sys.argv[1], sys.argv[2], int(sys.argv[3])
+e = Engine(path, fsync=fsync)
+e.create_stream("live").result()
+for f in [e.create_stream(f"gone-{i}", {"chunk-max-records": 1}) for i in range(k)]:
+    f.result()
+for f in [e.append(f"gone-{i}", [b"g" * 50] * 8) for i in range(k)]:     # 8 chunks each
+    f.result()
+e.append("live", [b"live-%d" % i for i in range(100)]).result()
+for f in [e.delete_stream(f"gone-{i}") for i in range(k)]:
+    f.result()
+print("deleted", flush=True)
+n = 100
+while True:                 # live appends meanwhile, each acknowledged on stdout
+    e.append("live", [b"live-%d" % n]).result()
+    print(n, flush=True)
+    n += 1
+"""
+
+
+def _sids(engine):
+    """The stream ids that have keys in chunks, timeidx or tracking."""
+    found = set()
+    with engine.read_txn() as txn:
+        for db in (engine._db_chunks, engine._db_time, engine._db_tracking):
+            for key in txn.cursor(db=db).iternext(values=False):
+                found.add(int.from_bytes(bytes(key[:4]), "big"))
+    return found
+
+
+def _raw_keys(path):
+    import lmdb
+    env = lmdb.open(str(path), max_dbs=32, readonly=True, lock=False, subdir=True)
+    try:
+        with env.begin() as txn:
+            return sum(txn.stat(env.open_db(name, txn=txn, create=False))["entries"]
+                       for name in (b"chunks", b"timeidx", b"tracking"))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("fsync", ["never", pytest.param("batch", marks=pytest.mark.slow)])
+def test_kill_9_during_the_purge_keeps_live_records_and_purges_the_rest_at_the_next_open(tmp_path, fsync):
+    import signal
+    import subprocess
+    import sys
+    k = 1000
+    cut_short = 0
+    for round_, delay in enumerate((0.0, 0.01, 0.03)):
+        path = tmp_path / f"data-{round_}"
+        child = subprocess.Popen([sys.executable, "-c", _PURGE_CHILD, str(path), fsync, str(k)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline() == "deleted\n", child.stderr.read()
+            time.sleep(delay)
+            child.send_signal(signal.SIGKILL)
+            out = child.stdout.read()
+        finally:
+            child.kill()
+            child.wait(30)
+        acked = [int(x) for x in out.split("\n")[:-1]]      # a line cut by the kill is no acknowledgement
+        last = max(acked, default=99)
+        left = _raw_keys(path)
+        cut_short += left > 2 + len(acked)                  # the kill left deleted streams' keys behind
+        with Engine(path, fsync=fsync) as e:
+            assert e.list_streams() == ["live"]
+            _wait_purged(e)
+            info = e.stream_info("live")
+            assert info.records >= last + 1, f"round {round_}: {info.records} records, {last} acknowledged"
+            assert _sids(e) == {e._streams["live"].sid}, f"round {round_}: keys of deleted streams left"
+        with Engine(path, fsync=fsync) as e:                 # nothing left to find at the open after
+            assert not e._writer._purge
+    assert cut_short >= 1, "no kill landed inside a purge"

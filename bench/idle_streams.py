@@ -1,7 +1,8 @@
 """What a published message costs the server while it holds (or has just deleted) many idle streams.
 
     .venv/bin/python -m bench.idle_streams [--idle 0,1000,10000] [--records 10] [--then keep|delete]
-                                           [--n 200000] [--callgrind DIR] [--restart]
+                                           [--setup memory|plain] [--n 200000] [--settle 2]
+                                           [--callgrind DIR] [--restart] [--max-ratio 1.10]
 
 For each idle count K, a fresh ``riverbed serve`` (fsync=never, the RabbitMQ Stream and Kafka listeners,
 as the bench's headline server) gets K idle streams made as the bench's memory row makes them
@@ -16,7 +17,14 @@ busy machine) and, with ``--callgrind DIR``, callgrind's instructions per messag
 ``valgrind --tool=callgrind --instr-atstart=no``, collection switched on for the timed part only: the
 figure does not move with the machine's load). ``--restart`` stops the server after the idle streams are
 made and publishes to a new one on the same data directory (what is stored, without what the first
-process kept in memory). A line at the end compares every K with the first.
+process kept in memory). A line at the end compares every K with the first; with ``--max-ratio R`` the
+command fails (exit 1) when one is over R: the check that a message does not cost more with idle streams
+(issue 26: publishing while the writer purged 10,000 just deleted streams, one transaction each after
+every commit, cost 2.7× the CPU per message).
+
+``--settle`` (2 s) is the pause between the idle streams and the publish: with ``--then delete`` the
+writer is still purging the deleted streams' keys then, as it was when a bench row followed the memory
+row.
 """
 
 import argparse
@@ -205,6 +213,9 @@ def main(argv=None):
     ap.add_argument("--settle", type=float, default=2.0, help="seconds between the idle streams and the publish")
     ap.add_argument("--callgrind", metavar="DIR", help="run the server under callgrind, profiles in DIR")
     ap.add_argument("--json", metavar="FILE", help="also write the figures here")
+    ap.add_argument("--max-ratio", type=float, default=None,
+                    help="exit 1 when a message costs more than this times the first count's (instructions with "
+                         "--callgrind, else CPU); e.g. 1.10")
     a = ap.parse_args(argv)
     if a.callgrind:
         os.makedirs(a.callgrind, exist_ok=True)
@@ -215,14 +226,22 @@ def main(argv=None):
             rows.append(r)
             print(json.dumps(r), flush=True)
     base = rows[0]
+    worst = 0.0
     for r in rows[1:]:
-        line = f"idle {r['idle']:,} ({r['then']}) vs {base['idle']:,}: CPU {r['cpu_us_per_msg'] / base['cpu_us_per_msg']:.3f}x"
+        ratio = r["cpu_us_per_msg"] / base["cpu_us_per_msg"]
+        line = f"idle {r['idle']:,} ({r['then']}) vs {base['idle']:,}: CPU {ratio:.3f}x"
         if "instr_per_msg" in r and "instr_per_msg" in base:
-            line += f", instructions {r['instr_per_msg'] / base['instr_per_msg']:.3f}x"
+            ratio = r["instr_per_msg"] / base["instr_per_msg"]
+            line += f", instructions {ratio:.3f}x"
+        worst = max(worst, ratio)
         print(line)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
+    if a.max_ratio and worst > a.max_ratio:
+        # the check: instructions per message when under callgrind, else CPU per message (noisy)
+        print(f"FAILED: a message costs {worst:.3f}x with idle streams (at most {a.max_ratio}x)")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -156,7 +156,9 @@ class _Writer(threading.Thread):
         # names of the streams with a retention limit, or None to list them again (_retention); counters
         # of the work the housekeeping did, which tests hold against the number of streams (issue 26)
         self._limited = None
+        self._head_due = {}           # sid -> time (ms) until which its first chunk is within max-age
         self.retention_visits = 0     # streams _retention looked at, summed over its ticks
+        self.retention_trims = 0      # streams it read in a write transaction (_trim)
         self.purge_steps = 0          # purge transactions
         self._stopped = threading.Event()
         # Who writes: every write transaction runs holding _claim, on this thread or, for a small
@@ -674,28 +676,36 @@ class _Writer(threading.Thread):
         """Trim every stream over its retention limit. Only streams that have a limit are looked at: their
         names are listed again after a creation or deletion (``_limited``), not walked from all streams at
         every tick, so a broker holding 10,000 streams without limits pays nothing per stream and second
-        (issue 26). Runs under ``_claim``, as ``_publish`` does."""
+        (issue 26). A stream within its bytes is read (a write transaction, ``_trim``) only once its first
+        chunk may be over ``max-age``: not every stream with a limit every second. Runs under ``_claim``,
+        as ``_publish`` does."""
         eng = self.engine
         limited = self._limited
         if limited is None:
-            limited = self._limited = [name for name, s in list(eng._streams.items())
-                                       if s.max_bytes is not None or s.max_age_ms is not None]
+            states = [s for s in list(eng._streams.values()) if s.max_bytes is not None or s.max_age_ms is not None]
+            limited = self._limited = [s.name for s in states]
+            live = {s.sid for s in states}
+            self._head_due = {sid: due for sid, due in self._head_due.items() if sid in live}
         self.retention_visits += len(limited)
         now = eng.clock()
         streams = eng._streams
+        head_due = self._head_due
         for name in limited:
             s = streams.get(name)
             if s is None or s.chunks <= 1:
                 continue
-            over_bytes = s.max_bytes is not None and s.bytes > s.max_bytes
-            if not over_bytes and s.max_age_ms is None:
-                continue
+            if s.max_bytes is None or s.bytes <= s.max_bytes:
+                # within its bytes: only its age can trim it, and not before its first chunk is too old
+                # (a head only moves forward, so the time noted at the last pass is never too late)
+                if s.max_age_ms is None or now <= head_due.get(s.sid, now - 1):
+                    continue
             self._trim(name, s, now)
 
     def _trim(self, name, s, now):
         """Remove whole chunks from the head of ``s`` until it is within its limits, keeping the last
         chunk, in transactions of at most 1,000 chunks so appends are not held up for long."""
         eng = self.engine
+        self.retention_trims += 1
         while True:
             new = s.copy()
             removed = 0
@@ -713,6 +723,8 @@ class _Writer(threading.Thread):
                         too_big = new.max_bytes is not None and new.bytes > new.max_bytes
                         too_old = new.max_age_ms is not None and h[H_TIMESTAMP] < now - new.max_age_ms
                         if not (too_big or too_old):
+                            if new.max_age_ms is not None:   # the head stays until then (_retention)
+                                self._head_due[s.sid] = h[H_TIMESTAMP] + new.max_age_ms
                             break
                         txn.delete(_TIME_KEY.pack(sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
                         ok = cur.delete()

@@ -185,3 +185,25 @@ def test_kill_9_during_the_purge_keeps_live_records_and_purges_the_rest_at_the_n
         with Engine(path, fsync=fsync) as e:                 # nothing left to find at the open after
             assert not e._writer._purge
     assert cut_short >= 1, "no kill landed inside a purge"
+
+
+def test_retention_reads_a_stream_with_max_age_only_once_its_head_may_be_too_old(tmp_path):
+    clock = [1_000_000]
+    e = Engine(tmp_path / "data", fsync="never", retention_interval=3600, clock=lambda: clock[0])
+    try:
+        k = 300
+        _fill(e, k, "aged", {"max-age": "10s", "chunk-max-records": 5})     # two chunks each
+        w = e._writer
+        e.run_retention().result()
+        trims = w.retention_trims
+        clock[0] += 5_000
+        for _ in range(3):
+            e.run_retention().result()
+        assert w.retention_trims == trims, "streams within max-age were read again (was 300 per pass)"
+        assert e.stream_info("aged-0").chunks == 2
+        clock[0] += 5_001                  # now every first chunk is over 10 s old
+        e.run_retention().result()
+        assert w.retention_trims == trims + k
+        assert all(e.stream_info(f"aged-{i}").chunks == 1 for i in range(0, k, 37))
+    finally:
+        e.close()

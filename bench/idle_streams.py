@@ -145,7 +145,8 @@ def measure(k, a, d, run=0):
     data = os.path.join(d, f"data-{run}-{k}")
     args = ["--fsync", "never", "--kafka-port", "0"]
     if a.callgrind:
-        cg_out = os.path.join(a.callgrind, f"idle-{run}-{k}{'-' + a.then if k else ''}{'-restart' if a.restart else ''}.cg")
+        tag = f"{'-' + a.then if k else ''}{'-restart' if a.restart else ''}"
+        cg_out = os.path.join(a.callgrind, f"idle-{run}-{k}{tag}.cg")
         wrap = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={cg_out}"]
     srv = ServerProcess(data, *args, wrap=[] if a.restart else wrap).start(timeout=900)
     try:
@@ -183,7 +184,8 @@ def measure(k, a, d, run=0):
     finally:
         srv.stop(timeout=900)
     ran = sum(c1["threads"].values()) - sum(c0["threads"].get(t, 0.0) for t in c1["threads"])
-    res = {"idle": k, "setup": a.setup, "then": a.then if k else "-", "restart": a.restart, "n": a.n, "setup_s": round(setup_s, 2),
+    res = {"idle": k, "setup": a.setup, "then": a.then if k else "-", "restart": a.restart, "n": a.n,
+           "setup_s": round(setup_s, 2),
            "wall_s": round(t1 - t0, 3), "rate": round(a.n / (t1 - t0)), "cpu_us_per_msg": round(ran * 1e6 / a.n, 4),
            "minflt_per_msg": round((c1["minflt"] - c0["minflt"]) / a.n, 5),
            "wchar_per_msg": round((c1["wchar"] - c0["wchar"]) / a.n, 2), "load": round(os.getloadavg()[0], 2)}

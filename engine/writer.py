@@ -624,15 +624,14 @@ class _Writer(threading.Thread):
         self._seq_cache.update(staged.seqs)
         wake = []
         with eng._lock:
-            for name in staged.deleted:
+            for name in dict.fromkeys(staged.deleted):
                 old = eng._streams.pop(name, None)
                 if old is not None:
                     self._purge.append(old.sid)
                     for entry in eng._waiters.pop(old.sid, ()):
                         wake.append((entry[1], StreamNotFound(f"stream {name!r} was deleted")))
+            # a deleted stream is not in staged.streams unless this commit created it again (a new sid)
             for name, s in staged.streams.items():
-                if name in staged.deleted:
-                    continue
                 eng._streams[name] = s
                 items = eng._waiters.get(s.sid)
                 if items:
@@ -657,7 +656,7 @@ class _Writer(threading.Thread):
                 cb(exc)
             except Exception:  # a broken callback must not take the writer down
                 log.exception("commit waiter failed")
-        for name in staged.deleted:
+        for name in dict.fromkeys(staged.deleted):
             for cb in listeners:
                 try:
                     cb(name)
@@ -1022,8 +1021,8 @@ class _Staged:
         s = _Stream(name, self.next_sid, args)
         self.next_sid += 1
         self.txn.put(b"next-sid", _SID.pack(self.next_sid), db=eng._db_meta)
-        if name in self.deleted:
-            self.deleted.remove(name)
+        # a name deleted earlier in this commit stays in ``deleted``: _publish purges the old stream's keys
+        # and tells its waiters and listeners, then installs this one
         self.streams[name] = s
         self.created.append(name)
         self.dirty = True

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from riverbed.engine.errors import StreamNotFound
 from riverbed.engine.log import Engine
 from riverbed.engine.writer import PURGE_KEYS
 
@@ -207,3 +208,27 @@ def test_retention_reads_a_stream_with_max_age_only_once_its_head_may_be_too_old
         assert all(e.stream_info(f"aged-{i}").chunks == 1 for i in range(0, k, 37))
     finally:
         e.close()
+
+
+def test_a_stream_deleted_and_created_again_in_one_commit_leaves_no_keys_or_waiters_behind(engine):
+    engine.create_stream("x").result()
+    engine.append("x", [b"old"] * 10).result()
+    old_sid = engine._streams["x"].sid
+    woken = []
+    engine.watch("x", 10, woken.append)              # a reader waiting at the old stream's end
+    deleted = []
+    engine.add_delete_listener(deleted.append)
+    w = engine._writer
+    with w._claim:      # the writer waits here with the deletion taken: the creation joins its commit
+        f1 = engine.delete_stream("x")
+        f2 = engine.create_stream("x")
+        time.sleep(0.05)
+    f1.result(10)
+    f2.result(10)
+    _wait_purged(engine)
+    new_sid = engine._streams["x"].sid
+    assert new_sid != old_sid and engine.stream_info("x").records == 0
+    assert _sids(engine) == set(), "the old stream's keys were left (until the next open)"
+    assert len(woken) == 1 and isinstance(woken[0], StreamNotFound)    # was never woken
+    assert deleted == ["x"]
+    assert old_sid not in engine._waiters

@@ -134,6 +134,38 @@ def test_a_trim_or_truncate_after_appends_in_the_same_commit_closes_small(eng, s
     assert_closed(eng, stream, [rec(i) for i in range(n)])
 
 
+@pytest.mark.parametrize("n", [5000, 12_000])
+def test_a_held_piece_is_stored_from_the_callers_buffer(eng, stream, monkeypatch, n):
+    # held whole (5,000) or as the last piece of a cut (12,000): stored as views of the caller's buffer,
+    # the copying chunk builder never runs for them
+    sealed(eng, stream, 0, 1, ids_of(0, 1)).result(10)
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("a held piece was copied into a new chunk")
+    monkeypatch.setattr(core, "build_chunk", no_copy)
+    in_one_commit(eng, lambda: [sealed(eng, stream, 1, n, ids_of(1, n)), sealed(eng, stream, 0, 1, ids_of(0, 1))])
+    monkeypatch.undo()
+    assert_closed(eng, stream, [rec(i) for i in range(1 + n)])
+
+
+def test_a_redone_transaction_stores_a_held_piece_unchanged(tmp_path):
+    # a 1 MiB map: 600 records of 300 B, then a commit of a held 2,900-record chunk (cut at the close) that
+    # overfills it; the writer grows the map and redoes the transaction from the same caller buffer, whose
+    # bytes the first try put back
+    with Engine(tmp_path / "d", fsync="never", retention_interval=0, map_size=1 << 20) as e:
+        e.create_stream("s").result(10)
+        records = [rec(i, 300) for i in range(3500)]
+        e.append("s", records[:600], publishing_ids=list(range(1, 601)), publisher="p").result(10)
+        assert e.env.info()["map_size"] == 1 << 20
+        in_one_commit(e, lambda: [
+            e.append_chunk("s", core.encode_chunk_buffer(records[600:]), num_entries=2900, num_records=2900,
+                           publishing_ids=list(range(601, 3501)), publisher="p"),
+            e.append("s", [records[0]], publishing_ids=[1], publisher="p")])
+        assert e.env.info()["map_size"] > 1 << 20
+        assert chunk_records(e, "s") == [600, 1900, 1000]
+        assert_closed(e, "s", records)
+
+
 # ----------------------------------------------------------------------------------- random commit shapes
 
 SIZES = [1, 3, 999, 1000, 1001, 2500, 5000, 8192, 8193, 12_000]

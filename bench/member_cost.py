@@ -58,8 +58,9 @@ def _frames(tmp, n, batch):
     return out
 
 
-def _serve(sock, batches):
-    """The leader: one member connection, batch after batch, each after the ACK of the one before."""
+def _serve(sock, batches, gap=0.0):
+    """The leader: one member connection, batch after batch, each after the ACK of the one before (and
+    ``gap`` seconds more: the pace of a real leader's batches, whose member wakes once per batch)."""
     from riverbed.shells.cluster import wire
     conn, _ = sock.accept()
     f = conn.makefile("rb")
@@ -71,6 +72,8 @@ def _serve(sock, batches):
     kind, _ = frame()
     assert kind == wire.HELLO
     for frames, end in batches:
+        if gap:
+            time.sleep(gap)
         conn.sendmsg(frames)
         while True:
             kind, payload = frame()
@@ -107,7 +110,7 @@ def run(a):
         pid = os.fork()
         if pid == 0:
             try:
-                _serve(sock, batches)
+                _serve(sock, batches, a.gap)
             finally:
                 os._exit(0)
         sock.close()
@@ -151,6 +154,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="messages (100 B each)")
     ap.add_argument("--batch", type=int, default=5000, help="records per publish (the bench's send_batch)")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds the leader waits before each batch")
     ap.add_argument("--under-callgrind", action="store_true",
                     help="this process runs under valgrind --tool=callgrind --instr-atstart=no: collect only "
                          "while the member follows")

@@ -3,7 +3,7 @@
 The member is the real follow code (``ReplicationPlane._follow_once``, shells/cluster/replication.py) on a
 real engine (fsync never) in this process; the leader is a forked child that serves one member
 connection with the chunks a real leader engine made (batches of ``--batch`` x 100 B records, chunks of
-1,000 records as the engine cuts them, SEQS before each batch's last chunk, a COMMIT after it) and sends
+as the engine cuts them, SEQS before each batch's last chunk, a COMMIT after it) and sends
 each batch once the member acknowledged the one before. No etcd, no control plane, no clock-driven
 work: the figure is the data path only, so it holds at any load (CPU time, not wall time).
 
@@ -42,10 +42,19 @@ def _frames(tmp, n, batch):
         chunks = [raw for _, raw in eng.read_chunks("s", 0, 1 << 30, limited=False)]
     finally:
         eng.close()
-    per = max(1, batch // 1000)
+    # a batch is the chunks of one publish (``batch`` records: one chunk since the engine cuts up to 8,192
+    # records per chunk inside one commit, several of 1,000 before)
+    groups, part, records = [], [], 0
+    for raw in chunks:
+        part.append(raw)
+        records += core.read_header(raw)[H_RECORDS]
+        if records >= batch:
+            groups.append(part)
+            part, records = [], 0
+    if part:
+        groups.append(part)
     out = []
-    for b in range(0, len(chunks), per):
-        part = chunks[b:b + per]
+    for part in groups:
         last = core.read_header(part[-1])
         end = last[H_CHUNK_ID] + last[H_RECORDS]
         frames = []

@@ -71,25 +71,17 @@ def setup_super_stream(broker, base, n):
     ports = [where[p][1] for p in parts]
     nodes = len(getattr(broker, "pids", None) or [broker.pid])
     if len(set(ports)) < min(nodes, n):
-        teardown_super_stream(broker, base, ports)
+        teardown_super_stream(broker, base)
         raise RuntimeError(f"super stream {base}: its {n} partitions are led by {len(set(ports))} of the "
                            f"{nodes} nodes (ports {ports})")
     return ports
 
 
-def teardown_super_stream(broker, base, ports=None):
+def teardown_super_stream(broker, base):
     """Delete super stream ``base`` and its partitions (the single node keeps running for other rows).
-    Each partition is deleted first on its leader (``ports``, as :func:`setup_super_stream` returned
-    them): a cluster node deletes with a super stream only the partitions it holds a copy of, so one
-    led by another node would stay behind, with its data, and count as that node's in the next
-    placement (the next run's partitions would then both land on the other node)."""
-    for i, port in enumerate(ports or ()):
-        conn = _loadgen.Conn("127.0.0.1", port)
-        try:
-            conn.request(_loadgen.CMD_DELETE, _loadgen.codec.enc_string(f"{base}-{i}"),
-                         ok=(_loadgen.CODE_OK, _loadgen.CODE_STREAM_DOES_NOT_EXIST))
-        finally:
-            conn.close()
+    On the pair, one DeleteSuperStream through the first node deletes every partition on both nodes,
+    also the one only the other node holds (shells/cluster/deletion.py), so the next run's partitions
+    are placed balanced again."""
     conn = _loadgen.Conn("127.0.0.1", broker.port)
     try:
         _loadgen.delete_super_stream(conn, base)

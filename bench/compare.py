@@ -254,7 +254,7 @@ def run_once(args, wname, broker, others, rnd, attempt, on_go=None):
             ACTIVE.discard(c)
         if superstream:
             try:
-                teardown_super_stream(broker, superstream, ports)
+                teardown_super_stream(broker, superstream)
             except Exception as e:   # the broker is gone (a failed run): nothing left to delete
                 rec.setdefault("cleanup_error", f"{type(e).__name__}: {e}")
     return rec

@@ -884,8 +884,12 @@ class Engine(SuperStreamBindings):
         # name too, so 10,000 streams hold one string each, not one per holder (issue 26)
         return self._submit(_OP_CREATE, sys.intern(name), normalize_arguments(arguments))
 
-    def delete_stream(self, name):
-        """Delete ``name`` and all of its records and tracking. Future of None; StreamNotFound."""
+    def delete_stream(self, name, keep_bindings=False):
+        """Delete ``name`` and all of its records and tracking. Future of None; StreamNotFound. The stream
+        leaves every super stream it is a partition of, unless ``keep_bindings`` (a cluster node dropping
+        its copy of a stream that lives on: the definitions are the cluster's, shells/cluster/superstreams.py)."""
+        if keep_bindings:
+            return self._submit(_OP_DELETE, name, True)
         return self._submit(_OP_DELETE, name)
 
     def append(self, stream, records, *, publishing_ids=None, publisher=None, filter_values=None, on_done=None):

@@ -591,7 +591,7 @@ class _Writer(threading.Thread):
             if op == _OP_CREATE:
                 return staged.create(*args)
             if op == _OP_DELETE:
-                return staged.delete(args[0])
+                return staged.delete(*args)
             if op == _OP_SUPER_CREATE:
                 return staged.create_super(*args)
             if op == _OP_SUPER_DELETE:
@@ -985,11 +985,12 @@ class _Staged:
         self.dirty = True
         return None
 
-    def delete(self, name):
+    def delete(self, name, keep_bindings=False):
         self.stream(name)                     # StreamNotFound when there is no such stream
         self.pending.pop(name, None)
         self.txn.delete(name.encode(), db=self.engine._db_streams)
-        self._unbind_everywhere(name)
+        if not keep_bindings:
+            self._unbind_everywhere(name)
         del self.streams[name]
         self.deleted.append(name)
         self.dirty = True

@@ -303,7 +303,10 @@ class Broker:
         def created(exc):
             if isinstance(exc, StreamExists):
                 exc = None
-            for fn in self._creating.pop(name, ()):
+            callbacks = self._creating.pop(name, ())
+            if self.cluster is not None:      # the leader chosen above is no longer needed, unless placing
+                self.cluster.creation_ended([name])
+            for fn in callbacks:
                 try:
                     fn(exc)
                 except Exception:
@@ -393,12 +396,24 @@ class Broker:
         """Whether an :meth:`ensure_stream` creation of ``name`` is in flight."""
         return name in self._creating
 
-    def delete_stream(self, name, cb):
+    def delete_stream(self, name, cb, copy_only=False):
         """``cb(exc)`` once deleted; then every session hears ``stream_deleted(name)``, so the request is
         answered before any notification goes out. A partition of super streams leaves them in the same
-        transaction (the engine's delete; as a deleted queue's bindings go with it on RabbitMQ)."""
+        transaction (the engine's delete; as a deleted queue's bindings go with it on RabbitMQ). In a
+        cluster the stream is deleted on every node, also one this node holds no copy of: answered once
+        etcd holds the deletion (shells/cluster/deletion.py); ``copy_only``: the cluster layer drops this
+        node's copy alone (the stream lives on elsewhere, and so do its super stream bindings)."""
         self._deleting_enter([name])
-        self._call(lambda: self.engine.delete_stream(name), lambda res, exc: self._deleted_then([name], cb, exc))
+        done = lambda res, exc: self._deleted_then([name], cb, exc)   # noqa: E731
+        if self.cluster is not None:
+            if copy_only:
+                self._call(lambda: self.engine.delete_stream(name, keep_bindings=True), done)
+                return
+            if not self.engine.has_stream(name):
+                self.cluster.delete_remote(name, lambda exc: done(None, exc))
+                return
+            done = self.cluster.hold_delete([name], done)
+        self._call(lambda: self.engine.delete_stream(name), done)
 
     def _deleting_enter(self, names):
         for n in names:
@@ -529,15 +544,18 @@ class Broker:
             create()
             return
         cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
-            f"super stream {name!r} already exists on the cluster")) if defined else create())
+            f"super stream {name!r} already exists on the cluster")) if defined else create(), partitions)
 
     def delete_super_stream(self, name, cb):
         """Delete the definition and its partitions in one engine transaction; ``cb(exc)``; then the
-        sessions hear of each partition's deletion."""
-        parts = [p for p in (self.partitions(name) or ()) if self.engine.has_stream(p)]
+        sessions hear of each partition's deletion. In a cluster every partition goes on every node, also
+        those this node holds no copy of (answered once etcd holds it: shells/cluster/deletion.py)."""
+        parts = [p for p in (self.partitions(name) or ()) if self.cluster is not None or self.engine.has_stream(p)]
         self._deleting_enter(parts)
-        self._call(lambda: self.engine.delete_super_stream(name),
-                   self._super_changed(name, lambda res, exc: self._deleted_then(parts, cb, exc)))
+        done = lambda res, exc: self._deleted_then(parts, cb, exc)   # noqa: E731
+        if self.cluster is not None:
+            done = self.cluster.hold_delete(parts, done)
+        self._call(lambda: self.engine.delete_super_stream(name), self._super_changed(name, done))
 
     def _super_changed(self, name, cb, created=False):
         # in a cluster, a definition changed here is written to etcd for every node (shells/cluster/superstreams.py)

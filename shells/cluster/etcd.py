@@ -263,6 +263,20 @@ class Etcd:
         True when this call changed it."""
         return await self._txn(key, "MOD", "mod_revision", mod_revision, value, lease)
 
+    async def remove(self, key, mod_revision, puts=(), delete_prefixes=()):
+        """Delete ``key`` only if it still has ``mod_revision`` and, in the same transaction, put each
+        ``(key, value)`` of ``puts`` (no lease) and delete every key under each of ``delete_prefixes``.
+        True when this call deleted it (nothing is written otherwise)."""
+        ops = [{"request_delete_range": {"key": _b64(key)}}]
+        ops += [{"request_put": {"key": _b64(k), "value": _b64(_encode(v))}} for k, v in puts]
+        for prefix in delete_prefixes:
+            p = prefix.encode() if isinstance(prefix, str) else prefix
+            ops.append({"request_delete_range": {"key": _b64(p), "range_end": _b64(_prefix_end(p))}})
+        body = {"compare": [{"key": _b64(key), "result": "EQUAL", "target": "MOD",
+                             "mod_revision": str(mod_revision)}], "success": ops}
+        r = await self._call("/v3/kv/txn", body, write=True)
+        return bool(r.get("succeeded"))
+
     async def _txn(self, key, target, field, revision, value, lease):
         put = {"key": _b64(key), "value": _b64(_encode(value))}
         if lease:

@@ -220,6 +220,10 @@ class Forwarder:
                 kv = await self.node.etcd.get(self.node.prefix + "streams/" + stream)
                 if kv is not None and stream not in self.node.placements:
                     self.node.placements[stream] = (kv.json(), kv.mod_revision)
+                elif kv is None:
+                    # deleted a moment ago, before this node's reconcile saw it: a creation that follows
+                    # must be placed anew, not taken for the old placement
+                    self.node.placements.pop(stream, None)
                 cb(kv is not None, None)
             except Exception as e:     # etcd unreachable: the creation goes on as a lone node would
                 log.info("cluster: cannot ask etcd about %s: %s", stream, e)

@@ -182,7 +182,7 @@ def drop_copy(node, name):
         def deleted(exc):
             if exc is not None:
                 node._member_deleting.discard(name)
-        node.broker.delete_stream(name, deleted)
+        node.broker.delete_stream(name, deleted, copy_only=True)
 
 
 async def _forget_progress(node, name):

@@ -41,7 +41,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import membership, placement, view, viewhold
+from riverbed.shells.cluster import deletion, membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
@@ -109,8 +109,10 @@ class ClusterNode(ReplicationPlane):
         self._member_creating = set()     # streams this node creates as a member copy
         self._member_deleting = set()     # streams this node deletes because the cluster did
         self._cluster_deleting = set()    # streams a client deleted here, being removed from etcd
+        self.removed_here = set()         # ... and removed from etcd already: the deletion hook leaves etcd alone
         self.pending_leaders = {}         # stream made here -> the node chosen to lead it (placement.py)
         self.placing = set()              # streams whose placement another node is to lead, in flight
+        self._placing_here = set()        # streams this node leads whose placement is in flight
         self.handing_off = set()          # streams this leader is giving to another member (membership.py)
         self.forwarding = Forwarder(self)  # publishes and StoreOffsets of streams led elsewhere (forward.py)
         self.superstreams = SuperStreams(self)   # super stream definitions shared through etcd (superstreams.py)
@@ -328,9 +330,11 @@ class ClusterNode(ReplicationPlane):
             if name in tombstones:
                 self._member_deleting.add(name)
                 log.info("cluster: %s deletes %s (deleted on the cluster)", self.name, name)
-                self.broker.delete_stream(name, lambda exc: None)
+                self.broker.delete_stream(name, lambda exc: None, copy_only=True)
             else:
                 await self._place(name)
+        deletion.forget_gone(self, before, placements, tombstones)
+        self.creation_ended(list(self.pending_leaders))
         for name, (p, rev) in list(self.placements.items()):
             if name in self._cluster_deleting:
                 continue
@@ -459,7 +463,7 @@ class ClusterNode(ReplicationPlane):
         return epoch, s.next_offset
 
     async def _report_progress(self):
-        for name, (p, _) in self.placements.items():
+        for name, (p, _) in list(self.placements.items()):     # a deletion may drop one meanwhile
             if not membership.take_part(self, name, p):
                 continue
             epoch, nxt = self._position(name)
@@ -589,8 +593,9 @@ class ClusterNode(ReplicationPlane):
 
     def _stream_deleted(self, name):
         """Broker delete hook: a client's deletion here deletes the stream on the cluster (placement
-        removed, a tombstone left for members that are away); a member copy deleted because of that
-        tombstone only forgets its state."""
+        removed, a tombstone left for members that are away: deletion.py, which the broker's request has
+        done already where it could); a member copy deleted because of that tombstone, or a stream this
+        node held no copy of, only forgets its state."""
         st = self.leading.pop(name, None)
         if st is not None:
             st.fail_all(RiverbedError(f"stream {name!r} was deleted"))
@@ -601,28 +606,32 @@ class ClusterNode(ReplicationPlane):
             f[2].cancel()
         self.engine.set_read_limit(name, None)
         self.engine.epochs.pop(name, None)
-        self.max_epoch.pop(name, None)
-        self.progress_sent.pop(name, None)
-        self.detached.pop(name, None)
+        for per_stream in (self.max_epoch, self.progress_sent, self.progress_at, self.detached, self.abstain):
+            per_stream.pop(name, None)
+        self.handing_off.discard(name)
+        if name not in self.placing and not self.broker.creating(name):
+            self.pending_leaders.pop(name, None)
         self.watch.forget(name)
         if name in self._member_deleting:
             self._member_deleting.discard(name)
             return
         self.placements.pop(name, None)
+        if name in self.removed_here:
+            self.removed_here.discard(name)
+            return
         self._cluster_deleting.add(name)
         asyncio.get_running_loop().create_task(self._delete_placement(name))
 
     async def _delete_placement(self, name):
         try:
-            await self.etcd.put(self.prefix + "deleted/" + name, {"name": name})
-            await self.etcd.delete(self.prefix + "streams/" + name)
-            await self.etcd.delete_prefix(f"{self.prefix}progress/{name}/")
-        except EtcdError as e:
+            await deletion.remove_placement(self, name)
+        except (EtcdError, RiverbedError) as e:
             log.warning("cluster: cannot delete %s in etcd: %s", name, e)
         finally:
             self._cluster_deleting.discard(name)
 
     async def _place_and_refresh(self, name, members):
+        self._placing_here.add(name)
         try:
             # the live nodes as etcd knows them now (this node's view may be a poll behind)
             nodes = {}
@@ -640,9 +649,32 @@ class ClusterNode(ReplicationPlane):
         except EtcdError as e:
             log.warning("cluster: cannot place %s yet: %s", name, e)
         finally:
+            self._placing_here.discard(name)
             self.pending_leaders.pop(name, None)
 
     # ------------------------------------------------------------------------------ broker hooks
+
+    def creation_ended(self, names):
+        """Forget the leader chosen for each of ``names`` (:attr:`pending_leaders`) once it is no longer
+        needed: etcd places the stream (its leader is known), or its creation here ended without a local
+        stream (refused, or made on another node first). Kept while a placement of it is in flight or a
+        creation of it waits. Called by the broker when an ensure_stream creation ends and on every
+        reconcile, so the map holds only creations under way."""
+        for name in names:
+            if (name not in self.pending_leaders or name in self.placing or name in self._placing_here
+                    or self.broker.creating(name)):
+                continue
+            if name in self.placements or not self.engine.has_stream(name):
+                del self.pending_leaders[name]
+
+    def hold_delete(self, names, cb):
+        """Wrap a client deletion's engine completion ``cb(res, exc)``: answered once etcd no longer places
+        ``names`` (deletion.py)."""
+        return deletion.hold_delete(self, names, cb)
+
+    def delete_remote(self, name, cb):
+        """Delete ``name``, which this node holds no copy of, on the cluster; ``cb(exc)`` (deletion.py)."""
+        deletion.delete_remote(self, name, cb)
 
     def check_write(self, stream):
         """The error a publish to ``stream`` gets on this node (NotLeader), or None to go on."""

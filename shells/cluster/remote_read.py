@@ -274,7 +274,7 @@ class Observers:
         def deleted(exc):
             if exc is not None:
                 node._member_deleting.discard(name)
-        node.broker.delete_stream(name, deleted)
+        node.broker.delete_stream(name, deleted, copy_only=True)
 
     def became_member(self, name):
         """This node is now a member (or learner) of ``name``: its copy is a member copy from now on."""

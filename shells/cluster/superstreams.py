@@ -39,6 +39,7 @@ class SuperStreams:
         self.engine = node.engine
         self.dirty = set()         # names changed here whose write to etcd is pending
         self.generation = 0        # raised by every local change and every end of its write to etcd
+        self._pushes = {}          # name -> the task writing its latest local change to etcd
         self._lock = asyncio.Lock()
 
     def _key(self, name):
@@ -52,7 +53,16 @@ class SuperStreams:
         made the super stream (then a live definition in etcd is left as it is)."""
         self.dirty.add(name)
         self.generation += 1
-        asyncio.get_running_loop().create_task(self._push(name, created))
+        task = self._pushes[name] = asyncio.get_running_loop().create_task(self._push(name, created))
+        task.add_done_callback(lambda t: self._pushes.pop(name, None) if self._pushes.get(name) is t else None)
+
+    async def written(self, name):
+        """Return once the latest local change to ``name`` is written to etcd (or its write gave up: it
+        logged why), at once when none is under way: a deletion is answered only after its tombstone is
+        there, so the name is free on every node."""
+        task = self._pushes.get(name)
+        if task is not None:
+            await asyncio.wait([task])      # its outcome is the push's to log, not the waiter's
 
     async def _push(self, name, created):
         try:
@@ -82,15 +92,20 @@ class SuperStreams:
             return True
         return await self.node.etcd.replace(self._key(name), kv.mod_revision, value)
 
-    def lookup(self, name, cb):
+    def lookup(self, name, cb, partitions=()):
         """``cb(defined)`` on the loop: whether etcd holds a live definition of super stream ``name`` (a
         creation here must not shadow one another node made since this node's last poll). False when
-        etcd does not answer: the creation goes on, and the poll reconciles once etcd is back."""
+        etcd does not answer: the creation goes on, and the poll reconciles once etcd is back. Each of
+        ``partitions`` that etcd no longer places is forgotten here first (deleted a moment ago, before
+        this node's reconcile saw it: the new partition must be placed anew, not taken for the old one)."""
         async def ask():
             try:
                 kv = await self.node.etcd.get(self._key(name))
                 held = kv.json() if kv is not None else {}
                 defined = isinstance(held, dict) and not held.get("deleted") and held.get("definition") is not None
+                for p in partitions:
+                    if p in self.node.placements and await self.node.etcd.get(self.node.prefix + "streams/" + p) is None:
+                        self.node.placements.pop(p, None)
             except (EtcdError, ValueError) as e:
                 log.warning("cluster: cannot ask etcd about super stream %s: %s", name, e)
                 defined = False

@@ -160,6 +160,10 @@ class BrokerCollector:
         for stream, n in sorted(self.broker.cluster.forwarding.forwarded.items()):
             forwarded.add_metric([stream], n)
         yield forwarded
+        # streams made here whose chosen leader is not yet placed in etcd: creations under way, so it
+        # stays near 0 (a value that only grows is state kept for streams that no longer need it)
+        yield GaugeMetricFamily("riverbed_cluster_pending_leaders", "Streams made on this node whose placement "
+                                "in etcd is still under way.", value=len(self.broker.cluster.pending_leaders))
 
     @staticmethod
     def _hostile_input():

@@ -229,7 +229,7 @@ async def delete_queue(request):
     check_vhost(request)
     name = request.match_info["name"]
     broker = request.app[BROKER]
-    if not broker.has_stream(name):
+    if not broker.has_stream_anywhere(name):      # in a cluster, also one held by other nodes only
         raise not_found()
     if not user.can(CONFIGURE, name):
         raise _access_refused("queue", name, user)

@@ -196,7 +196,7 @@ class EventRequests:
         self._need(req, 3)
         stream = req.words[2]
         self._allow("configure", stream)
-        if not self.broker.has_stream(stream):
+        if not self.broker.has_stream_anywhere(stream):     # in a cluster, also one held by other nodes only
             raise ReamError(NOT_FOUND)
         slot = req.slot
         self._begin(K_WRITE)

@@ -490,7 +490,7 @@ class RmqStreamSession(PublishCommands, ConsumeCommands, SessionKernel):
         corr = r.u32()
         stream = r.string()
         r.done()
-        if not self.broker.has_stream(stream):
+        if not self.broker.has_stream_anywhere(stream):     # in a cluster, also one held by other nodes only
             self._respond(CMD_DELETE, corr, RC_STREAM_DOES_NOT_EXIST)
         elif not self._can(CONFIGURE, stream):
             self._respond(CMD_DELETE, corr, RC_ACCESS_REFUSED)

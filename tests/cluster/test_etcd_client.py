@@ -48,6 +48,32 @@ def test_compare_and_swap(etcd):
     run(go())
 
 
+def test_remove_is_one_compare_and_swap_transaction(etcd):
+    """A stream's deletion (cluster/deletion.py): the placement goes only at the revision read, and with
+    it, in the same transaction, the progress keys go and the tombstone comes; a stale revision changes
+    nothing at all."""
+    async def go():
+        c = Etcd(etcd.url)
+        try:
+            await c.put("/s/streams/x", {"epoch": 1})
+            await c.put("/s/progress/x/n1", {"next": 5})
+            await c.put("/s/progress/x/n2", {"next": 5})
+            await c.put("/s/progress/xy/n1", {"next": 7})        # another stream's: its prefix differs
+            kv = await c.get("/s/streams/x")
+            await c.put("/s/streams/x", {"epoch": 2})              # an election meanwhile
+            args = dict(puts=[("/s/deleted/x", {"name": "x"})], delete_prefixes=["/s/progress/x/"])
+            assert not await c.remove("/s/streams/x", kv.mod_revision, **args)
+            assert await c.get("/s/deleted/x") is None and len(await c.get_prefix("/s/progress/x/")) == 2
+            kv = await c.get("/s/streams/x")
+            assert await c.remove("/s/streams/x", kv.mod_revision, **args)
+            assert await c.get("/s/streams/x") is None and await c.get_prefix("/s/progress/x/") == []
+            assert (await c.get("/s/deleted/x")).json() == {"name": "x"}
+            assert (await c.get("/s/progress/xy/n1")) is not None
+        finally:
+            await c.close()
+    run(go())
+
+
 def test_lease_keepalive_and_expiry(etcd):
     async def go():
         c = Etcd(etcd.url)

@@ -68,3 +68,17 @@ def test_binding_onto_a_created_super_stream_and_reopening(tmp_path):
         assert not e.has_stream("orders-ap") and e.super_stream("orders") is None
     finally:
         e.close()
+
+
+def test_a_deleted_partition_leaves_its_super_streams_unless_the_bindings_are_kept(eng):
+    """A cluster node dropping its copy of a partition (the stream lives on other nodes) keeps the super
+    stream's definition whole (``keep_bindings``): Route and Partitions there still name every partition,
+    and a DeleteSuperStream through that node still reaches them all."""
+    eng.create_super_stream("ss", ["ss-0", "ss-1", "ss-2"], ["0", "1", "2"]).result()
+    eng.delete_stream("ss-1", keep_bindings=True).result()
+    assert not eng.has_stream("ss-1")
+    assert eng.super_stream("ss")["partitions"] == ["ss-0", "ss-1", "ss-2"]
+    eng.delete_stream("ss-2").result()                     # a client's deletion: its binding goes with it
+    assert eng.super_stream("ss")["partitions"] == ["ss-0", "ss-1"]
+    eng.delete_super_stream("ss").result()                 # the partitions that still exist go with it
+    assert eng.super_stream("ss") is None and not eng.has_stream("ss-0")

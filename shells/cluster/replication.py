@@ -29,8 +29,7 @@ MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their pu
 ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
 HEARTBEAT_WAKE = 0.2       # seconds: a parked member connection wakes this often to send its heartbeat
 # seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
-# one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later than the
-# last ACK of what was sent (while batches stream, the next chunk carries it: Leading._in_flight)
+# one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
 COMMIT_DELAY = 0.005
 
 
@@ -98,27 +97,8 @@ class Leading:
             self.committed = committed
             self.node.engine.set_read_limit(self.name, committed)
             self.release()
-        if self._commit_timer is None and self.feeds and self._commit_unsent() and not self._in_flight():
-            self._commit_timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._send_commit)
-
-    def _commit_unsent(self):
-        committed = self.committed
-        for feed in self.feeds:
-            if feed.sent_commit != committed:
-                return True
-        return False
-
-    def _in_flight(self):
-        """Whether a member connection has chunks out that its member has not acknowledged yet: its ACK
-        runs :meth:`recompute` again, and the chunk sent next carries the committed offset, so under a
-        stream of batches a moved offset needs no COMMIT of its own (one write and one wake-up less per
-        batch on the leader and on every member); the timer starts once everything sent is
-        acknowledged (at the latest on the control loop's next tick, which recomputes too)."""
-        acked = self.acked
-        for feed in self.feeds:
-            if not feed.dropped and feed.pos > acked.get(feed.member, 0):
-                return True
-        return False
+            if self._commit_timer is None and self.feeds:
+                self._commit_timer = asyncio.get_running_loop().call_later(COMMIT_DELAY, self._send_commit)
 
     def _send_commit(self):
         self._commit_timer = None

@@ -53,6 +53,7 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # chunk). A stream that sets chunk-max-records gets that bound for every chunk.
 CHUNK_BODY_RECORDS = 8192
 SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
+PURGE_KEYS = 1000               # keys (and finished streams) of deleted streams one purge transaction takes, at most
 _tuple_new = tuple.__new__
 
 # --------------------------------------------------------------------------------------------------------
@@ -152,6 +153,13 @@ class _Writer(threading.Thread):
         # so an entry never goes stale; _seq_key empties the dict when it reaches SEQ_KEYS_MAX)
         self._seq_keys = {}
         self._purge = []          # sids of deleted streams whose keys are still to be removed
+        # names of the streams with a retention limit, or None to list them again (_retention); counters
+        # of the work the housekeeping did, which tests hold against the number of streams (issue 26)
+        self._limited = None
+        self._head_due = {}           # sid -> time (ms) until which its first chunk is within max-age
+        self.retention_visits = 0     # streams _retention looked at, summed over its ticks
+        self.retention_trims = 0      # streams it read in a write transaction (_trim)
+        self.purge_steps = 0          # purge transactions
         self._stopped = threading.Event()
         # Who writes: every write transaction runs holding _claim, on this thread or, for a small
         # operation that finds nothing queued, on the caller's thread (commit_inline). _outstanding
@@ -616,15 +624,14 @@ class _Writer(threading.Thread):
         self._seq_cache.update(staged.seqs)
         wake = []
         with eng._lock:
-            for name in staged.deleted:
+            for name in dict.fromkeys(staged.deleted):
                 old = eng._streams.pop(name, None)
                 if old is not None:
                     self._purge.append(old.sid)
                     for entry in eng._waiters.pop(old.sid, ()):
                         wake.append((entry[1], StreamNotFound(f"stream {name!r} was deleted")))
+            # a deleted stream is not in staged.streams unless this commit created it again (a new sid)
             for name, s in staged.streams.items():
-                if name in staged.deleted:
-                    continue
                 eng._streams[name] = s
                 items = eng._waiters.get(s.sid)
                 if items:
@@ -639,6 +646,8 @@ class _Writer(threading.Thread):
                         eng._waiters[s.sid] = keep
                     else:    # an idle stream keeps no empty list (10,000 streams: issue 26)
                         del eng._waiters[s.sid]
+            if staged.deleted or staged.created:
+                self._limited = None
             listeners = list(eng._delete_listeners) if staged.deleted else ()
             created = [n for n in staged.created if n in eng._streams] if staged.created else ()
             create_listeners = list(eng._create_listeners) if created else ()
@@ -647,7 +656,7 @@ class _Writer(threading.Thread):
                 cb(exc)
             except Exception:  # a broken callback must not take the writer down
                 log.exception("commit waiter failed")
-        for name in staged.deleted:
+        for name in dict.fromkeys(staged.deleted):
             for cb in listeners:
                 try:
                     cb(name)
@@ -663,20 +672,39 @@ class _Writer(threading.Thread):
     # --------------------------------------------------------------------------- retention and purging
 
     def _retention(self):
+        """Trim every stream over its retention limit. Only streams that have a limit are looked at: their
+        names are listed again after a creation or deletion (``_limited``), not walked from all streams at
+        every tick, so a broker holding 10,000 streams without limits pays nothing per stream and second
+        (issue 26). A stream within its bytes is read (a write transaction, ``_trim``) only once its first
+        chunk may be over ``max-age``: not every stream with a limit every second. Runs under ``_claim``,
+        as ``_publish`` does."""
         eng = self.engine
+        limited = self._limited
+        if limited is None:
+            states = [s for s in list(eng._streams.values()) if s.max_bytes is not None or s.max_age_ms is not None]
+            limited = self._limited = [s.name for s in states]
+            live = {s.sid for s in states}
+            self._head_due = {sid: due for sid, due in self._head_due.items() if sid in live}
+        self.retention_visits += len(limited)
         now = eng.clock()
-        for name, s in list(eng._streams.items()):
-            if s.chunks <= 1:
+        streams = eng._streams
+        head_due = self._head_due
+        for name in limited:
+            s = streams.get(name)
+            if s is None or s.chunks <= 1:
                 continue
-            over_bytes = s.max_bytes is not None and s.bytes > s.max_bytes
-            if not over_bytes and s.max_age_ms is None:
-                continue
+            if s.max_bytes is None or s.bytes <= s.max_bytes:
+                # within its bytes: only its age can trim it, and not before its first chunk is too old
+                # (a head only moves forward, so the time noted at the last pass is never too late)
+                if s.max_age_ms is None or now <= head_due.get(s.sid, now - 1):
+                    continue
             self._trim(name, s, now)
 
     def _trim(self, name, s, now):
         """Remove whole chunks from the head of ``s`` until it is within its limits, keeping the last
         chunk, in transactions of at most 1,000 chunks so appends are not held up for long."""
         eng = self.engine
+        self.retention_trims += 1
         while True:
             new = s.copy()
             removed = 0
@@ -694,6 +722,8 @@ class _Writer(threading.Thread):
                         too_big = new.max_bytes is not None and new.bytes > new.max_bytes
                         too_old = new.max_age_ms is not None and h[H_TIMESTAMP] < now - new.max_age_ms
                         if not (too_big or too_old):
+                            if new.max_age_ms is not None:   # the head stays until then (_retention)
+                                self._head_due[s.sid] = h[H_TIMESTAMP] + new.max_age_ms
                             break
                         txn.delete(_TIME_KEY.pack(sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
                         ok = cur.delete()
@@ -743,26 +773,39 @@ class _Writer(threading.Thread):
         self._purge.extend(sorted(found))
 
     def _purge_step(self):
-        """Remove up to 1,000 keys of a deleted stream per transaction."""
+        """Remove up to PURGE_KEYS keys of deleted streams in one transaction, of as many streams as they
+        span. One transaction per deleted stream made 10,000 deleted streams (the bench's memory row)
+        10,000 transactions, one after each commit of the appends going on meanwhile, which doubled what
+        a published message cost until they were done (issue 26); a few chunks each, they are now a few
+        dozen. Returns the keys removed plus the streams finished (the step's work)."""
         eng = self.engine
-        sid = self._purge[0]
-        prefix = _SID.pack(sid)
-        removed = 0
+        purge = self._purge
+        removed = finished = 0
+        self.purge_steps += 1
         eng._gate.enter()
         try:
             with eng.env.begin(write=True, buffers=True) as txn:
-                for db in (eng._db_chunks, eng._db_time, eng._db_tracking):
-                    cur = txn.cursor(db=db)
-                    ok = cur.set_range(prefix)
-                    while ok and removed < 1000 and bytes(cur.key()[:4]) == prefix:
-                        ok = cur.delete()
-                        removed += 1
+                cursors = [txn.cursor(db=db) for db in (eng._db_chunks, eng._db_time, eng._db_tracking)]
+                for sid in purge:
+                    prefix = _SID.pack(sid)
+                    for cur in cursors:
+                        ok = cur.set_range(prefix)
+                        while ok and removed < PURGE_KEYS and bytes(cur.key()[:4]) == prefix:
+                            ok = cur.delete()
+                            removed += 1
+                    if removed >= PURGE_KEYS:
+                        break       # this stream may have keys left: the next step looks again
+                    finished += 1
+                    removed += 1    # a stream with no keys left costs its three seeks: bound them too
         finally:
             eng._gate.leave()
-        if removed < 1000:
-            self._purge.pop(0)
+        gone = set(purge[:finished + 1])
+        del purge[:finished]
+        if finished:
             self._release()
-        self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] != sid}
+        if self._seq_cache:
+            self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] not in gone}
+        return removed
 
     def _release(self):
         """After a purge or a trim while space is short (a growth was refused): commit one tiny write, so
@@ -978,8 +1021,8 @@ class _Staged:
         s = _Stream(name, self.next_sid, args)
         self.next_sid += 1
         self.txn.put(b"next-sid", _SID.pack(self.next_sid), db=eng._db_meta)
-        if name in self.deleted:
-            self.deleted.remove(name)
+        # a name deleted earlier in this commit stays in ``deleted``: _publish purges the old stream's keys
+        # and tells its waiters and listeners, then installs this one
         self.streams[name] = s
         self.created.append(name)
         self.dirty = True

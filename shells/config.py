@@ -265,6 +265,8 @@ OPTIONS = [
     Option("lease_ttl", _positive_float, 3.0, "cluster: etcd lease TTL, seconds (default 3)", "SECONDS"),
     Option("replication_timeout", _positive_float, 10.0, "cluster: seconds a publish waits for a majority "
            "before it is refused (default 10)", "SECONDS"),
+    Option("tombstone_max_age", _positive_float, 7 * 24 * 3600.0, "cluster: seconds a deleted stream's tombstone "
+           "waits for a node that held a copy and is away (default 604800, 7 days)", "SECONDS"),
     Option("docs_snapshot_every", _non_negative_int, 10_000, "cluster: document changelog records between two "
            "snapshots, after which its head is dropped (default 10000; 0 = never compact)", "RECORDS"),
 ]

@@ -11,6 +11,15 @@ a tombstone ``deleted/<name>``. Every node holding a copy sees the placement giv
 does so when it returns (the tombstone stays); a node holding no copy forgets what it kept of the stream
 (its metric series, forwarding counters, single-active-consumer groups) and tells its sessions.
 
+**Tombstones are collected** (:func:`collect`), so etcd does not grow with every deleted name: a tombstone
+lists the nodes that held a copy (the placement's members and learners) and the time of the deletion;
+each listed node takes itself off (one compare-and-swap) once it holds no copy, at once or when it
+returns, and the last one deletes it. One older than ``--tombstone-max-age`` (default 7 days) goes even
+if a listed node never came back; a node that returns after that finds its copy neither placed nor in a
+tombstone, and drops it as an orphan because the copy records that it was placed once (incarnation.py).
+Making the name again deletes the tombstone at once (the new placement's revision tells its copies from
+the old ones).
+
 The broker calls :func:`hold_delete` around a deletion of local streams (RabbitMQ Delete and
 DeleteSuperStream, Kafka DeleteTopics, the management API, REAM) and :func:`delete_remote` for a stream
 this node holds no copy of. The client is answered once etcd holds the deletion, so a client that makes
@@ -22,6 +31,7 @@ Loop thread only.
 
 import asyncio
 import logging
+import time
 
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.shells.cluster.etcd import EtcdError
@@ -29,6 +39,8 @@ from riverbed.shells.cluster.etcd import EtcdError
 log = logging.getLogger("riverbed.cluster")
 
 CAS_TRIES = 5           # compare-and-swap rounds before a deletion gives up (the placement kept changing)
+# seconds a tombstone waits for a node that held a copy (--tombstone-max-age)
+DEFAULT_TOMBSTONE_MAX_AGE = 7 * 24 * 3600.0
 
 
 class DeleteFailed(RiverbedError):
@@ -36,26 +48,78 @@ class DeleteFailed(RiverbedError):
     cluster may still hold it; deleting it again is safe."""
 
 
+def tombstone(name, p, now=None):
+    """The tombstone of stream ``name`` deleted at placement ``p``: the nodes that hold a copy of it
+    (``holders``: its members and learners) and the wall-clock time of the deletion (``at``, seconds)."""
+    holders = set(p.get("members") or ()) | set(p.get("learners") or ())
+    return {"name": name, "holders": sorted(holders), "at": time.time() if now is None else now}
+
+
 async def remove_placement(node, name):
     """Delete stream ``name``'s placement in etcd, its members' progress keys with it, and leave the
-    tombstone, in one transaction on the placement's revision (retried when another node changed the
-    placement meanwhile: an election, a member added). True when a placement was there to remove (by this
-    call or, found gone, by another node's deletion: the tombstone is put again then). Raises EtcdError,
-    DeleteFailed."""
+    tombstone (:func:`tombstone`), in one transaction on the placement's revision (retried when another
+    node changed the placement meanwhile: an election, a member added). True when a placement was there
+    to remove (by this call or, found gone, by another node's deletion a moment ago: its tombstone is
+    there, or was collected already). Raises EtcdError, DeleteFailed."""
     key = node.prefix + "streams/" + name
-    tomb = (node.prefix + "deleted/" + name, {"name": name})
     for _ in range(CAS_TRIES):
         kv = await node.etcd.get(key)
         if kv is None:
-            # never placed (made while etcd was away), or deleted by another node a moment ago: the
-            # tombstone makes sure a copy on a node that is away goes when it returns
-            gone = await node.etcd.get(tomb[0]) is not None
-            await node.etcd.put(*tomb)
-            return gone
+            # never placed (made while etcd was away: no other node holds a copy), or deleted by another
+            # node a moment ago (its tombstone lists the holders; putting one again would undo their
+            # collection)
+            return await node.etcd.get(node.prefix + "deleted/" + name) is not None
+        tomb = (node.prefix + "deleted/" + name, tombstone(name, kv.json()))
         if await node.etcd.remove(key, kv.mod_revision, puts=[tomb],
                                   delete_prefixes=[f"{node.prefix}progress/{name}/"]):
             return True
     raise DeleteFailed(f"the placement of {name!r} kept changing in etcd; it was not deleted")
+
+
+async def collect(node, tomb_kvs, placements):
+    """On every reconcile, the tombstones' collection, one compare-and-swap on the tombstone's revision
+    per step (a step that loses a race changes nothing; the watch brings the newer tombstone and the next
+    reconcile looks again), so any number of nodes may run it at once:
+
+    * a node listed in ``holders`` that holds no copy of the name (deleted, or never made) takes itself
+      off; the last one deletes the tombstone;
+    * a tombstone older than ``--tombstone-max-age`` goes whoever is still listed (a node that never came
+      back; if it does, its copy is an orphan: incarnation.py);
+    * a tombstone of an earlier version (no ``holders``) lists every node that ever joined, from now.
+    """
+    now = time.time()
+    max_age = getattr(node, "tombstone_max_age", DEFAULT_TOMBSTONE_MAX_AGE)
+    known = None
+    for kv in tomb_kvs:
+        try:
+            t = kv.json()
+            name = t["name"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if not isinstance(name, str):
+            continue            # etcd is shared: anything may have written it; the reconcile goes on
+        key = kv.key
+        holders = t.get("holders")
+        try:
+            if (not isinstance(holders, list) or not all(isinstance(h, str) for h in holders)
+                    or not isinstance(t.get("at"), (int, float))):
+                if known is None:
+                    known = sorted(k.key.decode()[len(node.prefix) + len("known/"):]
+                                   for k in node.etcd_view.items("known/"))
+                await node.etcd.replace(key, kv.mod_revision, dict(t, holders=known, at=now))
+            elif now - t["at"] >= max_age:
+                if await node.etcd.remove(key, kv.mod_revision):
+                    log.info("cluster: tombstone of %s collected after %.0f s (not heard from: %s)", name,
+                             now - t["at"], ",".join(t["holders"]) or "-")
+            elif (node.name in t["holders"] and name not in placements and not node.engine.has_stream(name)
+                  and name not in node._member_deleting):
+                left = [h for h in t["holders"] if h != node.name]
+                if left:
+                    await node.etcd.replace(key, kv.mod_revision, dict(t, holders=left))
+                elif await node.etcd.remove(key, kv.mod_revision):
+                    log.info("cluster: tombstone of %s collected: no node holds a copy", name)
+        except EtcdError as e:
+            log.debug("cluster: collecting the tombstone of %s: %s", name, e)
 
 
 def hold_delete(node, names, cb):
@@ -143,14 +207,15 @@ async def _remove_all(node, names, cb, bound, must_exist=False):
     cb(found, err)
 
 
-def forget_gone(node, before, placements, tombstones):
-    """On every reconcile: the streams whose placement this node knew (``before``) and that gave way to a
-    tombstone while this node holds no copy (it is no member, or was never one): the broker's deletion
-    hooks and sessions hear of them, so nothing here keeps state of a deleted stream (a metric series of
-    forwarded publishes, a parked forward, a single-active-consumer group, a publisher's stream)."""
+def forget_gone(node, before, placements):
+    """On every reconcile: the streams whose placement this node knew (``before``) and that is gone (a
+    deletion: its tombstone is there, or collected already) while this node holds no copy (it is no
+    member, or was never one): the broker's deletion hooks and sessions hear of them, so nothing here
+    keeps state of a deleted stream (a metric series of forwarded publishes, a parked forward, a
+    single-active-consumer group, a publisher's stream)."""
     for name in before:
-        if (name in placements or name not in tombstones or name in node._cluster_deleting
-                or node.engine.has_stream(name)):
+        # (a placement goes from etcd only by a deletion; its tombstone may be collected already)
+        if name in placements or name in node._cluster_deleting or node.engine.has_stream(name):
             continue
         node._member_deleting.add(name)        # the node's hook forgets it without touching etcd
         node.broker.stream_deleted(name)

@@ -31,7 +31,12 @@ could not confirm):
 Kept requests leave in the order they came (per stream, a new request waits behind kept ones), so a
 publisher's ids reach the leader in order. A request not confirmed within ``--replication-timeout`` of
 its arrival (no leader elected in time) fails (``ForwardFailed``); one sent and left unanswered for twice
-that (a paused leader) fails too.
+that (a paused leader) fails too. **A stream deleted on the cluster** fails its requests at once, parked
+or sent, with StreamNotFound (RabbitMQ Stream: PublishError STREAM_DOES_NOT_EXIST, as RabbitMQ answers),
+and so does an answer for it that would park one again; a node that only drops its own copy of a stream
+that lives on (delete-replica, an idle observer copy, a copy of an earlier stream of that name) keeps them
+for the leader. The broker's deletion hook tells the two apart by the placement: every cluster deletion
+has removed it from the node's view by the time the hook runs, a dropped copy's placement is still there.
 
 Loop thread only (the broker's loop).
 """
@@ -173,7 +178,28 @@ class Forwarder:
         self._parked_streams = collections.Counter()   # stream -> parked requests (new ones wait behind)
         self.rids = itertools.count(1)
         self.forwarded = collections.Counter()
-        self.broker.on_stream_deleted(lambda name: self.forwarded.pop(name, None))
+        self.gone = {}                   # stream deleted on the cluster -> monotonic time its requests may linger
+        self.broker.on_stream_deleted(self._stream_deleted)
+
+    def _stream_deleted(self, name):
+        self.forwarded.pop(name, None)
+        if name in self.node.placements:
+            return          # only this node's copy went: the stream lives on, its requests go to its leader
+        # requests made before the deletion are all past their deadline after twice the timeout
+        self.gone[name] = time.monotonic() + 2 * self.node.replication_timeout
+        exc = StreamNotFound(f"stream {name!r} was deleted")
+        if self._parked_streams.pop(name, 0):
+            for req in [r for r in self.parked if r.stream == name]:
+                self._fail(req, exc)
+            self.parked = [r for r in self.parked if r.stream != name]
+        for link in list(self.links.values()):
+            for rid in [rid for rid, req in link.inflight.items() if req.stream == name]:
+                self._fail(link.inflight.pop(rid), exc)
+            if any(req.stream == name for req in link.queue):
+                for req in [r for r in link.queue if r.stream == name]:
+                    self._fail(req, exc)
+                link.queue = collections.deque(r for r in link.queue if r.stream != name)
+            link.pump()
 
     # ------------------------------------------------------------------------------ broker side
 
@@ -235,6 +261,9 @@ class Forwarder:
         fail what waited too long, parked or sent (a leader that stopped answering: paused, cut off)."""
         now = time.monotonic()
         placements = self.node.placements
+        if self.gone:
+            for name in [n for n, until in self.gone.items() if now >= until or n in placements]:
+                del self.gone[name]      # made again since, or nothing of the old one can be left
         for link in list(self.links.values()):
             late = [rid for rid, req in link.inflight.items() if now >= req.deadline + self.node.replication_timeout]
             for rid in late:
@@ -272,6 +301,9 @@ class Forwarder:
             self._fail(req, ForwardFailed(f"no leader of {req.stream!r} took the request within "
                                           f"{self.node.replication_timeout:g} s"))
             return
+        if req.stream in self.gone and req.stream not in self.node.placements:
+            self._fail(req, StreamNotFound(f"stream {req.stream!r} was deleted"))
+            return
         if self._parked_streams[req.stream]:
             self._park(req)          # behind the kept requests of its stream: order is kept
             return
@@ -304,6 +336,9 @@ class Forwarder:
             self.broker.store_offset(req.stream, reference, offset, lambda exc: req.cb(None, exc), forward=False)
 
     def _park(self, req):
+        if req.stream in self.gone and req.stream not in self.node.placements:
+            self._fail(req, StreamNotFound(f"stream {req.stream!r} was deleted"))
+            return
         self.parked.append(req)
         self._parked_streams[req.stream] += 1
 

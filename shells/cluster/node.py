@@ -41,7 +41,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import deletion, membership, placement, view, viewhold
+from riverbed.shells.cluster import deletion, incarnation, membership, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
@@ -87,6 +87,7 @@ class ClusterNode(ReplicationPlane):
         self.etcd = Etcd(cfg.etcd)
         self.ttl = cfg.lease_ttl
         self.replication_timeout = cfg.replication_timeout
+        self.tombstone_max_age = getattr(cfg, "tombstone_max_age", None) or deletion.DEFAULT_TOMBSTONE_MAX_AGE
         self.host = cfg.host
         self.replication_port = cfg.replication_port
         self.advertised_replication_port = cfg.advertised_replication_port
@@ -94,6 +95,8 @@ class ClusterNode(ReplicationPlane):
         self.lease = None
         self._lease_until = 0.0       # monotonic time the lease surely lasts until (last keepalive + TTL)
         self.placements = {}          # stream -> (placement dict, mod_revision)
+        self.incarnations = {}        # stream -> its placement key's creation revision (incarnation.py)
+        self.cluster_id = 0           # the id of the cluster's etcd data (incarnation.py), once started
         self.nodes = {}               # live node -> its registration
         self.leading = {}             # stream -> Leading (replication.py)
         self.following = {}           # stream -> (leader node, epoch, task)
@@ -133,6 +136,7 @@ class ClusterNode(ReplicationPlane):
         while True:
             try:
                 await self._new_lease()
+                self.cluster_id = await incarnation.cluster_id(self)
                 break
             except EtcdError as e:
                 # etcd busy or still starting: wait a little before giving up (exit status 2)
@@ -309,35 +313,49 @@ class ClusterNode(ReplicationPlane):
             except (ValueError, KeyError):
                 continue
         self.nodes = nodes
-        placements = {}
+        placements, incarnations = {}, {}
         for kv in stream_kvs:
             try:
                 placements[kv.json()["name"]] = (kv.json(), kv.mod_revision)
+                incarnations[kv.json()["name"]] = kv.create_revision
             except (ValueError, KeyError):
                 continue
+        self.incarnations = incarnations
         before, self.placements = self.placements, placements
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
                       for kv in deleted_kvs}
         # local streams no placement names: deleted on the cluster while this node was away (a
-        # tombstone says so), else made before the cluster or while etcd was away: this node leads them.
+        # tombstone says so; or, collected since, the copy records it was placed once: an orphan,
+        # incarnation.py), else made before the cluster or while etcd was away: this node leads them.
         # A stream this node leads is deleted here too once its placement, which it knew, gave way to a
         # tombstone (a client deleted it through another member); one it leads but has not placed yet is
         # a new stream, whatever tombstone an older one of that name left
         for name in self.engine.list_streams():
-            if (name in placements or name in self.placing
-                    or name in self.leading and not (name in before and name in tombstones)):
+            if name in placements or name in self.placing or name in self._member_deleting:
+                continue
+            orphan = incarnation.orphan(self, name)
+            if name in self.leading and not (name in before and (name in tombstones or orphan)):
                 continue
             if name in tombstones:
                 self._member_deleting.add(name)
                 log.info("cluster: %s deletes %s (deleted on the cluster)", self.name, name)
-                self.broker.delete_stream(name, lambda exc: None, copy_only=True)
+                self.broker.delete_stream(name, lambda exc, name=name: self._copy_deleted(name, exc),
+                                          copy_only=True)
+            elif orphan:
+                log.info("cluster: %s deletes %s (an orphan: placed once, now neither placed nor in a "
+                         "tombstone)", self.name, name)
+                incarnation.drop(self, name)
             else:
                 await self._place(name)
-        deletion.forget_gone(self, before, placements, tombstones)
+        deletion.forget_gone(self, before, placements)
+        await deletion.collect(self, deleted_kvs, placements)
         self.creation_ended(list(self.pending_leaders))
         for name, (p, rev) in list(self.placements.items()):
             if name in self._cluster_deleting:
                 continue
+            if self.engine.has_stream(name) and name not in self.placing and not incarnation.check(
+                    self, name, self.incarnations.get(name)):
+                continue          # a copy of an earlier stream of that name: dropped, copied anew
             if not membership.take_part(self, name, p):
                 if self.observers.observing(name):
                     self.observers.follow(name, p)        # a copy for readers here: no vote, no progress
@@ -349,6 +367,12 @@ class ClusterNode(ReplicationPlane):
             await self._take_role(name, p, rev)
         await self.superstreams.refresh(super_kvs, generation)
         await self._report_progress()
+
+    def _copy_deleted(self, name, exc):
+        # the tombstone is collected on the next reconcile (a failed deletion is tried again there)
+        if exc is not None:
+            self._member_deleting.discard(name)
+        self.kick()
 
     def _choose_members(self, name=None, leader=None):
         """``leader`` (default this node), this node, and more live ones (fewest streams first): a new
@@ -448,6 +472,9 @@ class ClusterNode(ReplicationPlane):
             if self.engine.has_stream(name):
                 return
             log.error("cluster: cannot create member copy of %s: %s", name, e)
+            return
+        # before it holds a chunk: a copy without a record is taken for the placement found next
+        incarnation.record(self, name, self.incarnations.get(name))
 
     def _position(self, name):
         """``(epoch of the last chunk, next offset)`` of the local log of ``name``."""
@@ -464,8 +491,8 @@ class ClusterNode(ReplicationPlane):
 
     async def _report_progress(self):
         for name, (p, _) in list(self.placements.items()):     # a deletion may drop one meanwhile
-            if not membership.take_part(self, name, p):
-                continue
+            if not membership.take_part(self, name, p) or name in self._member_deleting:
+                continue          # (a copy being dropped reports nothing: it may be another stream's)
             epoch, nxt = self._position(name)
             st = self.leading.get(name)
             value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
@@ -598,7 +625,8 @@ class ClusterNode(ReplicationPlane):
         node held no copy of, only forgets its state."""
         st = self.leading.pop(name, None)
         if st is not None:
-            st.fail_all(RiverbedError(f"stream {name!r} was deleted"))
+            # (a copy dropped alone steps down first: a leader deleting is the cluster's deletion)
+            st.fail_all(StreamNotFound(f"stream {name!r} was deleted"))
             for w in list(st.conns):
                 w.close()
         f = self.following.pop(name, None)
@@ -612,6 +640,7 @@ class ClusterNode(ReplicationPlane):
         if name not in self.placing and not self.broker.creating(name):
             self.pending_leaders.pop(name, None)
         self.watch.forget(name)
+        incarnation.forget(self, name)
         if name in self._member_deleting:
             self._member_deleting.discard(name)
             return

@@ -44,7 +44,9 @@ def cluster(tmp_path_factory):
         # a node whose file is in this directory reads no new cluster state from etcd (viewhold.py)
         hold_dir = tmp_path_factory.mktemp("hold")
         mp.setenv("RIVERBED_CLUSTER_HOLD_DIR", str(hold_dir))
-        with module_cluster(tmp_path_factory, "ssdel", extra=("--kafka-port", "0")) as c:
+        # a long replication timeout: a publish parked while a test pauses a leader outlives the pause on
+        # a loaded machine, and one failed at once by a deletion is told from one failed at its deadline
+        with module_cluster(tmp_path_factory, "ssdel", extra=("--kafka-port", "0", "--replication-timeout", "30")) as c:
             c.hold_dir = hold_dir
             yield c
 
@@ -387,3 +389,233 @@ def test_pending_leaders_do_not_grow(cluster):
         c = connect(n1.port)
         assert c.delete(f"auto{i}") == rawwire.OK
         c.close()
+
+
+# ------------------------------------------------- tombstones collected, parked forwards, incarnations
+
+KEY_STORE_OFFSET, KEY_QUERY_OFFSET = 0x0A, 0x0B
+RC_NO_OFFSET = 0x13
+DAY = 24 * 3600
+
+
+def etcd_call(cluster, fn):
+    """``fn(etcd client)`` (a coroutine) run against the cluster's etcd."""
+    import asyncio
+
+    from riverbed.shells.cluster.etcd import Etcd
+
+    async def run():
+        c = Etcd(cluster.etcd.url)
+        try:
+            return await fn(c)
+        finally:
+            await c.close()
+    return asyncio.run(run())
+
+
+def tombstone(cluster, name):
+    """The tombstone ``deleted/<name>`` as etcd holds it (a dict), or None."""
+    kv = etcd_call(cluster, lambda c: c.get(f"/riverbed/test/deleted/{name}"))
+    return None if kv is None else kv.json()
+
+
+def age_tombstone(cluster, name, seconds):
+    """Make the tombstone of ``name`` ``seconds`` older (the test stands for the time that passes)."""
+    async def older(c):
+        key = f"/riverbed/test/deleted/{name}"
+        kv = await c.get(key)
+        t = kv.json()
+        assert await c.replace(key, kv.mod_revision, dict(t, at=t["at"] - seconds))
+    etcd_call(cluster, older)
+
+
+def store_offset(port, stream, reference, offset):
+    c = connect(port)
+    try:
+        c.send(rawwire.frame(KEY_STORE_OFFSET, rawwire.s(reference) + rawwire.s(stream) + struct.pack(">Q", offset)))
+        # StoreOffset has no answer: a request after it on the same connection is handled after it
+        c.request(KEY_QUERY_OFFSET, rawwire.s(reference) + rawwire.s(stream))
+    finally:
+        c.close()
+
+
+def query_offset(port, stream, reference):
+    """``(response code, offset)`` of QueryOffset on the node at ``port`` (answered from its own copy)."""
+    c = connect(port)
+    try:
+        code, rest = c.request(KEY_QUERY_OFFSET, rawwire.s(reference) + rawwire.s(stream))
+        return code, struct.unpack_from(">Q", rest, 0)[0]
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def n3_restored(cluster):
+    """The test may kill n3: if it ends with n3 down (a failure midway), n3 is started again, so that the
+    module's later tests find three nodes."""
+    yield
+    if cluster.nodes["n3"].proc.poll() is not None:
+        cluster.restart("n3")
+        cluster.wait(lambda st: all(n["up"] for n in st["nodes"]), what="n3 back")
+
+
+def test_tombstones_are_collected_once_no_node_holds_a_copy_or_after_the_max_age(cluster, n3_restored):
+    """A deletion's tombstone lists the nodes holding a copy; each takes itself off once its copy is gone
+    and the last deletes it (etcd does not grow with every deleted name). A tombstone older than
+    --tombstone-max-age goes even though a listed node never came back; when that node does return, its
+    copy (placed once, now neither placed nor in a tombstone) is an orphan and goes too, not placed anew."""
+    n1 = cluster.nodes["n1"]
+    c = connect(n1.port)
+    assert c.create("tmp1") == rawwire.OK
+    c.close()
+    wait_placed(cluster, "tmp1")
+    c = connect(cluster.nodes["n2"].port)
+    assert c.delete("tmp1") == rawwire.OK
+    c.close()
+    assert_gone_everywhere(cluster, ["tmp1"])
+    wait_for(lambda: tombstone(cluster, "tmp1") is None, what="tmp1's tombstone collected")
+
+    c = connect(n1.port)
+    assert c.create("tmp2", {"queue-leader-locator": "client-local"}) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "tmp2")
+    confirmed, errors = publish_batches(n1.port, "tmp2", 0, 5, batch=5, ref="t")
+    assert errors == {} and len(confirmed) == 5
+    cluster.nodes["n3"].kill()
+    c = connect(n1.port)
+    assert c.delete("tmp2") == rawwire.OK
+    c.close()
+    # n1 and n2 dropped their copies and took themselves off: n3, away, is the one listed
+    wait_for(lambda: (tombstone(cluster, "tmp2") or {}).get("holders") == ["n3"],
+             what="tmp2's tombstone waiting for n3")
+    assert "tmp2" in local_streams(cluster, "n3")
+    # past --tombstone-max-age (7 days by default): the live nodes collect it, n3 still away
+    age_tombstone(cluster, "tmp2", 8 * DAY)
+    wait_for(lambda: tombstone(cluster, "tmp2") is None, what="tmp2's tombstone collected after its max age")
+    cluster.restart("n3")
+    cluster.wait(lambda st: all(n["up"] for n in st["nodes"]), what="n3 back")
+    wait_for(lambda: "tmp2" not in local_streams(cluster, "n3"), what="n3 dropping its orphan copy of tmp2")
+    time.sleep(1.0)          # several reconciles later, nothing came back
+    assert stream_of(cluster.status(), "tmp2") is None
+    assert tombstone(cluster, "tmp2") is None
+    assert set(metadata_codes(cluster.nodes["n3"].port, ["tmp2"]).values()) == {RC_STREAM_DOES_NOT_EXIST}
+
+
+def test_forwarded_publishes_parked_for_a_stream_deleted_on_the_cluster_fail_at_once(cluster, n3_restored):
+    """A publish through n1 (no copy) of a stream whose only member, n3, is down is parked for a leader;
+    deleting the stream on the cluster fails it at once with STREAM_DOES_NOT_EXIST, as RabbitMQ answers a
+    publish to a deleted stream (before: STREAM_NOT_AVAILABLE after --replication-timeout). n3,
+    listed in the tombstone, deletes its copy when it returns and the tombstone goes."""
+    n1, n3 = cluster.nodes["n1"], cluster.nodes["n3"]
+    c = connect(n3.port)
+    assert c.create("park", dict(ONE_COPY, **{"queue-leader-locator": "client-local"})) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "park")
+    n3.kill()
+    cluster.wait(lambda st: not next(n for n in st["nodes"] if n["name"] == "n3")["up"], what="n3 down")
+    time.sleep(0.5)          # n1's watch brought n3's node key gone: nothing to forward to
+    pub = connect(n1.port)
+    assert pub.declare_publisher(1, "park", "pk") == rawwire.OK
+    pub.publish(1, [(i, b"p") for i in range(3)])
+    time.sleep(0.5)          # parked on n1
+    t0 = time.monotonic()
+    c = connect(cluster.nodes["n2"].port)
+    assert c.delete("park") == rawwire.OK
+    c.close()
+    confirmed, errors = pub.wait_confirms({0, 1, 2}, timeout=6)
+    took = time.monotonic() - t0
+    pub.close()
+    print(f"parked publishes refused {took:.2f} s after the delete was sent")
+    assert confirmed == [] and errors == {i: RC_STREAM_DOES_NOT_EXIST for i in range(3)}, (confirmed, errors)
+    assert took < 6
+    assert (tombstone(cluster, "park") or {}).get("holders") == ["n3"]
+    cluster.restart("n3")
+    cluster.wait(lambda st: all(n["up"] for n in st["nodes"]), what="n3 back")
+    wait_for(lambda: "park" not in local_streams(cluster, "n3"), what="n3 deleting its copy of park")
+    wait_for(lambda: tombstone(cluster, "park") is None, what="park's tombstone collected")
+
+
+def test_parked_publishes_go_on_when_a_node_only_drops_its_own_copy(cluster):
+    """The other side of the one above: ``kept`` (two members, n3 leading) has its leader paused, so a
+    publish through the other member is parked for the next leader; that member is then taken off the
+    stream (delete-replica) and drops its copy, which runs the same deletion hooks. The stream lives on:
+    the parked publish is not failed, and is confirmed once n3 runs again and leads."""
+    import signal
+    import subprocess
+
+    n3 = cluster.nodes["n3"]
+    c = connect(n3.port)
+    assert c.create("kept", {"initial-cluster-size": "2", "queue-leader-locator": "client-local"}) == rawwire.OK
+    c.close()
+    st = wait_placed(cluster, "kept")
+    other = next(m["node"] for m in stream_of(st, "kept")["members"] if m["node"] != "n3")
+    os.kill(n3.pid, signal.SIGSTOP)
+    try:
+        cluster.wait(lambda st: not next(n for n in st["nodes"] if n["name"] == "n3")["up"], what="n3's lease gone")
+        time.sleep(0.5)          # the member's watch brought it: nothing to forward to
+        pub = connect(cluster.nodes[other].port)
+        assert pub.declare_publisher(1, "kept", "kp") == rawwire.OK
+        pub.publish(1, [(i, b"k") for i in range(3)])
+        time.sleep(0.3)          # parked on the member
+        out = subprocess.run([sys.executable, "-m", "riverbed.shells.cli", "cluster", "delete-replica", "kept", other,
+                              "--etcd", cluster.etcd.url, "--cluster", "test", "--timeout", "20"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        wait_for(lambda: "kept" not in local_streams(cluster, other), what=f"{other} dropping its copy of kept")
+    finally:
+        os.kill(n3.pid, signal.SIGCONT)
+    confirmed, errors = pub.wait_confirms({0, 1, 2}, timeout=8)
+    pub.close()
+    assert sorted(confirmed) == [0, 1, 2] and errors == {}, (confirmed, errors)
+    c = connect(n3.port)
+    assert c.delete("kept") == rawwire.OK
+    c.close()
+    assert_gone_everywhere(cluster, ["kept"])
+
+
+def test_a_node_away_while_a_name_is_deleted_and_made_again_drops_its_old_copy(cluster, n3_restored):
+    """n3 holds a copy of ``inc`` (a record "same" and consumer offset c1 = 0), is down while ``inc`` is
+    deleted, comes back with its view held (it has not seen the deletion) and is made a member of a new
+    ``inc`` whose first chunk holds the same bytes: the leader's truncate-on-HELLO check finds the old
+    copy a prefix of the new log. The old copy's incarnation (its placement's creation revision) is not
+    the new one's: n3 drops it and copies the new stream, so the old stream's consumer offset does not
+    appear in the new one (before: QueryOffset on n3 answered the old offset)."""
+    n1 = cluster.nodes["n1"]
+    args = {"queue-leader-locator": "client-local"}
+    c = connect(n1.port)
+    assert c.create("inc", args) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "inc")
+    confirmed, errors = publish_batches(n1.port, "inc", 0, 1, batch=1, ref="i")
+    assert errors == {} and len(confirmed) == 1
+    store_offset(n1.port, "inc", "c1", 0)
+    wait_for(lambda: query_offset(cluster.nodes["n3"].port, "inc", "c1") == (rawwire.OK, 0),
+             what="n3 holding inc's consumer offset")
+    cluster.nodes["n3"].kill()
+    c = connect(n1.port)
+    assert c.delete("inc") == rawwire.OK
+    c.close()
+    (cluster.hold_dir / "n3").touch()
+    try:
+        cluster.restart("n3")
+        cluster.wait(lambda st: all(n["up"] for n in st["nodes"]), what="n3 back")
+        assert "inc" in local_streams(cluster, "n3")
+        c = connect(n1.port)
+        assert c.create("inc", args) == rawwire.OK
+        c.close()
+        st = cluster.wait(lambda st: stream_of(st, "inc") is not None, what="inc placed anew")
+        assert sorted(m["node"] for m in stream_of(st, "inc")["members"]) == list(NODES)
+        confirmed, errors = publish_batches(n1.port, "inc", 0, 1, batch=1, ref="j")
+        assert errors == {} and len(confirmed) == 1
+    finally:
+        (cluster.hold_dir / "n3").unlink()
+    n3 = cluster.nodes["n3"]
+    wait_for(lambda: query_offset(n3.port, "inc", "c1")[0] == RC_NO_OFFSET, timeout=10,
+             what="n3's copy without the old stream's consumer offset")
+    c = connect(n3.port)
+    assert c.read_from_first("inc") == [b"m-0"]
+    c.close()
+    c = connect(n1.port)
+    assert c.delete("inc") == rawwire.OK
+    c.close()
+    assert_gone_everywhere(cluster, ["inc"])

@@ -9,18 +9,11 @@ import asyncio
 from riverbed.shells.cluster import wire
 from riverbed.shells.cluster.replication import Leading
 
-from test_leader_feed import WAIT, LeaderNode, frames_until, leader_engine, publish  # noqa: F401 (fixture)
+from test_leader_feed import WAIT, LeaderNode, count_reads, frames_until, leader_engine, publish  # noqa: F401 (fixture)
 
 
 def test_a_commit_to_a_caught_up_member_reads_nothing_and_a_chunk_is_still_read_once(leader_engine, monkeypatch):
-    reads = []
-    real = leader_engine.read_for_replica
-
-    def counted(name, pos, *args, **kw):
-        got = real(name, pos, *args, **kw)
-        reads.append((pos, len(got[0])))
-        return got
-    monkeypatch.setattr(leader_engine, "read_for_replica", counted)
+    reads = count_reads(leader_engine, monkeypatch)
 
     async def run():
         node = LeaderNode(leader_engine)

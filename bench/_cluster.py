@@ -68,8 +68,9 @@ class RiverbedCluster:
         self.log(f"starting etcd and {self.n} riverbed serve nodes (fsync never) in {self.tmp}")
         try:
             self.etcd = EtcdProcess(Path(self.tmp) / "etcd").start()
-            # lease TTL as in the tests' default: a node that stops renewing is noticed within seconds
-            self.cluster = Cluster(Path(self.tmp), self.etcd, n=self.n, lease_ttl=2.0,
+            # the product's default lease TTL (`riverbed serve --lease-ttl`, 3 s): the nodes' timers (lease
+            # keep-alive, heartbeats) run at the rate a user's cluster runs them, and their CPU counts in the rows
+            self.cluster = Cluster(Path(self.tmp), self.etcd, n=self.n, lease_ttl=3.0,
                                    extra=("--host", "127.0.0.1"))
             self.cluster.start()
         except BaseException:

@@ -9,6 +9,7 @@ not counted.
     python -m bench.cluster_cost publish --n 20000 [--callgrind DIR]  # per node: instructions (or CPU) per message
     python -m bench.cluster_cost idle --seconds 30 [--callgrind DIR]  # per node: CPU (or instructions) at rest
     python -m bench.cluster_cost single --n 20000 [--callgrind DIR]   # the same client against one lone node
+    python -m bench.cluster_cost single-idle --seconds 30             # one lone node at rest
 
 With ``--callgrind DIR`` every server runs under ``valgrind --tool=callgrind --instr-atstart=no``;
 collection is switched on (``callgrind_control -i on``) just before the timed part and off one second
@@ -39,6 +40,10 @@ from bench._client import publish_rstream_batches
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STREAM = "cost"
 LEASE_TTL = 2.0
+# under valgrind (30-50x slower) a 2 s lease runs out before its keep-alive: the leader steps down mid-run
+CALLGRIND_LEASE_TTL = 30.0
+SPY_RATE = 1000
+SPY_NATIVE = os.environ.get("SPY_NATIVE") == "1"     # py-spy --native: C frames too (slower to record)             # py-spy samples per second
 
 
 def _helpers():
@@ -65,7 +70,7 @@ def _total_ir(path):
 class Servers:
     """The servers of one measurement: a cluster of ``n`` nodes (with etcd) or one lone node."""
 
-    def __init__(self, tmp, nodes, callgrind=None):
+    def __init__(self, tmp, nodes, callgrind=None, lease_ttl=LEASE_TTL, cprofile=None):
         EtcdProcess, ServerProcess = _helpers()
         self.tmp = Path(tmp)
         self.callgrind = callgrind
@@ -77,10 +82,17 @@ class Servers:
             if callgrind:
                 wrap = ["nice", "-n", "19", "valgrind", "--tool=callgrind", "--instr-atstart=no",
                         f"--callgrind-out-file={callgrind}/{name}.%p.out"]
+            elif cprofile:
+                # the loop thread's Python calls, counted (python -m cProfile before -m riverbed...)
+                wrap = ["bash", "-c", f'exe=$1; shift; exec "$exe" -m cProfile -o {cprofile}/{name}.prof "$@"', "-"]
             args = ["--fsync", "never", "--host", "127.0.0.1"]
             if self.etcd is not None:
                 args += ["--node", name, "--etcd", self.etcd.url, "--cluster", "cost", "--replication-port", "0",
-                         "--lease-ttl", str(LEASE_TTL)]
+                         "--lease-ttl", str(lease_ttl)]
+                if callgrind:
+                    # at valgrind's speed a batch can wait longer than the default 10 s for its majority:
+                    # a refused publish would be counted (and its PublishError encoded) instead of a confirm
+                    args += ["--replication-timeout", "600"]
             self.nodes[name] = ServerProcess(self.tmp / name, *args, wrap=wrap)
         try:
             for srv in self.nodes.values():
@@ -132,8 +144,8 @@ async def _publish(port, n, repeat):
 
 def _spy(servers, directory, seconds):
     spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return [subprocess.Popen([spy, "record", "--pid", str(srv.pid), "--duration", str(int(seconds)), "--rate", "250",
-                              "--format", "raw", "--nonblocking", "--output", f"{directory}/{name}.txt"],
+    return [subprocess.Popen([spy, "record", "--pid", str(srv.pid), "--duration", str(int(seconds)), "--rate", str(SPY_RATE),
+                              "--format", "raw", "--nonblocking", *(["--native"] if SPY_NATIVE else []), "--output", f"{directory}/{name}.txt"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for name, srv in servers.nodes.items()]
 
@@ -153,7 +165,7 @@ def _strace(servers, directory):
 
 def _perf(servers, directory):
     """``perf record`` (software cpu-clock samples: this VM has no hardware counters) of every node."""
-    procs = [subprocess.Popen(["perf", "record", "-F", "1999", "-e", "cpu-clock", "-p", str(srv.pid), "-o",
+    procs = [subprocess.Popen(["perf", "record", "-F", "1999", "-g", "-e", "cpu-clock", "-p", str(srv.pid), "-o",
                                f"{directory}/{name}.data"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
              for name, srv in servers.nodes.items()]
     time.sleep(0.5)
@@ -169,20 +181,21 @@ def _strace_stop(procs):
 
 def run(a):
     tmp = tempfile.mkdtemp(prefix="riverbed-cluster-cost-")
-    nodes = 1 if a.mode == "single" else 3
-    servers = Servers(tmp, nodes, a.callgrind)
-    result = {"mode": a.mode, "nodes": nodes, "lease_ttl": LEASE_TTL if nodes > 1 else None,
+    nodes = 1 if a.mode in ("single", "single-idle") else 3
+    ttl = a.lease_ttl or (CALLGRIND_LEASE_TTL if a.callgrind else LEASE_TTL)
+    servers = Servers(tmp, nodes, a.callgrind, ttl, a.cprofile)
+    result = {"mode": a.mode, "nodes": nodes, "lease_ttl": ttl if nodes > 1 else None,
               "callgrind": bool(a.callgrind)}
     try:
         port = servers.nodes["n1"].port
         asyncio.run(_create_and_warm(port, 2000))
-        time.sleep(2 * LEASE_TTL if nodes > 1 else 0.5)       # members connected and caught up, progress written
+        time.sleep(2 * min(ttl, LEASE_TTL) if nodes > 1 else 0.5)       # members connected and caught up, progress written
         spies = []
         straces = _strace(servers, a.strace) if a.strace else []
         straces += _perf(servers, a.perf) if a.perf else []
         servers.collect(True)
         cpu0, t0, load0 = servers.cpu(), time.monotonic(), os.getloadavg()[0]
-        if a.mode == "idle":
+        if a.mode in ("idle", "single-idle"):
             if a.py_spy:
                 spies = _spy(servers, a.py_spy, a.seconds)
             time.sleep(a.seconds)
@@ -200,7 +213,7 @@ def run(a):
             s.wait(120)
         result.update(elapsed_s=round(elapsed, 2), load=[round(load0, 2), round(os.getloadavg()[0], 2)],
                       cpu_s={k: round(sum(cpu1[k]) - sum(cpu0[k]), 3) for k in cpu0})
-        msgs = a.n * a.repeat if a.mode != "idle" else 0
+        msgs = a.n * a.repeat if a.mode not in ("idle", "single-idle") else 0
         if msgs:
             result["messages"] = msgs
             result["cpu_us_per_msg"] = {k: round(1e6 * (sum(cpu1[k]) - sum(cpu0[k])) / msgs, 3) for k in cpu0}
@@ -230,17 +243,21 @@ def run(a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("publish", "idle", "single"))
+    ap.add_argument("mode", choices=("publish", "idle", "single", "single-idle"))
     ap.add_argument("--n", type=int, default=20000, help="messages per timed publish (100 B each)")
     ap.add_argument("--repeat", type=int, default=1, help="timed publishes of --n, one after the other")
+    ap.add_argument("--lease-ttl", type=float, default=None,
+                    help=f"seconds (default {LEASE_TTL}, {CALLGRIND_LEASE_TTL} with --callgrind)")
     ap.add_argument("--seconds", type=float, default=30.0, help="idle: the measured window")
     ap.add_argument("--callgrind", metavar="DIR", help="run the servers under callgrind, its files in DIR")
+    ap.add_argument("--cprofile", metavar="DIR", help="run the servers under cProfile (the loop thread's calls, "
+                    "whole life: compare two --n), its files in DIR")
     ap.add_argument("--py-spy", metavar="DIR", help="record each node with py-spy during the timed part")
     ap.add_argument("--spy-seconds", type=float, default=10.0)
     ap.add_argument("--strace", metavar="DIR", help="count each node's syscalls (strace -c) during the timed part")
     ap.add_argument("--perf", metavar="DIR", help="perf record (cpu-clock) each node during the timed part")
     a = ap.parse_args(argv)
-    for d in (a.callgrind, a.py_spy, a.strace, a.perf):
+    for d in (a.callgrind, a.cprofile, a.py_spy, a.strace, a.perf):
         if d:
             os.makedirs(d, exist_ok=True)
     print(json.dumps(run(a)))

@@ -3,7 +3,7 @@
 The member is the real follow code (``ReplicationPlane._follow_once``, shells/cluster/replication.py) on a
 real engine (fsync never) in this process; the leader is a forked child that serves one member
 connection with the chunks a real leader engine made (batches of ``--batch`` x 100 B records, chunks of
-1,000 records as the engine cuts them, SEQS before each batch's last chunk, a COMMIT after it) and sends
+as the engine cuts them, SEQS before each batch's last chunk, a COMMIT after it) and sends
 each batch once the member acknowledged the one before. No etcd, no control plane, no clock-driven
 work: the figure is the data path only, so it holds at any load (CPU time, not wall time).
 
@@ -42,10 +42,19 @@ def _frames(tmp, n, batch):
         chunks = [raw for _, raw in eng.read_chunks("s", 0, 1 << 30, limited=False)]
     finally:
         eng.close()
-    per = max(1, batch // 1000)
+    # a batch is the chunks of one publish (``batch`` records: one chunk since the engine cuts up to 8,192
+    # records per chunk inside one commit, several of 1,000 before)
+    groups, part, records = [], [], 0
+    for raw in chunks:
+        part.append(raw)
+        records += core.read_header(raw)[H_RECORDS]
+        if records >= batch:
+            groups.append(part)
+            part, records = [], 0
+    if part:
+        groups.append(part)
     out = []
-    for b in range(0, len(chunks), per):
-        part = chunks[b:b + per]
+    for part in groups:
         last = core.read_header(part[-1])
         end = last[H_CHUNK_ID] + last[H_RECORDS]
         frames = []
@@ -58,8 +67,9 @@ def _frames(tmp, n, batch):
     return out
 
 
-def _serve(sock, batches):
-    """The leader: one member connection, batch after batch, each after the ACK of the one before."""
+def _serve(sock, batches, gap=0.0):
+    """The leader: one member connection, batch after batch, each after the ACK of the one before (and
+    ``gap`` seconds more: the pace of a real leader's batches, whose member wakes once per batch)."""
     from riverbed.shells.cluster import wire
     conn, _ = sock.accept()
     f = conn.makefile("rb")
@@ -71,6 +81,8 @@ def _serve(sock, batches):
     kind, _ = frame()
     assert kind == wire.HELLO
     for frames, end in batches:
+        if gap:
+            time.sleep(gap)
         conn.sendmsg(frames)
         while True:
             kind, payload = frame()
@@ -107,7 +119,7 @@ def run(a):
         pid = os.fork()
         if pid == 0:
             try:
-                _serve(sock, batches)
+                _serve(sock, batches, a.gap)
             finally:
                 os._exit(0)
         sock.close()
@@ -151,6 +163,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="messages (100 B each)")
     ap.add_argument("--batch", type=int, default=5000, help="records per publish (the bench's send_batch)")
+    ap.add_argument("--gap", type=float, default=0.0, help="seconds the leader waits before each batch")
     ap.add_argument("--under-callgrind", action="store_true",
                     help="this process runs under valgrind --tool=callgrind --instr-atstart=no: collect only "
                          "while the member follows")

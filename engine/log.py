@@ -571,44 +571,15 @@ class Engine(SuperStreamBindings):
         replication of the log itself).
         """
         s = self._current(name)
-        sid = s.sid
         limit = self._read_limits.get(name) if limited else None
-        out = []
-        # A chunk's CRC is checked once: when it is written (this process built or checked it), or at
-        # its first read. Chunks from before this process are remembered as one verified run per
-        # stream (consumers read in order, so one run covers them); a jump starts a new run.
-        trusted = self._trusted_from.get(sid, 0)
-        run = self._verified.get(sid)
-        prev = None
         with self.read_txn() as txn:
-            cur = txn.cursor(db=self._db_chunks)
-            ok = self._seek(cur, name, sid, from_offset)
-            while ok and len(out) < max_chunks:
-                ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
-                if ksid != sid or (limit is not None and chunk_id >= limit):
-                    break
-                raw = cur.value()
-                if chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]):
-                    out.append((chunk_id, self._checked(name, chunk_id, raw, False)))
-                else:
-                    out.append((chunk_id, self._checked(name, chunk_id, raw, True)))
-                    if run is not None and prev is not None and run[1] == prev:
-                        run[1] = chunk_id
-                    else:
-                        run = self._verified[sid] = [chunk_id, chunk_id]
-                prev = chunk_id
-                ok = cur.next()
+            views, bad = self._read_checked(txn, name, s.sid, from_offset, max_chunks, None, limit)
+            if bad is not None:
+                raise bad
+            out = []
+            for chunk_id, raw in views:     # copied out of the map before the transaction ends
+                out.append((chunk_id, bytes(raw)))
         return out
-
-    @staticmethod
-    def _checked(name, chunk_id, raw, crc):
-        try:
-            h = core.check_chunk(raw) if crc else core.read_header(raw)
-        except ChunkError as e:
-            raise ChunkError(e.reason, name, chunk_id) from None
-        if h[H_CHUNK_ID] != chunk_id:
-            raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}", name, chunk_id)
-        return bytes(raw)
 
     def read_chunk_views(self, name, from_offset, fn, max_chunks=1, max_bytes=None, *, limited=True):
         """``fn(chunks)`` called once inside one read transaction, and its result returned: ``chunks`` the
@@ -623,44 +594,55 @@ class Engine(SuperStreamBindings):
         stream and chunk id) is raised. Raises StreamNotFound (``fn`` not called). Thread-safe, as
         read_chunks; ``limited`` as there."""
         s = self._current(name)
-        sid = s.sid
         limit = self._read_limits.get(name) if limited else None
-        # the once-per-chunk CRC rule and its verified runs: read_chunks's
-        trusted = self._trusted_from.get(sid, 0)
-        run = self._verified.get(sid)
-        prev = None
-        views = []
-        size = 0
-        bad = None
         with self.read_txn() as txn:
-            cur = txn.cursor(db=self._db_chunks)
-            ok = self._seek(cur, name, sid, from_offset)
-            while ok and len(views) < max_chunks and (max_bytes is None or size < max_bytes):
-                ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
-                if ksid != sid or (limit is not None and chunk_id >= limit):
-                    break
-                raw = cur.value()
-                first_read = not (chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]))
-                try:
-                    h = core.check_chunk(raw) if first_read else core.read_header(raw)
-                    if h[H_CHUNK_ID] != chunk_id:
-                        raise ChunkError(f"header says chunk id {h[H_CHUNK_ID]}")
-                except ChunkError as e:
-                    bad = ChunkError(e.reason, name, chunk_id)
-                    break
-                if first_read:
-                    if run is not None and prev is not None and run[1] == prev:
-                        run[1] = chunk_id
-                    else:
-                        run = self._verified[sid] = [chunk_id, chunk_id]
-                views.append((chunk_id, raw))
-                size += len(raw)
-                prev = chunk_id
-                ok = cur.next()
+            views, bad = self._read_checked(txn, name, s.sid, from_offset, max_chunks, max_bytes, limit)
             result = fn(views)
         if bad is not None:
             raise bad
         return result
+
+    def _read_checked(self, txn, name, sid, from_offset, max_chunks, max_bytes, limit):
+        """The read loop of read_chunks and read_chunk_views, in ``txn``: ``([(chunk_id, view)], bad)``,
+        each view a memoryview into the map (valid in ``txn`` only), and ``bad`` the ChunkError of the
+        chunk that ended the list, or None. Stops at ``max_chunks``, after the chunk that brings the bytes to
+        ``max_bytes`` (None: no bound), at the stream's end or at ``limit`` (a chunk id; None: none).
+
+        A chunk's CRC is checked once: when it is written (this process built or checked it), or at its
+        first read. Chunks from before this process are remembered as one verified run per stream
+        (consumers read in order, so one run covers them); a jump starts a new run."""
+        trusted = self._trusted_from.get(sid, 0)
+        run = self._verified.get(sid)
+        prev = None
+        out = []
+        size = 0
+        bad = None
+        cur = txn.cursor(db=self._db_chunks)
+        ok = self._seek(cur, name, sid, from_offset)
+        while ok and len(out) < max_chunks and (max_bytes is None or size < max_bytes):
+            ksid, chunk_id = _CHUNK_KEY.unpack(cur.key())
+            if ksid != sid or (limit is not None and chunk_id >= limit):
+                break
+            raw = cur.value()
+            first_read = not (chunk_id >= trusted or (run is not None and run[0] <= chunk_id <= run[1]))
+            try:
+                h = core.check_chunk(raw) if first_read else core.read_header(raw)
+            except ChunkError as e:
+                bad = ChunkError(e.reason, name, chunk_id)
+                break
+            if h[H_CHUNK_ID] != chunk_id:
+                bad = ChunkError(f"header says chunk id {h[H_CHUNK_ID]}", name, chunk_id)
+                break
+            if first_read:
+                if run is not None and prev is not None and run[1] == prev:
+                    run[1] = chunk_id
+                else:
+                    run = self._verified[sid] = [chunk_id, chunk_id]
+            out.append((chunk_id, raw))
+            size += len(raw)
+            prev = chunk_id
+            ok = cur.next()
+        return out, bad
 
     def scan(self, name, from_offset=0, chunks_per_txn=64):
         """Yield ``(offset, record bytes)`` for every committed record at or after ``from_offset``,

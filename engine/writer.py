@@ -52,6 +52,14 @@ OWN_CHUNK_MIN = 16 << 10        # a caller-built chunk at least this big is stor
 # is always a commit's closing one, so LAST stays within the last 1,000 records, while a reader from the start
 # gets several thousand per Deliver (RabbitMQ's writer makes chunks of up to ~8k messages; clients pay per
 # chunk). A stream that sets chunk-max-records gets that bound for every chunk.
+# THE INVARIANT: after every commit, a stream's last chunk holds at most its chunk-max-records records (one
+# entry that alone holds more excepted). Which append closes is only a guess made before the appends run (the
+# stream's last append of the batch), and that append may add nothing (all duplicates) or fail, so no chunk
+# over the closing bound is stored while it could still end up last: a non-closing append's piece over it is
+# held in the pending slot (_Pending.whole, a view of the caller's buffer, no copy) and stored as it is when
+# anything more comes for the stream, or cut at the close (_Staged.flush_all); a trim, truncate or replica
+# store in the commit closes the pending entries. tests/engine/test_chunk_shape_close.py checks it after
+# random commit shapes.
 CHUNK_BODY_RECORDS = 8192
 SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
 PURGE_KEYS = 1000               # keys (and finished streams) of deleted streams one purge transaction takes, at most
@@ -120,9 +128,12 @@ class Done:
 
 
 class _Pending:
-    """Entries of one stream collected for the chunk being built in this transaction."""
+    """Entries of one stream collected for the chunk being built in this transaction: ``parts`` to join,
+    or (``whole`` set, ``parts`` empty) one piece of a caller's sealed chunk held as it is: its data at
+    ``whole[LEN_CHUNK_HEADER + at:][:size]``, ``own`` when it is the caller's whole chunk (see
+    CHUNK_BODY_RECORDS's invariant)."""
 
-    __slots__ = ("parts", "size", "entries", "records", "filters", "unfiltered")
+    __slots__ = ("parts", "size", "entries", "records", "filters", "unfiltered", "whole", "at", "own")
 
     def __init__(self):
         self.parts = []
@@ -131,6 +142,14 @@ class _Pending:
         self.records = 0
         self.filters = set()
         self.unfiltered = False
+        self.whole = None
+        self.at = 0
+        self.own = False
+
+    def hold(self, whole, at, size, entries, records, own):
+        """Hold a piece of the caller's sealed chunk ``whole`` (the pending slot is empty)."""
+        self.whole, self.at, self.size, self.entries, self.records, self.own = whole, at, size, entries, records, own
+        self.unfiltered = True
 
 
 
@@ -1166,7 +1185,10 @@ class _Staged:
             res.last = s.next_offset + records - 1
             if req.crc_pending:
                 _CRC.pack_into(req.data, H_CRC_OFFSET, core.crc32(data))
-            self._write(s, req.data, records)
+            if closing or records <= s.chunk_max_records:
+                self._write(s, req.data, records)
+            else:       # over the closing bound, and this append may turn out last: held (CHUNK_BODY_RECORDS)
+                p.hold(req.data, 0, len(data), entries, records, True)
             return res
         if sealed and filters is None and (len(data) > s.chunk_max or records > direct):
             # a big Publish or Produce over the stream's bounds: cut where the core says, no copy
@@ -1176,10 +1198,12 @@ class _Staged:
             # the common case: the caller counted the entries and they fit in one chunk
             if filters is not None and len(filters) != entries:
                 raise ChunkError(f"{len(filters)} filter values for {entries} entries")
-            if p.entries and (p.size + len(data) > s.chunk_max or p.entries + entries > MAX_CHUNK_ENTRIES
-                              or p.records + records > body):
+            if p.whole is None and p.entries and (p.size + len(data) > s.chunk_max
+                                                  or p.entries + entries > MAX_CHUNK_ENTRIES or p.records + records > body):
                 self._flush(s, p)
             if (len(data) <= s.chunk_max and records <= body) or entries == 1:
+                if p.whole is not None:
+                    self._flush(s, p)
                 p.parts.append(data)
                 p.size += len(data)
                 p.entries += entries
@@ -1188,7 +1212,7 @@ class _Staged:
                 res.last = s.next_offset + p.records - 1
                 self._note_filters(p, filters)
                 return res
-        if ends is None and filters is None and not p.entries:
+        if ends is None and filters is None and (not p.entries or p.whole is not None):
             # the common split (one big Publish frame over the chunk bounds): the core finds the cuts
             self._add_cut(s, p, data, res)
             return res
@@ -1237,6 +1261,8 @@ class _Staged:
 
     def _add(self, s, p, data, ends, counts, filters, res):
         """Add entries that may need splitting over several chunks (by bytes, entries or records)."""
+        if p.whole is not None:
+            self._flush(s, p)
         start = 0
         n = len(ends)
         i = 0
@@ -1268,6 +1294,7 @@ class _Staged:
         """Entries of one append into an empty pending chunk, cut where the core says; every piece but the
         last becomes a chunk now, the last stays pending (later appends of this commit may join it)."""
         cuts = _cuts(s, data, False)    # the last piece stays pending: flush_all closes it
+        self._flush(s, p)               # a held piece, once the cut found ``data`` well formed
         mv = memoryview(data)
         start = 0
         res.first = s.next_offset
@@ -1289,37 +1316,66 @@ class _Staged:
         those bytes are put back after its own put, so the buffer is as it came should the transaction be
         redone (MapFullError). A small last piece stays pending, as _add_cut leaves it, when other appends
         of this commit may join it. ``closing``: no other append to the stream follows in this commit, so
-        the last piece keeps to the closing chunk's bound (see CHUNK_BODY_RECORDS)."""
+        the last piece keeps to the closing chunk's bound (see CHUNK_BODY_RECORDS); without it, a last
+        piece over that bound is held, not stored (it may yet be the commit's last chunk)."""
         whole = memoryview(chunk)
         data = whole[LEN_CHUNK_HEADER:]
         cuts = _cuts(s, data, closing)
         self._flush(s, p)
         res.first = s.next_offset
-        epoch = self.engine.epochs.get(s.name, CHUNK_EPOCH)
         start = 0
         for k, (end, entries, records) in enumerate(cuts):
-            if k == len(cuts) - 1 and end - start < OWN_CHUNK_MIN and not self.alone:
-                p.parts.append(data[start:end])
-                p.size, p.entries, p.records, p.unfiltered = end - start, entries, records, True
-                break
-            ts, chunk_id = self._stamp(s)
-            crc = core.crc32(data[start:end])
-            # the piece's header goes at ``start`` of the whole buffer: its data starts 48 bytes on
-            saved = bytes(whole[start:start + LEN_CHUNK_HEADER]) if k else None
-            HEADER_STRUCT.pack_into(whole, start, CHUNK_MAGIC_VERSION, CHUNK_USER, entries, records, ts, epoch,
-                                    chunk_id, crc, end - start, 0, 0)
-            try:
-                self._store(s, whole[start:LEN_CHUNK_HEADER + end], records, ts, chunk_id)
-            finally:        # also when the put fails (MapFullError): the redo reads these bytes again
-                if saved is not None:
-                    whole[start:start + LEN_CHUNK_HEADER] = saved
+            if k == len(cuts) - 1:
+                if end - start < OWN_CHUNK_MIN and not self.alone:
+                    p.parts.append(data[start:end])
+                    p.size, p.entries, p.records, p.unfiltered = end - start, entries, records, True
+                    break
+                if not closing and records > s.chunk_max_records:
+                    p.hold(chunk, start, end - start, entries, records, False)
+                    break
+            self._put_piece(s, whole, start, end, entries, records)
             start = end
         res.last = s.next_offset + p.records - 1
+
+    def _put_piece(self, s, whole, start, end, entries, records):
+        """Store the data ``start:end`` of the caller's sealed chunk ``whole`` (a memoryview; offsets into
+        its data section) as a chunk, its header written over the 48 bytes before that data (the caller's
+        own header, or the end of the piece before, which its put has copied into the map). Those bytes
+        are put back after the put, so the buffer is as it came should the transaction be redone
+        (MapFullError)."""
+        ts, chunk_id = self._stamp(s)
+        crc = core.crc32(whole[LEN_CHUNK_HEADER + start:LEN_CHUNK_HEADER + end])
+        saved = bytes(whole[start:start + LEN_CHUNK_HEADER])
+        HEADER_STRUCT.pack_into(whole, start, CHUNK_MAGIC_VERSION, CHUNK_USER, entries, records, ts,
+                                self.engine.epochs.get(s.name, CHUNK_EPOCH), chunk_id, crc, end - start, 0, 0)
+        try:
+            self._store(s, whole[start:LEN_CHUNK_HEADER + end], records, ts, chunk_id)
+        finally:        # also when the put fails (MapFullError): the redo reads these bytes again
+            whole[start:start + LEN_CHUNK_HEADER] = saved
+
+    def _flush_held(self, s, p, closing):
+        """Store the piece ``p`` holds: as it is, or (``closing`` and over the closing bound) cut into a
+        head and a closing chunk in place."""
+        whole = memoryview(p.whole)
+        at, size, records = p.at, p.size, p.records
+        if closing and records > s.chunk_max_records:
+            start = at
+            for end, entries, n in _cuts(s, whole[LEN_CHUNK_HEADER + at:LEN_CHUNK_HEADER + at + size], True):
+                self._put_piece(s, whole, start, at + end, entries, n)
+                start = at + end
+        elif p.own:
+            self._write(s, p.whole, records)
+        else:
+            self._put_piece(s, whole, at, at + size, p.entries, records)
+        p.__init__()
 
     def _flush(self, s, p, closing=False):
         """Turn the pending entries of ``s`` into one chunk; ``closing`` (the commit's last chunk of
         ``s``, flush_all): into a body chunk and a closing one when they are over the closing bound."""
         if not p.entries:
+            return
+        if p.whole is not None:
+            self._flush_held(s, p, closing)
             return
         data = p.parts[0] if len(p.parts) == 1 else b"".join(p.parts)
         bloom = core.build_bloom(list(p.filters), p.unfiltered, s.bloom_size) if p.filters else b""
@@ -1373,7 +1429,7 @@ class _Staged:
         s = self.stream(name)
         p = self.pending.get(name)
         if p is not None:
-            self._flush(s, p)
+            self._flush(s, p, True)     # the stream's last chunk for now: the closing bound (CHUNK_BODY_RECORDS)
         expect = s.next_offset
         if start and chunks and s.chunks == 0 and s.last_chunk < 0:
             # an empty copy starts wherever its leader's log starts now (retention or compaction may
@@ -1401,7 +1457,7 @@ class _Staged:
         s = self.stream(name)
         p = self.pending.get(name)
         if p is not None:
-            self._flush(s, p)
+            self._flush(s, p, True)     # the stream's last chunk for now: the closing bound (CHUNK_BODY_RECORDS)
         eng = self.engine
         txn = self.txn
         cur = txn.cursor(db=eng._db_chunks)
@@ -1432,7 +1488,7 @@ class _Staged:
         s = self.stream(name)
         p = self.pending.get(name)
         if p is not None:
-            self._flush(s, p)
+            self._flush(s, p, True)     # the stream's last chunk for now: the closing bound (CHUNK_BODY_RECORDS)
         eng = self.engine
         txn = self.txn
         cur = txn.cursor(db=eng._db_chunks)

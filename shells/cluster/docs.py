@@ -461,6 +461,9 @@ class DocLog:
                 continue
             self._wake.clear()
             cancel = None
+            # POLL as a timer that sets the event: wait_for made a task and a future on every look (five a
+            # second on every cluster node, documents or not)
+            poll = asyncio.get_running_loop().call_later(POLL, self._wake.set)
             try:
                 if self.engine.has_stream(CHANGELOG):
                     # woken by the next record past what was read: while loading a snapshot that is
@@ -468,12 +471,11 @@ class DocLog:
                     scan = self.compaction.scan
                     cancel = self.broker.watch(CHANGELOG, self.applied if scan is None else scan,
                                                lambda exc: self._wake.set())
-                await asyncio.wait_for(self._wake.wait(), POLL)
-            except asyncio.TimeoutError:
-                pass
+                await self._wake.wait()
             except StreamNotFound:
                 await asyncio.sleep(POLL)
             finally:
+                poll.cancel()
                 if cancel is not None:
                     cancel()
 

@@ -23,6 +23,7 @@ import json
 import aiohttp
 
 DEFAULT_TIMEOUT = 3.0      # seconds one HTTP call may take before the next endpoint is tried
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class EtcdError(RuntimeError):
@@ -99,6 +100,7 @@ class Etcd:
                 raise ValueError(f"etcd endpoint {e!r} is not an http(s) URL")
         self.timeout = timeout
         self._session = None
+        self._timeouts = {}    # seconds -> aiohttp.ClientTimeout (immutable: one per value)
         self._current = 0      # the endpoint that answered last: tried first
         # the highest store revision any write of this client was answered at: a copy of the keys kept
         # by a watch reflects every write this client made once it has reached this revision
@@ -108,6 +110,13 @@ class Etcd:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    def _timeout_of(self, seconds):
+        seconds = seconds or self.timeout
+        t = self._timeouts.get(seconds)
+        if t is None:
+            t = self._timeouts[seconds] = aiohttp.ClientTimeout(total=seconds)
+        return t
 
     def _open(self):
         if self._session is None:
@@ -122,14 +131,16 @@ class Etcd:
             i = (self._current + k) % n
             url = self.endpoints[i] + path
             try:
-                async with self._session.post(url, json=body,
-                                              timeout=aiohttp.ClientTimeout(total=timeout or self.timeout)) as r:
-                    text = await r.text()
+                # the body as bytes and the answer read as bytes: aiohttp's JSON payload and its charset
+                # guess for text() were a good part of each call (a lease keep-alive runs several a second)
+                async with self._session.post(url, data=json.dumps(body).encode(), headers=_JSON_HEADERS,
+                                              timeout=self._timeout_of(timeout)) as r:
+                    raw = await r.read()
                     if r.status != 200:
                         # etcd answered: a refusal, not an unreachable endpoint
-                        raise EtcdError(f"etcd {path}: HTTP {r.status}: {text[:200]}")
+                        raise EtcdError(f"etcd {path}: HTTP {r.status}: {raw[:200].decode('utf-8', 'replace')}")
                     self._current = i
-                    answer = json.loads(text) if text else {}
+                    answer = json.loads(raw) if raw else {}
                     if write:
                         rev = int((answer.get("header") or {}).get("revision", 0))
                         if rev > self.written:

@@ -484,8 +484,9 @@ class ClusterNode(ReplicationPlane):
             return 0, 0
         if s.last_chunk < 0:
             return 0, s.next_offset
-        got = self.engine.read_chunks(name, s.last_chunk, 1, limited=False)
-        epoch = core.read_header(got[0][1])[H_EPOCH] if got else 0
+        # the header only, read in place: every progress report asks, and a chunk is up to some MB
+        epoch = self.engine.read_chunk_views(
+            name, s.last_chunk, lambda got: core.read_header(got[0][1])[H_EPOCH] if got else 0, limited=False)
         return epoch, s.next_offset
 
     async def _report_progress(self):

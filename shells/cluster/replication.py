@@ -259,7 +259,12 @@ class _Feed:
         plane = self.plane
         engine = plane.engine
         name = self.name
-        chunks, seqs = self.st.read_for_replica(self.pos)
+        if self.pos < engine._current(name).next_offset:
+            chunks, seqs = self.st.read_for_replica(self.pos)
+        else:
+            # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
+            # and no scan of the publisher sequences for a read that would find no chunk
+            chunks, seqs = (), None
         out = []
         last = len(chunks) - 1
         for i, (chunk_id, raw) in enumerate(chunks):

@@ -18,7 +18,7 @@ import secrets
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.shells.broker import CONFIGURE, READ
 from riverbed.shells.kafka import codec as C
-from riverbed.shells.kafka.shell import partition_name
+from riverbed.shells.kafka.shell import MAX_TOPIC_PARTITIONS, partition_name
 
 ERR_TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 RESOURCE_TOPIC, RESOURCE_BROKER = 2, 4
@@ -105,6 +105,9 @@ class AdminCommands:
             elif count <= len(parts):
                 res.update(error_code=C.ERR_INVALID_PARTITIONS,
                            error_message=f"topic {name!r} has {len(parts)} partitions; {count} is not more")
+            elif count > MAX_TOPIC_PARTITIONS:
+                res.update(error_code=C.ERR_INVALID_PARTITIONS,
+                           error_message=f"{count} partitions: a topic has at most {MAX_TOPIC_PARTITIONS}")
             elif t["assignments"]:
                 res.update(error_code=C.ERR_INVALID_REQUEST, error_message="this broker is one node: no assignments")
             elif not req["validate_only"]:

@@ -34,7 +34,7 @@ from riverbed.shells.kafka.admin_commands import AdminCommands, producer_referen
 from riverbed.shells.kafka.fetch_read import read_batches
 from riverbed.shells.kafka.group_commands import GroupCommands
 from riverbed.shells.kafka import records as R
-from riverbed.shells.kafka.shell import CLUSTER_ID, NODE_ID, retention_arguments
+from riverbed.shells.kafka.shell import CLUSTER_ID, MAX_TOPIC_PARTITIONS, NODE_ID, retention_arguments
 from riverbed.shells.protocols import KAFKA
 
 log = logging.getLogger("riverbed.kafka")
@@ -342,8 +342,9 @@ class KafkaSession(GroupCommands, AdminCommands, SessionKernel):
             rf = t["replication_factor"]
             if not self._allowed(CONFIGURE, name):
                 res.update(error_code=C.ERR_TOPIC_AUTHORIZATION_FAILED, error_message="not allowed")
-            elif n < 1 or t["assignments"]:
-                res.update(error_code=C.ERR_INVALID_PARTITIONS, error_message=f"{n} partitions")
+            elif not 1 <= n <= MAX_TOPIC_PARTITIONS or t["assignments"]:
+                res.update(error_code=C.ERR_INVALID_PARTITIONS,
+                           error_message=f"{n} partitions (1 to {MAX_TOPIC_PARTITIONS}, no assignments)")
             elif rf not in (-1, 1):
                 res.update(error_code=C.ERR_INVALID_REPLICATION_FACTOR,
                            error_message=f"replication factor {rf}: this broker is one node")

@@ -14,6 +14,9 @@ CLUSTER_ID = "riverbed"
 RECENT_PRODUCERS = 10000          # (partition, producer) pairs whose recent batches are remembered
 MAX_CACHED_IDS = 100000           # topic ids kept computed
 RECENT_BATCHES = 8                # per producer and partition: Kafka keeps 5 (max.in.flight)
+# Partitions one topic may have (the HTTP API's bound for a super stream): a CreateTopics or CreatePartitions
+# asking for more is INVALID_PARTITIONS before any stream is made, not millions of streams (atheris kafka)
+MAX_TOPIC_PARTITIONS = 1024
 
 
 def partition_name(topic, i):

@@ -39,6 +39,19 @@ class LeaderNode(ReplicationPlane):
         return True
 
 
+def count_reads(engine, monkeypatch):
+    """Wrap ``engine.read_for_replica``: the list it returns gets (position, chunks read) per call."""
+    reads = []
+    real = engine.read_for_replica
+
+    def counted(name, pos, *args, **kw):
+        got = real(name, pos, *args, **kw)
+        reads.append((pos, len(got[0])))
+        return got
+    monkeypatch.setattr(engine, "read_for_replica", counted)
+    return reads
+
+
 def publish(node, st, record):
     """What ClusterNode.hold does with an append: wait for the majority, let the members know. Returns
     ``(end offset, future of the confirm)``."""
@@ -411,14 +424,7 @@ def test_chunk_goes_ahead_to_a_majority_first_the_rest_once_committed(leader_eng
 def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engine, monkeypatch):
     """Both member connections get the publish's chunk from ONE read of the leader's log (the chunk is
     copied out of LMDB once, not once per member), and the same bytes; a later publish is read anew."""
-    reads = []
-    real = leader_engine.read_for_replica
-
-    def counted(name, pos, *args, **kw):
-        got = real(name, pos, *args, **kw)
-        reads.append((pos, len(got[0])))
-        return got
-    monkeypatch.setattr(leader_engine, "read_for_replica", counted)
+    reads = count_reads(leader_engine, monkeypatch)
 
     async def run():
         node = LeaderNode(leader_engine)

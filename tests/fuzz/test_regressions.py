@@ -250,3 +250,40 @@ def test_replication_json_nested_past_the_recursion_limit_is_a_wire_error():
         harness.check_input(t, bytes([harness.FLAG_PRELUDE]) + b"{\"a\":" * 3000)
     finally:
         t.close()
+
+
+# ------------------------------------------------------------------------------------- Kafka: topics
+
+# (atheris kafka, out-of-memory after 6,192 inputs) a CreateTopics v0 whose num_partitions had one byte
+# changed: 0x002F0003, 3,080,195 partitions, each a stream; the session made them until the process went
+# past 300 MB. Now a topic has at most MAX_TOPIC_PARTITIONS and the request is INVALID_PARTITIONS.
+KAFKA_CREATE_3M_PARTITIONS = unhex("""
+    00                                                   # fuzz flags: none
+    0000003d 0013 0000 00000001 0004 66757a7a            # CreateTopics v0, correlation 1, client "fuzz"
+      00000001 0002 6374                                 # 1 topic: "ct"
+      002f0003 0001 00000000                             # num_partitions 3,080,195, replication 1, no assignments
+      00000001 000c 726574656e74696f6e2e6d73 0005 3630303030   # 1 config: retention.ms = 60000
+      0000ea60                                           # timeout 60,000 ms
+""")
+
+
+def test_kafka_create_topics_with_millions_of_partitions_is_refused_before_any_stream(tmp_path):
+    from riverbed.shells.kafka import codec as C
+    from riverbed.shells.kafka import shell as kafka_shell
+
+    from .t_kafka import KafkaTarget
+
+    t = KafkaTarget(tmp_path)
+    try:
+        dt, peak = harness.check_input(t, KAFKA_CREATE_3M_PARTITIONS, measure_memory=True)
+        assert dt < 2 and not t.rig.broker.has_stream("ct") and not t.rig.broker.has_stream("ct-0")
+        # the answer, from a session of the target's own: INVALID_PARTITIONS naming the bound
+        s = t.open_session()
+        s.data_received(KAFKA_CREATE_3M_PARTITIONS[1:])
+        t.rig.settle()
+        frames, _ = C.split_frames(bytes(s.io.out))
+        corr, body = C.decode_response(C.API_CREATE_TOPICS, 0, bytes(frames[0]))
+        assert corr == 1 and body["topics"][0]["error_code"] == C.ERR_INVALID_PARTITIONS
+        assert not t.rig.broker.has_stream("ct") and kafka_shell.MAX_TOPIC_PARTITIONS == 1024
+    finally:
+        t.close()

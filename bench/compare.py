@@ -72,6 +72,8 @@ from bench._workloads import (CLUSTER_GOALS, CLUSTER_WORKLOADS, DEFAULT_DURABLE,
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
+SOLO = "riverbed-solo"     # the cluster rows' one-node broker (see ``main``)
+
 
 def log(msg):
     """Messages go to stderr above the progress bar."""
@@ -454,6 +456,13 @@ def main(argv=None):
     # the cluster rows' brokers (bench._cluster), only when a cluster workload runs
     want_cluster = any(w in CLUSTER_WORKLOADS for w in args.workload_list)
     rb_cluster = RiverbedCluster(log=log) if want_cluster else None
+    # the cluster rows' one-node half runs on a node of its own, started as the cluster's nodes are and
+    # running only the cluster rows: the same history, so the same page state. On the headline node it ran
+    # right after the Kafka rows had deleted their topics, into pages LMDB reuses (0.25 µs per message
+    # there against 0.43 for the same workload on fresh pages in the same run), while the cluster's nodes
+    # write fresh pages, which this VM makes costly to touch first (bench/results/2026-11-26-kprod.md)
+    solo = (_procs.Riverbed(args.riverbed_fsync, name=SOLO, label=f"Riverbed one node for the cluster rows "
+                            f"(fsync={args.riverbed_fsync})", log=log) if want_cluster else None)
     replicated = {"nats-r3": NatsCluster(log=log)} if want_cluster and "nats" in peers else {}
     rb_pair = RiverbedPair(log=log) if any(w in SCALEUP_WORKLOADS for w in args.workload_list) else None
     started = []
@@ -482,7 +491,7 @@ def main(argv=None):
                 del peers[name]
                 continue
             started.append(srv)
-        for srv in (headline, durable):
+        for srv in (headline, durable, solo):
             if srv is not None:
                 srv.start()
                 started.append(srv)
@@ -513,7 +522,7 @@ def main(argv=None):
                 continue
             started.append(srv)
         rabbit = peers.get("rabbitmq")
-        brokers = (list(peers.values()) + [headline] + ([durable] if durable else [])
+        brokers = (list(peers.values()) + [headline] + ([durable] if durable else []) + ([solo] if solo else [])
                    + ([rb_cluster] if rb_cluster else []) + ([rb_pair] if rb_pair else [])
                    + list(replicated.values()))
         meta["brokers"] = {b.name: {"label": b.label, "port": b.port, "pid": b.pid, "version": b.version}
@@ -523,7 +532,8 @@ def main(argv=None):
             done = set()
             for wname in args.workload_list:
                 on_rabbit = rabbit and W[wname].get("rabbitmq", True)
-                for b in ([rabbit] if on_rabbit else []) + [headline] + ([durable] if durable else []):
+                one = solo if W[wname].get("cluster") and solo is not None else headline
+                for b in ([rabbit] if on_rabbit else []) + [one] + ([durable] if durable else []):
                     if b is durable and wname not in args.durable_list:
                         continue
                     plan.append((rnd, wname, b))
@@ -614,11 +624,12 @@ def main(argv=None):
     meta["loadavg_end"] = os.getloadavg()
     up = [p for p in PEER_NAMES if p in peers]
     rows = table_layout(args.workload_list, args.durable_list, durable.name if durable else None,
-                        args.durable_fsync, peers)
+                        args.durable_fsync, peers, solo=SOLO if solo is not None else "riverbed")
     summary = summarise(runs, row_pairs(rows))
     lines = table_rows(summary, rows, up)
     same_log = same_log_costs(summary)
-    cluster_goals = cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name) if want_cluster else []
+    cluster_goals = (cluster_goal_lines(summary, RiverbedCluster.name, NatsCluster.name,
+                                        solo=SOLO if solo is not None else "riverbed") if want_cluster else [])
     scaleup_goals = scaleup_goal_lines(summary)
     floors = _floors.medians(floor_samples) if floor_samples else {}
     floor_goals = _floors.floor_goal_lines(summary, floors, durable.name if durable else "") if floors else []
@@ -697,16 +708,17 @@ def main(argv=None):
 
 
 
-def table_layout(workload_list, durable_list, durable_name, durable_fsync, peers):
+def table_layout(workload_list, durable_list, durable_name, durable_fsync, peers, solo=SOLO):
     """The table's rows, in order: ``{"workload", "riverbed" (the Riverbed broker's name), "label",
     "cols" ({peer: (peer workload, peer broker)})}``. A cluster or scale-up workload has two rows (one
     node, then the cluster); each durable workload gets one more row on the durable Riverbed, a copy of
-    its single-node row."""
+    its single-node row. ``solo``: the cluster rows' one-node broker (``SOLO``; "riverbed", the headline
+    node, in results made before it had its own)."""
     rows = []
     for wname in workload_list:
         if W[wname].get("cluster"):
             # one row on the single node, one on the cluster beside NATS R3
-            rows.append({"workload": wname, "riverbed": "riverbed", "label": W[wname]["label"] + " [one node]",
+            rows.append({"workload": wname, "riverbed": solo, "label": W[wname]["label"] + " [one node]",
                          "cols": {}})
             cols = {p: (pw, PEER_W[pw]["server"]) for p, pw in PEER_MAP.get(wname, {}).items() if p in peers}
             rows.append({"workload": wname, "riverbed": RiverbedCluster.name, "cols": cols,
@@ -742,7 +754,7 @@ def same_log_costs(summary):
     return out
 
 
-def cluster_goal_lines(summary, cluster, nats_r3):
+def cluster_goal_lines(summary, cluster, nats_r3, solo=SOLO):
     """Issue 23's goals of the cluster rows (``CLUSTER_GOALS``) judged on medians: one dict per
     (workload, metric): the three figures, each goal's ratio and verdict (ok None when a side did not
     run) and a printable ``text``."""
@@ -750,7 +762,7 @@ def cluster_goal_lines(summary, cluster, nats_r3):
     for (wname, key), goals in CLUSTER_GOALS.items():
         label, fmt, _ = METRICS[key]
         rb3 = summary.get((wname, cluster), {}).get(key)
-        one = summary.get((wname, "riverbed"), {}).get(key)
+        one = summary.get((wname, solo), {}).get(key)
         pw = PEER_MAP.get(wname, {}).get("nats")
         nats = summary.get((pw, nats_r3), {}).get(key) if pw else None
         if not rb3 and not one:

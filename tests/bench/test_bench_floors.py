@@ -57,7 +57,7 @@ def test_a_durable_row_copies_its_own_workloads_row_when_cluster_rows_come_first
                         "riverbed-batch", "batch", peers={})
     assert [(r["workload"], r["riverbed"]) for r in rows] == [
         ("scaleup-publish", "riverbed"), ("scaleup-publish", "riverbed-pair"),
-        ("cluster-latency", "riverbed"), ("cluster-latency", "riverbed-cluster"),
+        ("cluster-latency", "riverbed-solo"), ("cluster-latency", "riverbed-cluster"),
         ("latency-rstream", "riverbed"), ("latency-rstream", "riverbed-batch")]
     assert rows[-1]["label"].endswith("[Riverbed fsync=batch]") and rows[-1]["label"].startswith("confirm latency")
     assert table_layout(["latency-rstream"], ["latency-rstream"], None, "none", peers={})[-1]["riverbed"] == "riverbed"

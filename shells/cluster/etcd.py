@@ -22,6 +22,8 @@ import json
 
 import aiohttp
 
+from riverbed.shells.cluster.etcd_lease import LeaseLine, LeaseRefused, LineBroken
+
 DEFAULT_TIMEOUT = 3.0      # seconds one HTTP call may take before the next endpoint is tried
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -102,11 +104,13 @@ class Etcd:
         self._session = None
         self._timeouts = {}    # seconds -> aiohttp.ClientTimeout (immutable: one per value)
         self._current = 0      # the endpoint that answered last: tried first
+        self._line = None      # (endpoint index, LeaseLine): the lease keep-alives' own connection
         # the highest store revision any write of this client was answered at: a copy of the keys kept
         # by a watch reflects every write this client made once it has reached this revision
         self.written = 0
 
     async def close(self):
+        self._drop_line()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -296,10 +300,40 @@ class Etcd:
         return int(r["ID"])
 
     async def keepalive(self, lease):
-        """Renew ``lease`` once; returns its TTL in seconds, 0 when it has expired (it is gone)."""
-        r = await self._call("/v3/lease/keepalive", {"ID": str(lease)})
-        res = r.get("result") or {}
-        return int(res.get("TTL", 0))
+        """Renew ``lease`` once; returns its TTL in seconds, 0 when it has expired (it is gone). Over a
+        connection of its own with a request built once (etcd_lease.py: a node renews every TTL/4 for as
+        long as it runs), the endpoints tried in turn as for any call; EtcdError when none answers or
+        etcd refuses (an error is not an expiry: only an answer without a TTL says the lease is gone)."""
+        errors = []
+        n = len(self.endpoints)
+        for k in range(n):
+            i = (self._current + k) % n
+            url = self.endpoints[i]
+            if not url.startswith("http://"):
+                r = await self._call("/v3/lease/keepalive", {"ID": str(lease)})    # TLS: through aiohttp
+                if "error" in r:
+                    raise EtcdError(f"etcd refused the keep-alive: {r['error']}")
+                return int((r.get("result") or {}).get("TTL", 0))
+            try:
+                line = self._line[1] if self._line is not None and self._line[0] == i else None
+                if line is None or line.closed:
+                    self._drop_line()
+                    line = await LeaseLine.open(url, self.timeout)
+                    self._line = (i, line)
+                ttl = await line.keepalive(lease, self.timeout)
+                self._current = i
+                return ttl
+            except LeaseRefused as e:
+                raise EtcdError(str(e)) from e      # etcd answered: a refusal, not an unreachable endpoint
+            except (LineBroken, OSError) as e:
+                self._drop_line()
+                errors.append(f"{url}: {type(e).__name__}: {e}")
+        raise EtcdError("no etcd endpoint answered: " + "; ".join(errors))
+
+    def _drop_line(self):
+        if self._line is not None:
+            self._line[1].close()
+            self._line = None
 
     async def revoke(self, lease):
         """End ``lease`` now: every key attached to it goes."""

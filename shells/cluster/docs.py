@@ -89,7 +89,10 @@ APPLIED_ID = "applied"
 RECORD_VERSION = 1
 MAX_RETRIES = 50          # plans of one write, each against a newer state, before it is refused
 APPLY_BATCH = 64          # changelog chunks read per apply transaction
-POLL = 0.2                # seconds between two looks at the changelog when no commit woke the loop
+POLL = 0.2                # seconds before the changelog is looked at again when it went away under a watch
+# seconds between two looks at the changelog when nothing woke the loop: a committed record, the changelog's
+# creation and a change of the streams this node leads wake it at once; this is only the fallback
+POLL_FALLBACK = 1.0
 RETRY_DELAY = 0.2         # seconds before a changelog record whose leader went away is sent again
 try:   # a forwarded append its leader did not confirm (shells/cluster/forward.py): stored or not
     from riverbed.shells.broker.core import NotLeaderError as _ForwardNotLeader
@@ -251,6 +254,9 @@ class DocLog:
         self.applied = int(doc["next"]) if doc else 0
         self.compaction.last_base = int(doc.get("snap", 0)) if doc else 0
         self._wake = asyncio.Event()
+        # what the apply loop (and the projections' readiness) depends on besides committed records
+        self.broker.on_stream_created(lambda name: name == CHANGELOG and self._wake.set())
+        self.cluster.role_hooks.append(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
 
     async def stop(self):
@@ -461,9 +467,10 @@ class DocLog:
                 continue
             self._wake.clear()
             cancel = None
-            # POLL as a timer that sets the event: wait_for made a task and a future on every look (five a
-            # second on every cluster node, documents or not)
-            poll = asyncio.get_running_loop().call_later(POLL, self._wake.set)
+            # the fallback look as a timer that sets the event: wait_for made a task and a future on
+            # every look (five a second on every cluster node, documents or not, when it was the way the
+            # loop learned of the changelog's creation and of leadership changes)
+            poll = asyncio.get_running_loop().call_later(POLL_FALLBACK, self._wake.set)
             try:
                 if self.engine.has_stream(CHANGELOG):
                     # woken by the next record past what was read: while loading a snapshot that is

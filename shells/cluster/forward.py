@@ -108,6 +108,7 @@ class _Link:
     def send(self, req):
         self.queue.append(req)
         self.pump()
+        self.fwd.node.tick_soon()       # route_changed times it out (the control loop's pace: pace.py)
 
     def pump(self):
         w = self.writer
@@ -341,6 +342,12 @@ class Forwarder:
             return
         self.parked.append(req)
         self._parked_streams[req.stream] += 1
+        self.node.tick_soon()
+
+    def busy(self):
+        """Whether a request is parked, queued or unanswered: then the control loop calls
+        :meth:`route_changed` at its full pace (pace.py)."""
+        return bool(self.parked) or any(link.inflight or link.queue for link in self.links.values())
 
     def _fail(self, req, exc):
         self.broker._post(req.cb, None, exc)

@@ -41,7 +41,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import deletion, incarnation, membership, placement, view, viewhold
+from riverbed.shells.cluster import deletion, incarnation, membership, pace, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
@@ -124,6 +124,9 @@ class ClusterNode(ReplicationPlane):
         # the cluster's keys, kept by one etcd watch (etcdview.py); a change wakes the reconcile loop
         self.etcd_view = EtcdView(self.etcd, self.prefix, self._view_changed, SAFETY_READ_EVERY * self.ttl)
         self._kicked = asyncio.Event()
+        self._tick_now = asyncio.Event()  # wakes the control loop (tick_soon)
+        self._resting = False             # the control loop sleeps until pace.next_run
+        self.role_hooks = []              # fn() after this node begins or stops leading a stream (docs.py)
         self._changing = asyncio.Lock()   # a reconcile, a promotion or a resignation: one at a time
 
     # ------------------------------------------------------------------------------ life cycle
@@ -230,10 +233,23 @@ class ClusterNode(ReplicationPlane):
         """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off
         from its members resigning, forwarded requests and SAC upkeep; and a reconcile every
         RECONCILE_EVERY lease TTLs (what changes with time alone: abstentions, idle observer copies,
-        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py)."""
+        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py). It runs
+        every min(TTL/6, TICK_MAX) only while something it times is under way, else when the next check
+        can first come true (pace.py); :meth:`tick_soon` wakes it."""
         next_reconcile = time.monotonic() + RECONCILE_EVERY * self.ttl
+        tick = min(self.ttl / 6, TICK_MAX)
+        loop = asyncio.get_running_loop()
+        wake = self._tick_now
         while True:
-            await asyncio.sleep(min(self.ttl / 6, TICK_MAX))
+            now = time.monotonic()
+            wake.clear()
+            timer = loop.call_later(max(pace.next_run(self, now, tick, next_reconcile) - now, 0.0), wake.set)
+            self._resting = True
+            try:
+                await wake.wait()
+            finally:
+                self._resting = False
+                timer.cancel()
             now = time.monotonic()
             try:
                 for st in list(self.leading.values()):
@@ -272,6 +288,12 @@ class ClusterNode(ReplicationPlane):
         """Reconcile with the cluster state soon (coalesced): a change in etcd, a leader found gone."""
         self._kicked.set()
 
+    def tick_soon(self):
+        """Run the control loop now if it rests (pace.py): work it times has begun (a held confirm, a
+        forwarded request). Cheap when it does not."""
+        if self._resting:
+            self._tick_now.set()
+
     def _view_changed(self, dirs):
         # progress reports matter at once only to a member waiting for an election (the detached reports)
         if not dirs.isdisjoint(REACT_DIRS) or (self.detached and "progress/" in dirs):
@@ -291,6 +313,7 @@ class ClusterNode(ReplicationPlane):
             except Exception:
                 log.exception("cluster: reconciling with the cluster state failed")
             self._upkeep()
+            self.tick_soon()        # it may have made work the control loop times (a stream led, learners)
 
     # ------------------------------------------------------------------------------ etcd state
 
@@ -562,6 +585,11 @@ class ClusterNode(ReplicationPlane):
             self.engine.set_read_limit(name, 0)
         st.recompute()
         log.info("cluster: leading %s at epoch %d, members %s", name, epoch, ",".join(members))
+        self._roles_changed()
+
+    def _roles_changed(self):
+        for fn in self.role_hooks:
+            fn()
 
     def _cut_off(self, st, now):
         """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
@@ -601,6 +629,7 @@ class ClusterNode(ReplicationPlane):
         for w in list(st.conns):
             w.close()
         log.info("cluster: no longer leading %s (epoch %d)", name, st.epoch)
+        self._roles_changed()
 
     def _stream_created(self, name):
         """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""
@@ -733,6 +762,8 @@ class ClusterNode(ReplicationPlane):
                 return
             end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
             st.wait(end, lambda err: cb(res, None) if err is None else cb(None, err))
+            if self._resting and st.waiting:
+                self._tick_now.set()        # its --replication-timeout is timed from now (pace.py)
             st.recompute()
             st.poke_behind(end)     # a chunk sent ahead of its commit (leader_path.py) went already
         return held

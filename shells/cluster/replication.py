@@ -27,7 +27,7 @@ log = logging.getLogger("riverbed.cluster")
 RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
 ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
-HEARTBEAT_WAKE = 0.2       # seconds: a parked member connection wakes this often to send its heartbeat
+HEARTBEAT_EVERY = 0.25     # lease TTLs: a member not heard from for this long is sent a COMMIT, which it answers
 # seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
 # one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
 COMMIT_DELAY = 0.005
@@ -240,6 +240,15 @@ class _Feed:
         self.pos = end
         self.writer.writelines(out)
 
+    def heartbeat_due(self):
+        """The monotonic time this connection's next heartbeat COMMIT is due: HEARTBEAT_EVERY lease TTLs
+        after the later of the last COMMIT sent and the last ACK heard from its member. An ACK proves the
+        member alive as well as a heartbeat's answer would, so while chunks flow (each batch is
+        acknowledged) no heartbeat goes out at all, and at rest one round trip per interval does;
+        the leader's cut-off test (one TTL without a majority's word) gets the same evidence as before."""
+        heard = self.st.heard.get(self.member, 0.0)
+        return max(self.sent_at, heard) + self.plane.ttl * HEARTBEAT_EVERY
+
     def poke(self):
         t = self.transport
         if (self.parked and not t.get_write_buffer_size() and not t.is_closing()
@@ -277,7 +286,7 @@ class _Feed:
             self.pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
         committed = self.st.committed
         now = time.monotonic()
-        if committed != self.sent_commit or now - self.sent_at >= plane.ttl / 4:
+        if committed != self.sent_commit or now >= self.heartbeat_due():
             # also a heartbeat: the member answers a COMMIT with an ACK when it sent none for ACK_QUIET,
             # so a connection gone silent (a partition leaves it open) does not count as hearing from it
             self.sent_commit, self.sent_at = committed, now
@@ -355,9 +364,10 @@ class ReplicationPlane:
                 if more:
                     await asyncio.sleep(0)
                     continue       # more to send at once
-                # woken by a poke that could not send itself, or after HEARTBEAT_WAKE: a timer that sets the
-                # event costs less than wait_for's task and future
-                timer = loop.call_later(HEARTBEAT_WAKE, ev.set)
+                # woken by a poke that could not send itself, or when the heartbeat is due (not before:
+                # a parked connection used to wake five times a second to find none due): a timer that
+                # sets the event costs less than wait_for's task and future
+                timer = loop.call_later(max(feed.heartbeat_due() - time.monotonic(), 0.0), ev.set)
                 feed.parked = True
                 try:
                     await ev.wait()

@@ -397,6 +397,11 @@ class ClusterSac:
             if leader is not None and moved:
                 self._register(rec)
 
+    def busy(self):
+        """Whether any single-active-consumer state is here (members, connections of other nodes, groups
+        still gathering): then :meth:`tick` runs at the control loop's full pace (pace.py)."""
+        return bool(self.members or self.conns or self._held_streams)
+
     def close(self):
         for link in list(self.links.values()):
             link.close()

@@ -274,7 +274,8 @@ class ClusterNode(ReplicationPlane):
                 log.exception("cluster: control loop failed")
             if now >= next_reconcile:
                 next_reconcile = now + RECONCILE_EVERY * self.ttl
-                self.kick()
+                if pace.reconcile_wanted(self, now):
+                    self.kick()
             self._upkeep()
 
     def _upkeep(self):

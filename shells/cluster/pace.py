@@ -9,6 +9,12 @@ sleeps until the earliest moment a stream it leads could be cut off from its mem
 (:func:`cut_off_at`), at most ``RECONCILE_EVERY`` lease TTLs; anything that starts work it times wakes it
 at once (``ClusterNode.tick_soon``: a confirm that waits for a majority, a reconcile, a forwarded request).
 
+The periodic reconcile (every ``RECONCILE_EVERY`` lease TTLs) is for what changes with time alone:
+progress reports that waited (node.py ``_progress_can_wait``), abstentions that end, idle observer copies,
+elections, placements and hand-offs under way. :func:`reconcile_wanted` says whether any of that is
+there; at rest none is, and the node reconciles when etcd changes (the watch) and at the watch's
+safety read (every ``SAFETY_READ_EVERY`` TTLs), as before.
+
 Why this weakens nothing: every check runs at the same moments it could first come true. A confirm's
 timeout, a learner's promotion, a lagging member and a forwarded request keep the old pace from the moment
 they exist; the cut-off test (a majority's members silent for one lease TTL) can first come true exactly
@@ -19,6 +25,9 @@ Loop thread only.
 """
 
 import math
+
+from riverbed.engine.errors import StreamNotFound
+from riverbed.shells.cluster import membership
 
 
 def busy(node):
@@ -60,4 +69,33 @@ def next_run(node, now, tick, reconcile_at):
         due = min(due, cut_off_at(node, st))
     if due <= now:
         return now + tick           # due already (a check that could not act, e.g. without a lease): old pace
-    return due + 0.001              # just after: the cut-off test counts a member heard exactly TTL ago
+    # just after: the loop's timers round to the millisecond (one that fires early would find nothing
+    # due and sleep again)
+    return due + 0.005
+
+
+def reconcile_wanted(node, now):
+    """Whether ``node``'s periodic reconcile has anything to do that no etcd change would ask for: a
+    progress report that differs from the last one written (a moved ``next`` or committed offset), an
+    abstention that ended less than a TTL ago, an observer copy, an election, a placement, a deletion or
+    a hand-off under way."""
+    if (node.detached or node.pending_leaders or node.placing or node.handing_off or node.observers.streams
+            or node._placing_here or node._cluster_deleting or node._member_deleting or node._member_creating
+            or any(until > now - node.ttl for until in node.abstain.values())):
+        return True
+    engine = node.engine
+    for name, (p, _) in node.placements.items():
+        if not membership.take_part(node, name, p):
+            continue
+        sent = node.progress_sent.get(name)
+        if sent is None:
+            return True
+        try:
+            nxt = engine._current(name).next_offset
+        except StreamNotFound:
+            return True
+        st = node.leading.get(name)
+        committed = st.committed if st is not None else (engine.read_limit(name) or 0)
+        if sent.get("next") != nxt or sent.get("committed") != committed:
+            return True
+    return False

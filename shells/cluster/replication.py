@@ -28,6 +28,7 @@ RETRY_DELAY = 0.2          # seconds before a member dials its leader again
 MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their publisher sequences arrive
 ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
 HEARTBEAT_EVERY = 0.25     # lease TTLs: a member not heard from for this long is sent a COMMIT, which it answers
+TIMER_SLACK = 0.005        # seconds: the loop's timers round to the millisecond and may fire this much early
 # seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
 # one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
 COMMIT_DELAY = 0.005
@@ -286,7 +287,7 @@ class _Feed:
             self.pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
         committed = self.st.committed
         now = time.monotonic()
-        if committed != self.sent_commit or now >= self.heartbeat_due():
+        if committed != self.sent_commit or now >= self.heartbeat_due() - TIMER_SLACK:
             # also a heartbeat: the member answers a COMMIT with an ACK when it sent none for ACK_QUIET,
             # so a connection gone silent (a partition leaves it open) does not count as hearing from it
             self.sent_commit, self.sent_at = committed, now

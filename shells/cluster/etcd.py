@@ -301,7 +301,7 @@ class Etcd:
 
     async def keepalive(self, lease):
         """Renew ``lease`` once; returns its TTL in seconds, 0 when it has expired (it is gone). Over a
-        connection of its own with a request built once (etcd_lease.py: a node renews every TTL/4 for as
+        connection of its own with a request built once (etcd_lease.py: a node renews every TTL/3 for as
         long as it runs), the endpoints tried in turn as for any call; EtcdError when none answers or
         etcd refuses (an error is not an expiry: only an answer without a TTL says the lease is gone)."""
         errors = []

@@ -60,6 +60,7 @@ TICK_MAX = 0.25            # seconds between two runs of the local timers (confi
 RECONCILE_EVERY = 0.5      # lease TTLs between two reconciles with the cluster state that no change in etcd asked for
 SAFETY_READ_EVERY = 5      # lease TTLs between two full reads of the cluster's keys (the watch's safety net)
 PROGRESS_EVERY = 0.5       # lease TTLs between two progress reports that only move offsets forward
+KEEPALIVES_PER_TTL = 3     # lease renewals per lease TTL
 # the directories whose changes the node reacts to at once (progress/ only while it waits for an election)
 REACT_DIRS = frozenset(("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR))
 
@@ -207,7 +208,8 @@ class ClusterNode(ReplicationPlane):
 
     async def _keepalive_loop(self):
         while True:
-            await asyncio.sleep(self.ttl / 4)
+            # every TTL/3, as etcd's own client renews: a renewal two thirds of a TTL late still keeps it
+            await asyncio.sleep(self.ttl / KEEPALIVES_PER_TTL)
             t0 = time.monotonic()
             try:
                 ttl = await self.etcd.keepalive(self.lease)
@@ -233,23 +235,11 @@ class ClusterNode(ReplicationPlane):
         """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off
         from its members resigning, forwarded requests and SAC upkeep; and a reconcile every
         RECONCILE_EVERY lease TTLs (what changes with time alone: abstentions, idle observer copies,
-        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py). It runs
-        every min(TTL/6, TICK_MAX) only while something it times is under way, else when the next check
-        can first come true (pace.py); :meth:`tick_soon` wakes it."""
+        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py). When it
+        runs: pace.py (at most every min(TTL/6, TICK_MAX), and only while something it times is under way)."""
         next_reconcile = time.monotonic() + RECONCILE_EVERY * self.ttl
-        tick = min(self.ttl / 6, TICK_MAX)
-        loop = asyncio.get_running_loop()
-        wake = self._tick_now
         while True:
-            now = time.monotonic()
-            wake.clear()
-            timer = loop.call_later(max(pace.next_run(self, now, tick, next_reconcile) - now, 0.0), wake.set)
-            self._resting = True
-            try:
-                await wake.wait()
-            finally:
-                self._resting = False
-                timer.cancel()
+            await pace.rest(self, min(self.ttl / 6, TICK_MAX), next_reconcile)
             now = time.monotonic()
             try:
                 for st in list(self.leading.values()):

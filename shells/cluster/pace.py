@@ -24,7 +24,9 @@ it later.
 Loop thread only.
 """
 
+import asyncio
 import math
+import time
 
 from riverbed.engine.errors import StreamNotFound
 from riverbed.shells.cluster import membership
@@ -99,3 +101,17 @@ def reconcile_wanted(node, now):
         if sent.get("next") != nxt or sent.get("committed") != committed:
             return True
     return False
+
+
+async def rest(node, tick, reconcile_at):
+    """Sleep until :func:`next_run`, or until ``node.tick_soon()`` wakes the loop (work it times began)."""
+    now = time.monotonic()
+    wake = node._tick_now
+    wake.clear()
+    timer = asyncio.get_running_loop().call_later(max(next_run(node, now, tick, reconcile_at) - now, 0.0), wake.set)
+    node._resting = True
+    try:
+        await wake.wait()
+    finally:
+        node._resting = False
+        timer.cancel()

@@ -12,7 +12,7 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
                                  sends ahead of its own commit (leader_path.py: only the publisher that
                                  chunk moves, {} for none; the member holds every earlier sequence)
     COMMIT    leader -> member   u64 committed offset (held by a majority): how far readers may see; sent
-                                 again every lease TTL / 4 as a heartbeat
+                                 again as a heartbeat when the member was not heard from for TTL / 4
     ACK       member -> leader   u64 the member's next offset, durable under its own fsync policy; also
                                  the answer to every COMMIT, so the leader knows who still hears it
     TRUNCATE  leader -> member   u64 offset: drop every chunk from there (an older epoch's unconfirmed tail);

@@ -108,8 +108,11 @@ async def rest(node, tick, reconcile_at):
     now = time.monotonic()
     wake = node._tick_now
     wake.clear()
-    timer = asyncio.get_running_loop().call_later(max(next_run(node, now, tick, reconcile_at) - now, 0.0), wake.set)
-    node._resting = True
+    at = next_run(node, now, tick, reconcile_at)
+    timer = asyncio.get_running_loop().call_later(max(at - now, 0.0), wake.set)
+    # only a loop that sleeps past its usual pace is woken early: while busy, a publish's held confirm
+    # would otherwise wake it once per batch
+    node._resting = at > now + tick
     try:
         await wake.wait()
     finally:

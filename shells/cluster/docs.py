@@ -256,7 +256,9 @@ class DocLog:
         self._wake = asyncio.Event()
         # what the apply loop (and the projections' readiness) depends on besides committed records
         self.broker.on_stream_created(lambda name: name == CHANGELOG and self._wake.set())
-        self.cluster.role_hooks.append(self._wake.set)
+        hooks = getattr(self.cluster, "role_hooks", None)      # (a stand-in node in tests has none)
+        if hooks is not None:
+            hooks.append(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
 
     async def stop(self):

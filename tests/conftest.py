@@ -54,6 +54,7 @@ SERIAL = (
     "tests/cluster/test_failover.py",              # failover p50 and max bounds
     "tests/cluster/test_nemesis.py",               # a leader again within a bound after each fault
     "tests/cluster/test_partition_netns.py",       # lease expiry against the partition's timing
+    "tests/cluster/test_timers_at_rest.py",        # heartbeats counted against the clock
     # each confirm under 0.9 s while a member is stopped; none within 0.6 s while both are
     "tests/cluster/test_send_ahead.py::test_one_message_confirms_wait_for_a_majority_also_when_the_first_member_stops",
 )

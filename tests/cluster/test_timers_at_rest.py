@@ -69,7 +69,7 @@ def test_no_heartbeat_while_the_member_is_heard_then_one_within_the_interval(lea
     heartbeat COMMIT goes out; once they stop, the next one is due an interval after the last ACK."""
     async def run():
         node = LeaderNode(leader_engine)
-        node.ttl = 0.8                                 # a heartbeat every 0.2 s when nothing is heard
+        node.ttl = 2.0                                 # a heartbeat every 0.5 s when nothing is heard
         st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
         server, reader, writer = await _connect(node)
         try:
@@ -80,14 +80,14 @@ def test_no_heartbeat_while_the_member_is_heard_then_one_within_the_interval(lea
                 while True:
                     got.append((await wire.read_frame(reader))[0])
             reading = asyncio.ensure_future(read())
-            while time.monotonic() - t0 < 1.0:
+            while time.monotonic() - t0 < 1.5:
                 writer.write(wire.u64_frame(wire.ACK, 0))
                 await asyncio.sleep(0.05)
-            assert got == [], got                          # five intervals, nothing sent: it was heard
+            assert got == [], got                          # three intervals, nothing sent: it was heard
             last_ack = st.heard["m1"]
             while not got:
                 await asyncio.sleep(0.01)
-                assert time.monotonic() - last_ack < 1.0, "no heartbeat after the ACKs stopped"
+                assert time.monotonic() - last_ack < 2.0, "no heartbeat after the ACKs stopped"
             assert got == [wire.COMMIT]
             assert time.monotonic() - last_ack >= node.ttl * HEARTBEAT_EVERY - 0.05
             reading.cancel()

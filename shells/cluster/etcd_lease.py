@@ -101,6 +101,9 @@ class LeaseLine(asyncio.Protocol):
         if close:
             self.close()
 
+    def _timed_out(self, timeout):
+        self._fail(LineBroken(f"no keep-alive answer in {timeout}s"))
+
     def _fail(self, exc):
         w = self._waiter
         if w is not None and not w.done():
@@ -131,7 +134,7 @@ class LeaseLine(asyncio.Protocol):
         self._head = None
         self.transport.write(req)
         # a timer that fails the future costs less than wait_for's task
-        timer = loop.call_later(timeout, self._fail, LineBroken(f"no keep-alive answer in {timeout}s"))
+        timer = loop.call_later(timeout, self._timed_out, timeout)
         try:
             status, body = await w
         except LineBroken:

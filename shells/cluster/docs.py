@@ -91,8 +91,9 @@ MAX_RETRIES = 50          # plans of one write, each against a newer state, befo
 APPLY_BATCH = 64          # changelog chunks read per apply transaction
 POLL = 0.2                # seconds before the changelog is looked at again when it went away under a watch
 # seconds between two looks at the changelog when nothing woke the loop: a committed record, the changelog's
-# creation and a change of the streams this node leads wake it at once; this is only the fallback
-POLL_FALLBACK = 1.0
+# creation and a change of the streams this node leads wake it at once; the fallback look rides on the node's
+# lease renewals (TTL/3 apart: ClusterNode.beat_hooks), this timer only backs them up
+POLL_FALLBACK = 5.0
 RETRY_DELAY = 0.2         # seconds before a changelog record whose leader went away is sent again
 try:   # a forwarded append its leader did not confirm (shells/cluster/forward.py): stored or not
     from riverbed.shells.broker.core import NotLeaderError as _ForwardNotLeader
@@ -256,9 +257,9 @@ class DocLog:
         self._wake = asyncio.Event()
         # what the apply loop (and the projections' readiness) depends on besides committed records
         self.broker.on_stream_created(lambda name: name == CHANGELOG and self._wake.set())
-        hooks = getattr(self.cluster, "role_hooks", None)      # (a stand-in node in tests has none)
-        if hooks is not None:
-            hooks.append(self._wake.set)
+        for hooks in (getattr(self.cluster, "role_hooks", None), getattr(self.cluster, "beat_hooks", None)):
+            if hooks is not None:                               # (a stand-in node in tests has none)
+                hooks.append(self._wake.set)
         self._task = asyncio.get_running_loop().create_task(self._apply_loop())
 
     async def stop(self):

@@ -128,6 +128,7 @@ class ClusterNode(ReplicationPlane):
         self._tick_now = asyncio.Event()  # wakes the control loop (tick_soon)
         self._resting = False             # the control loop sleeps until pace.next_run
         self.role_hooks = []              # fn() after this node begins or stops leading a stream (docs.py)
+        self.beat_hooks = []              # fn() on every lease renewal's wake-up, TTL/3 apart (docs.py)
         self._changing = asyncio.Lock()   # a reconcile, a promotion or a resignation: one at a time
 
     # ------------------------------------------------------------------------------ life cycle
@@ -210,6 +211,7 @@ class ClusterNode(ReplicationPlane):
         while True:
             # every TTL/3, as etcd's own client renews: a renewal two thirds of a TTL late still keeps it
             await asyncio.sleep(self.ttl / KEEPALIVES_PER_TTL)
+            self._beat()
             t0 = time.monotonic()
             try:
                 ttl = await self.etcd.keepalive(self.lease)
@@ -230,6 +232,13 @@ class ClusterNode(ReplicationPlane):
                 await self._new_lease()
             except EtcdError as e:
                 log.warning("cluster: cannot take a new lease: %s", e)
+
+    def _beat(self):
+        """On each renewal's wake-up: the fallback looks (the control loop's periodic checks, docs.py's look
+        at the changelog) ride on it instead of waking the process on timers of their own (pace.py)."""
+        self.tick_soon()
+        for fn in self.beat_hooks:
+            fn()
 
     async def _control_loop(self):
         """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off

@@ -6,8 +6,10 @@ The control loop (node.py ``_control_loop``) times what changes with time alone:
 ``min(TTL/6, 0.25 s)`` whether or not any of that was under way: four wake-ups a second on every node at
 rest. Now it runs at that pace only while something it times is under way (:func:`busy`), and otherwise
 sleeps until the earliest moment a stream it leads could be cut off from its members
-(:func:`cut_off_at`), at most ``RECONCILE_EVERY`` lease TTLs; anything that starts work it times wakes it
-at once (``ClusterNode.tick_soon``: a confirm that waits for a majority, a reconcile, a forwarded request).
+(:func:`cut_off_at`), or until the next lease renewal wakes the process anyway (``ClusterNode._beat``);
+anything that starts work it times wakes it at once (``ClusterNode.tick_soon``: a confirm that waits for
+a majority, a reconcile, a forwarded request). On this VM what an idle process costs is mostly its
+wake-ups (some 100 us each, kernel included), so work that can wait rides on one that must happen.
 
 The periodic reconcile (every ``RECONCILE_EVERY`` lease TTLs) is for what changes with time alone:
 progress reports that waited (node.py ``_progress_can_wait``), abstentions that end, idle observer copies,
@@ -63,10 +65,12 @@ def cut_off_at(node, st):
 
 def next_run(node, now, tick, reconcile_at):
     """The monotonic time the control loop runs next: ``now + tick`` while :func:`busy`, else the earliest
-    cut-off moment of the streams ``node`` leads, at most ``reconcile_at`` (its periodic reconcile)."""
+    cut-off moment of the streams ``node`` leads. Its periodic checks (``reconcile_at``) ride on the lease
+    renewals' wake-ups (``ClusterNode._beat``, TTL/3 apart): a timer of its own comes only a TTL after
+    them, should renewals stall."""
     if busy(node):
         return now + tick
-    due = reconcile_at
+    due = reconcile_at + node.ttl
     for st in node.leading.values():
         due = min(due, cut_off_at(node, st))
     if due <= now:

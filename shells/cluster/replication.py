@@ -13,6 +13,7 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
+import math
 import threading
 import time
 
@@ -29,6 +30,9 @@ MAX_UNSEQUENCED = 64 << 20  # bytes of chunks a member holds back until their pu
 ACK_QUIET = 0.05           # seconds: a COMMIT gets its own ACK only when no ACK went out for this long
 HEARTBEAT_EVERY = 0.25     # lease TTLs: a member not heard from for this long is sent a COMMIT, which it answers
 TIMER_SLACK = 0.005        # seconds: the loop's timers round to the millisecond and may fire this much early
+# seconds: heartbeats fall due on this grid, so one wake-up serves every member connection (their ACKs
+# arrive a few milliseconds apart, which would otherwise give each its own timer and wake-up)
+HEARTBEAT_GRID = 0.05
 # seconds a moved committed offset waits for a chunk to ride with: one publish at a time then costs each member
 # one wake-up (chunk + the last COMMIT) instead of two; a member's readers see a record this much later at most
 COMMIT_DELAY = 0.005
@@ -243,12 +247,14 @@ class _Feed:
 
     def heartbeat_due(self):
         """The monotonic time this connection's next heartbeat COMMIT is due: HEARTBEAT_EVERY lease TTLs
-        after the later of the last COMMIT sent and the last ACK heard from its member. An ACK proves the
+        after the later of the last COMMIT sent and the last ACK heard from its member, rounded up to
+        HEARTBEAT_GRID (one wake-up for every connection of the node). An ACK proves the
         member alive as well as a heartbeat's answer would, so while chunks flow (each batch is
         acknowledged) no heartbeat goes out at all, and at rest one round trip per interval does;
         the leader's cut-off test (one TTL without a majority's word) gets the same evidence as before."""
         heard = self.st.heard.get(self.member, 0.0)
-        return max(self.sent_at, heard) + self.plane.ttl * HEARTBEAT_EVERY
+        due = max(self.sent_at, heard) + self.plane.ttl * HEARTBEAT_EVERY
+        return math.ceil(due / HEARTBEAT_GRID) * HEARTBEAT_GRID
 
     def poke(self):
         t = self.transport

@@ -706,3 +706,49 @@ def test_super_stream_tombstones_are_collected_once_every_node_forgot_it_or_afte
         assert super_key(cluster, name) is None
         assert [partitions_of(cluster.nodes[n].port, name) for n in NODES] == [RC_STREAM_DOES_NOT_EXIST] * 3
         assert_gone_everywhere(cluster, parts)
+
+
+def test_a_reconcile_under_way_does_not_take_a_stream_made_again_meanwhile_for_the_old_one(cluster):
+    """n3 reconciles slowly (viewhold's pause: a loaded node) with the cluster state read while the old
+    ``anew`` was placed; meanwhile a client deletes ``anew`` through n1 and makes it again through n3. The
+    reconcile must not check n3's new copy against the old stream's incarnation: it recorded the old
+    one's, the next reconcile dropped the copy as "from an earlier stream", with the records it had
+    confirmed, and emptied n3's seat: the stream had no leader until an election (the flaky ``'' == 'n3'``
+    of the test above, where a reconcile was still under way when the test held n3's view)."""
+    n1, n3 = cluster.nodes["n1"], cluster.nodes["n3"]
+    local = dict(ONE_COPY, **{"queue-leader-locator": "client-local"})
+    c = connect(n1.port)
+    assert c.create("anew", local) == rawwire.OK
+    c.close()
+    wait_placed(cluster, "anew")
+    time.sleep(1.0)          # n3's reconcile of that placement has ended
+    pause = cluster.hold_dir / "n3.pause"
+    pause.write_text("1.5")
+    try:
+        c = connect(n1.port)     # any change: n3 reconciles, with the old anew in what it read
+        assert c.create("anew-other", ONE_COPY) == rawwire.OK
+        c.close()
+        time.sleep(0.3)
+    finally:
+        pause.unlink()
+    c = connect(n1.port)
+    assert c.delete("anew") == rawwire.OK
+    c.close()
+    c = connect(n3.port)
+    assert c.create("anew", local) == rawwire.OK
+    c.close()
+    confirmed, errors = publish_batches(n3.port, "anew", 0, 5, batch=5, ref="n")
+    assert errors == {} and len(confirmed) == 5
+    time.sleep(2.5)          # the paused reconcile ended, and the ones after it
+    st = cluster.status()
+    # the copy kept, its seat never emptied (no election), nothing it confirmed lost
+    assert stream_of(st, "anew") is not None and stream_of(st, "anew")["leader"] == "n3"
+    assert stream_of(st, "anew")["epoch"] == 1
+    c = connect(n3.port)
+    assert c.read_from_first("anew") == [b"m-%d" % i for i in range(5)]
+    c.close()
+    for name in ("anew", "anew-other"):
+        c = connect(n1.port)
+        assert c.delete(name) == rawwire.OK
+        c.close()
+    assert_gone_everywhere(cluster, ["anew", "anew-other"])

@@ -120,10 +120,10 @@ class SuperStreams:
 
     def changed(self, name, created=False, op=None):
         """Broker hook, on the loop, after a client's change to super stream ``name`` committed here
-        (closing its :meth:`begin`): write it to etcd.
-        ``op`` (an :class:`Op`, or the tuple of its arguments): the change, applied to etcd's copy; None:
-        the node's whole definition is written (``created``: the change made the super stream; a live
-        definition in etcd is then left as it is and taken here)."""
+        (closing its :meth:`begin`): write it to etcd. ``op`` (an :class:`Op`, or the tuple of its
+        arguments): the change, applied to etcd's copy; None: the node's whole definition is written
+        (``created``: the change made the super stream; a live definition in etcd is then left as it is
+        and taken here)."""
         if isinstance(op, tuple):
             op = Op(*op)        # as the broker names it: ("bind", partition, key, order), ("delete",), ...
         self.generation += 1

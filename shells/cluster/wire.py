@@ -110,19 +110,31 @@ def split_frames(buf):
     return frames, pos
 
 
+SLAB_MIN = 64 << 10          # the least receive buffer a large payload gets (FrameReader)
+SPARE_MAX = 16 << 20         # bytes of receive buffers a FrameReader keeps for reuse
+
+
 class FrameReader:
     """The frames of a byte stream read straight into this reader's buffers (for an
     ``asyncio.BufferedProtocol``: :meth:`get_buffer` is the protocol's ``get_buffer``, :meth:`feed` its
     ``buffer_updated``), with no copy of a large payload: a payload of at least ``big`` bytes is read into
-    a ``bytearray`` of its own, which the caller may keep (a member hands a replicated chunk to the engine
-    as it came off the socket). Smaller frames come out of one scratch buffer as ``bytes``; it is small
-    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload over
-    ``grow`` bytes gets a buffer that doubles as it arrives, so a hostile length reserves little up front.
+    a receive buffer (a *slab*) of its own and handed out as a ``memoryview`` of exactly its bytes, which
+    the caller may keep (a member hands a replicated chunk to the engine as it came off the socket).
+    Slabs are reused: :meth:`release` hands one back once nothing reads its payload any more (the
+    engine stored it), and the next large payload is read into it, so a member's steady stream of
+    chunks allocates, zeroes and page-faults no new memory per chunk (issue 23: a fresh zeroed
+    ``bytearray`` per chunk was a third of a member's instructions). A payload never released is simply
+    garbage-collected. Smaller frames come out of one scratch buffer as ``bytes``; it is small (16 KiB)
+    because the start of a large payload that a read brings into it is copied once. A payload over
+    ``grow`` bytes gets a ``bytearray`` that doubles as it arrives (never from the slabs), so a hostile
+    length reserves little up front.
 
     The same frames as :func:`split_frames` and :func:`read_frame` for the same bytes, whatever the reads
-    (tests/fuzz/t_replication.py checks it). Not thread-safe: one connection's loop thread."""
+    (tests/fuzz/t_replication.py checks it). Not thread-safe: one connection's loop thread (release
+    too)."""
 
-    __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled")
+    __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled",
+                 "spare", "spare_bytes")
 
     def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20):
         if scratch < big + LEN_FRAME_HEADER:
@@ -132,11 +144,41 @@ class FrameReader:
         self.scratch = bytearray(scratch)
         self.view = memoryview(self.scratch)
         self.have = 0             # bytes of scratch holding data not yet split into frames
-        self.payload = None       # the large payload being read into its own buffer
-        self.payload_view = None
+        self.payload = None       # the large payload being read into its own buffer (a slab's view or,
+        self.payload_view = None  # over ``grow``, a bytearray)
         self.kind = 0
         self.size = 0             # bytes of that payload in all
         self.filled = 0           # bytes of it read so far
+        self.spare = []           # released slabs, the last released (warmest) last
+        self.spare_bytes = 0
+
+    def _slab_view(self, size):
+        """A writable memoryview of exactly ``size`` bytes over a released slab that holds them, else
+        over a new one (a power of two of at least SLAB_MIN bytes, so chunks of varying sizes reuse it)."""
+        spare = self.spare
+        for i in range(len(spare) - 1, -1, -1):
+            slab = spare[i]
+            if len(slab) >= size:
+                del spare[i]
+                self.spare_bytes -= len(slab)
+                return memoryview(slab)[:size]
+        return memoryview(bytearray(max(SLAB_MIN, 1 << (size - 1).bit_length())))[:size]
+
+    def release(self, payload):
+        """Hand back a large payload :meth:`feed` gave (its slab is read into again): call it once the
+        payload is no longer read by anyone, at most once per payload. Anything else (a ``bytes`` or
+        ``bytearray`` payload) is ignored. The payload's memoryview is released, so a use after this raises
+        ValueError instead of reading other bytes."""
+        if type(payload) is not memoryview:
+            return
+        slab = payload.obj
+        try:
+            payload.release()
+        except BufferError:     # something still holds a buffer of it: never reused
+            return
+        if type(slab) is bytearray and self.spare_bytes + len(slab) <= SPARE_MAX:
+            self.spare.append(slab)
+            self.spare_bytes += len(slab)
 
     def get_buffer(self):
         """Where the next read goes: the rest of a large payload, else the scratch buffer's free part
@@ -153,8 +195,9 @@ class FrameReader:
 
     def feed(self, nbytes):
         """``[(type, payload)]``: the frames completed by the ``nbytes`` just read into :meth:`get_buffer`'s
-        buffer (a large payload as its ``bytearray``, the others as ``bytes``). Raises WireError for a
-        length outside 1..MAX_FRAME; the reader is then unusable."""
+        buffer (a large payload as a ``memoryview`` of its slab, or a ``bytearray`` over ``grow`` bytes;
+        the others as ``bytes``). Raises WireError for a length outside 1..MAX_FRAME; the reader is then
+        unusable."""
         if self.payload is not None:
             self.filled += nbytes
             if self.filled < self.size:
@@ -172,15 +215,20 @@ class FrameReader:
             size = length - 1
             start = pos + LEN_FRAME_HEADER
             if size >= self.big:
-                # its own buffer: what of it is here now is copied once, the rest is read straight into it
+                # its own buffer: what of it is here now is copied once (memoryview to memoryview: one
+                # memcpy), the rest is read straight into it
                 got = min(end - start, size)
-                payload = bytearray(max(min(size, self.grow), got))
-                payload[:got] = view[start:start + got]
+                if size <= self.grow:
+                    payload = payload_view = self._slab_view(size)
+                else:
+                    payload = bytearray(max(self.grow, got))
+                    payload_view = memoryview(payload)
+                payload_view[:got] = view[start:start + got]
                 pos = start + got
                 if got == size:
                     frames.append((kind, payload))
                     continue
-                self.payload, self.payload_view = payload, memoryview(payload)
+                self.payload, self.payload_view = payload, payload_view
                 self.kind, self.size, self.filled = kind, size, got
                 break
             if end - start < size:

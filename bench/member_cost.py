@@ -125,6 +125,7 @@ def run(a):
             finally:
                 os._exit(0)
         sock.close()
+        import uvloop       # the loop `riverbed serve` runs (imported here: its import is no part of the follow)
         member = Engine(os.path.join(tmp, "member"), fsync="never", retention_interval=0)
         try:
             member.create_stream("s").result()
@@ -141,7 +142,6 @@ def run(a):
             async def follow():
                 await Member(member)._follow_once("s", "leader", 1, {"advertised_host": "127.0.0.1",
                                                                     "replication_port": port})
-            import uvloop       # the loop `riverbed serve` runs
             uvloop.run(follow())
             r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
             if perf is not None:

@@ -154,7 +154,8 @@ class FrameReader:
 
     def _slab_view(self, size):
         """A writable memoryview of exactly ``size`` bytes over a released slab that holds them, else
-        over a new one (a power of two of at least SLAB_MIN bytes, so chunks of varying sizes reuse it)."""
+        over a new one (a power of two of at least SLAB_MIN bytes, so chunks of varying sizes reuse it;
+        uninitialised: only the bytes a read filled are ever handed out)."""
         spare = self.spare
         for i in range(len(spare) - 1, -1, -1):
             slab = spare[i]
@@ -162,7 +163,8 @@ class FrameReader:
                 del spare[i]
                 self.spare_bytes -= len(slab)
                 return memoryview(slab)[:size]
-        return memoryview(bytearray(max(SLAB_MIN, 1 << (size - 1).bit_length())))[:size]
+        # not zeroed (core.receive_buffer): the socket fills every byte of the view before it is handed out
+        return memoryview(core.receive_buffer(max(SLAB_MIN, 1 << (size - 1).bit_length())))[:size]
 
     def release(self, payload):
         """Hand back a large payload :meth:`feed` gave (its slab is read into again): call it once the

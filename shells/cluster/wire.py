@@ -24,6 +24,7 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
 import asyncio
 import json
 import struct
+import threading
 
 # at module level: imported inside decode_chunk they cost three imports per replicated chunk
 from riverbed.engine import core
@@ -111,22 +112,67 @@ def split_frames(buf):
 
 
 SLAB_MIN = 64 << 10          # the least receive buffer a large payload gets (FrameReader)
-SPARE_MAX = 16 << 20         # bytes of receive buffers a FrameReader keeps for reuse
+SPARE_MAX = 16 << 20         # bytes of released receive buffers a SlabPool keeps for reuse
+
+
+class SlabPool:
+    """Receive buffers (*slabs*) that :class:`FrameReader`\\ s read large payloads into, kept once released
+    for the next payloads of any reader that shares the pool (all of one loop thread's: see
+    :func:`thread_pool`), so a member's steady stream of chunks allocates and zeroes no memory per chunk
+    and a node holds at most ``keep`` bytes of idle slabs however many streams it follows. A slab is a
+    power of two of at least SLAB_MIN bytes, uninitialised when new (only bytes a read filled are ever
+    handed out). Not thread-safe: one thread's."""
+
+    __slots__ = ("spare", "spare_bytes", "keep")
+
+    def __init__(self, keep=SPARE_MAX):
+        self.spare = {}           # slab size -> released slabs of that size, the last released (warmest) last
+        self.spare_bytes = 0
+        self.keep = keep
+
+    def view(self, size):
+        """A writable memoryview of exactly ``size`` (> 0) bytes over a released slab of the size class
+        that holds them, else over a new one."""
+        cls = max(SLAB_MIN, 1 << (size - 1).bit_length())
+        free = self.spare.get(cls)
+        if free:
+            self.spare_bytes -= cls
+            return memoryview(free.pop())[:size]
+        # not zeroed (core.receive_buffer): the socket fills every byte of the view before it is handed out
+        return memoryview(core.receive_buffer(cls))[:size]
+
+    def give(self, slab):
+        """Keep ``slab`` (a bytearray :meth:`view` made) for reuse, unless the pool holds ``keep`` bytes."""
+        cls = len(slab)
+        if self.spare_bytes + cls <= self.keep and cls >= SLAB_MIN and cls & (cls - 1) == 0:
+            self.spare.setdefault(cls, []).append(slab)
+            self.spare_bytes += cls
+
+
+_threads = threading.local()
+
+
+def thread_pool():
+    """The calling thread's :class:`SlabPool` (made on first use): every FrameReader of one event loop
+    shares it."""
+    pool = getattr(_threads, "pool", None)
+    if pool is None:
+        pool = _threads.pool = SlabPool()
+    return pool
 
 
 class FrameReader:
     """The frames of a byte stream read straight into this reader's buffers (for an
     ``asyncio.BufferedProtocol``: :meth:`get_buffer` is the protocol's ``get_buffer``, :meth:`feed` its
     ``buffer_updated``), with no copy of a large payload: a payload of at least ``big`` bytes is read into
-    a receive buffer (a *slab*) of its own and handed out as a ``memoryview`` of exactly its bytes, which
-    the caller may keep (a member hands a replicated chunk to the engine as it came off the socket).
-    Slabs are reused: :meth:`release` hands one back once nothing reads its payload any more (the
-    engine stored it), and the next large payload is read into it, so a member's steady stream of
-    chunks allocates, zeroes and page-faults no new memory per chunk (issue 23: a fresh zeroed
-    ``bytearray`` per chunk was a third of a member's instructions). A payload never released is simply
-    garbage-collected. Smaller frames come out of one scratch buffer as ``bytes``; it is small (16 KiB)
-    because the start of a large payload that a read brings into it is copied once. A payload over
-    ``grow`` bytes gets a ``bytearray`` that doubles as it arrives (never from the slabs), so a hostile
+    a slab of its own (from ``pool``, by default the thread's :func:`thread_pool`) and handed out as a
+    ``memoryview`` of exactly its bytes, which the caller may keep (a member hands a replicated chunk to
+    the engine as it came off the socket). :meth:`release` gives the slab back once nothing reads the
+    payload any more (the engine stored it), and a next large payload is read into it (issue 23: a fresh
+    zeroed ``bytearray`` per chunk was a third of a member's instructions); a payload never released is
+    simply garbage-collected. Smaller frames come out of one scratch buffer as ``bytes``; it is small
+    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload
+    over ``grow`` bytes gets a ``bytearray`` that doubles as it arrives (never a slab), so a hostile
     length reserves little up front.
 
     The same frames as :func:`split_frames` and :func:`read_frame` for the same bytes, whatever the reads
@@ -134,9 +180,9 @@ class FrameReader:
     too)."""
 
     __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled",
-                 "spare", "spare_bytes")
+                 "pool")
 
-    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20):
+    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20, pool=None):
         if scratch < big + LEN_FRAME_HEADER:
             raise ValueError("the scratch buffer must hold a whole small frame")
         self.big = big
@@ -149,22 +195,7 @@ class FrameReader:
         self.kind = 0
         self.size = 0             # bytes of that payload in all
         self.filled = 0           # bytes of it read so far
-        self.spare = []           # released slabs, the last released (warmest) last
-        self.spare_bytes = 0
-
-    def _slab_view(self, size):
-        """A writable memoryview of exactly ``size`` bytes over a released slab that holds them, else
-        over a new one (a power of two of at least SLAB_MIN bytes, so chunks of varying sizes reuse it;
-        uninitialised: only the bytes a read filled are ever handed out)."""
-        spare = self.spare
-        for i in range(len(spare) - 1, -1, -1):
-            slab = spare[i]
-            if len(slab) >= size:
-                del spare[i]
-                self.spare_bytes -= len(slab)
-                return memoryview(slab)[:size]
-        # not zeroed (core.receive_buffer): the socket fills every byte of the view before it is handed out
-        return memoryview(core.receive_buffer(max(SLAB_MIN, 1 << (size - 1).bit_length())))[:size]
+        self.pool = pool if pool is not None else thread_pool()
 
     def release(self, payload):
         """Hand back a large payload :meth:`feed` gave (its slab is read into again): call it once the
@@ -178,9 +209,8 @@ class FrameReader:
             payload.release()
         except BufferError:     # something still holds a buffer of it: never reused
             return
-        if type(slab) is bytearray and self.spare_bytes + len(slab) <= SPARE_MAX:
-            self.spare.append(slab)
-            self.spare_bytes += len(slab)
+        if type(slab) is bytearray:
+            self.pool.give(slab)
 
     def get_buffer(self):
         """Where the next read goes: the rest of a large payload, else the scratch buffer's free part
@@ -221,7 +251,7 @@ class FrameReader:
                 # memcpy), the rest is read straight into it
                 got = min(end - start, size)
                 if size <= self.grow:
-                    payload = payload_view = self._slab_view(size)
+                    payload = payload_view = self.pool.view(size)
                 else:
                     payload = bytearray(max(self.grow, got))
                     payload_view = memoryview(payload)

@@ -72,7 +72,7 @@ def test_a_bad_length_is_a_wire_error(length):
 
 
 def test_a_released_buffer_is_read_into_again_and_a_held_one_never():
-    reader = wire.FrameReader()
+    reader = wire.FrameReader(pool=wire.SlabPool())
     sizes = [300_000, 200_000, 250_000, 300_000, 10_000]
 
     def chunks(which):
@@ -95,10 +95,25 @@ def test_a_released_buffer_is_read_into_again_and_a_held_one_never():
 
 
 def test_only_payloads_it_gave_are_reused_and_a_payload_over_grow_is_never():
-    reader = wire.FrameReader(grow=64 << 10)
+    pool = wire.SlabPool()
+    reader = wire.FrameReader(grow=64 << 10, pool=pool)
     data = wire.frame(wire.CHUNK, b"g" * 200_000)
     ((_, big),) = read_in(reader, data, 1 << 20)
     assert type(big) is bytearray and big == b"g" * 200_000     # grew as it arrived: no slab
     reader.release(big)
     reader.release(b"x" * 10_000)
-    assert reader.spare == []
+    assert pool.spare == {} and pool.spare_bytes == 0
+
+
+def test_the_readers_of_a_thread_share_one_pool_that_keeps_a_bounded_number_of_bytes():
+    assert wire.FrameReader().pool is wire.FrameReader().pool is wire.thread_pool()
+    pool = wire.SlabPool(keep=1 << 20)
+    readers = [wire.FrameReader(pool=pool) for _ in range(6)]
+    data = wire.frame(wire.CHUNK, b"k" * 300_000)            # a 512 KiB slab each
+    payloads = [read_in(r, data, 1 << 20)[0][1] for r in readers]
+    slabs = {id(p.obj) for p in payloads}
+    for r, p in zip(readers, payloads):
+        r.release(p)
+    assert pool.spare_bytes == 1 << 20 and len(pool.spare[512 << 10]) == 2      # the rest dropped
+    again = read_in(readers[0], data, 1 << 20)[0][1]        # another connection's released slab
+    assert id(again.obj) in slabs and again == b"k" * 300_000

@@ -568,6 +568,11 @@ class _Following(asyncio.BufferedProtocol):
 
     def _frame(self, kind, payload):
         plane, name = self.plane, self.name
+        if kind != wire.CHUNK and type(payload) is memoryview:
+            # a large frame that is no chunk (a SEQS of many publishers): its bytes, and its slab back
+            data = bytes(payload)
+            self.frames.release(payload)
+            payload = data
         if kind == wire.CHUNK:
             h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks
             epoch = self.epoch

@@ -77,6 +77,8 @@ def u64(payload):
 
 
 def parse_json(payload):
+    if type(payload) is memoryview:      # a large payload as FrameReader hands it out: json takes no views
+        payload = bytes(payload)
     try:
         obj = json.loads(payload)
     except (ValueError, RecursionError) as e:     # RecursionError: arrays nested a thousand deep

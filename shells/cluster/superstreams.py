@@ -47,6 +47,9 @@ log = logging.getLogger("riverbed.cluster")
 KEY_DIR = "superstreams/"
 RECORD_PREFIX = b"cluster-superstream/"    # engine meta key: this definition was in this cluster's etcd
 CAS_TRIES = 5          # compare-and-swap rounds before a write gives up until the next poll
+# seconds after which a change begun here, neither written nor ended (a caller that failed in between),
+# no longer keeps etcd's copy from being applied here
+BEGUN_STALE = 60.0
 
 
 class Op:
@@ -92,6 +95,7 @@ class SuperStreams:
         self.node = node
         self.engine = node.engine
         self.dirty = {}            # name -> changes made here (begun) whose write to etcd has not ended
+        self._begun_at = {}        # name -> when its latest change began (time.monotonic())
         self.generation = 0        # raised by every local change and every end of its write to etcd
         self._pushes = {}          # name -> the task writing its latest local change to etcd
         self._lock = asyncio.Lock()
@@ -107,6 +111,7 @@ class SuperStreams:
         (the change may commit before its completion reaches the loop; an apply in between would undo
         it). Each call is closed by one :meth:`changed` or :meth:`ended`."""
         self.dirty[name] = self.dirty.get(name, 0) + 1
+        self._begun_at[name] = time.monotonic()
         self.generation += 1
 
     def ended(self, name):
@@ -116,7 +121,21 @@ class SuperStreams:
             self.dirty[name] = n
         else:
             self.dirty.pop(name, None)
+            self._begun_at.pop(name, None)
         self.generation += 1
+
+    def busy(self, name):
+        """Whether a change to ``name`` is under way here (begun, its write to etcd not ended): then etcd's
+        copy is not applied here. One begun over BEGUN_STALE seconds ago with no write running was never
+        closed (its caller failed): it is dropped, so that the node does not stop following etcd."""
+        if name not in self.dirty:
+            return False
+        if name in self._pushes or time.monotonic() - self._begun_at.get(name, 0.0) < BEGUN_STALE:
+            return True
+        log.warning("cluster: a change to super stream %s began here and never ended; following etcd again", name)
+        self.dirty.pop(name, None)
+        self._begun_at.pop(name, None)
+        return False
 
     def changed(self, name, created=False, op=None):
         """Broker hook, on the loop, after a client's change to super stream ``name`` committed here
@@ -257,7 +276,7 @@ class SuperStreams:
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
         for name, v in held.items():
-            if name in self.dirty:
+            if self.busy(name):
                 continue
             local = self.engine.super_stream(name)
             if v.get("deleted"):
@@ -269,7 +288,7 @@ class SuperStreams:
             elif local != v["definition"]:
                 await self._apply(name, v["definition"])
         for name in self.engine.list_super_streams():
-            if name not in held and name not in self.dirty:
+            if name not in held and not self.busy(name):
                 if self._orphan(name):
                     log.info("cluster: %s forgets super stream %s (deleted on the cluster while it was away: "
                              "an orphan)", self.node.name, name)
@@ -279,7 +298,7 @@ class SuperStreams:
                     self.changed(name, created=True)
         # tombstones: this node takes itself off once the definition is gone here (applied above)
         await deletion.collect_tombstones(self.node, tombstones, lambda name: (
-            name in self.dirty or self.engine.super_stream(name) is not None))
+            self.busy(name) or self.engine.super_stream(name) is not None))
 
     async def _apply(self, name, definition):
         try:

@@ -542,9 +542,10 @@ class Broker:
         def create():
             self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
                        self._super_changed(name, lambda res, exc: cb(exc), created=True))
-        if cluster is None or self.engine.super_stream(name) is not None:
+        if cluster is None:
             create()
             return
+        # (also when this node holds a definition: it may be one the cluster deleted a moment ago)
         cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
             f"super stream {name!r} already exists on the cluster")) if defined else create(), partitions)
 

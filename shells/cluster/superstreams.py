@@ -50,6 +50,8 @@ CAS_TRIES = 5          # compare-and-swap rounds before a write gives up until t
 # seconds after which a change begun here, neither written nor ended (a caller that failed in between),
 # no longer keeps etcd's copy from being applied here
 BEGUN_STALE = 60.0
+SETTLE_TTLS = 2        # lease TTLs a creation waits for this node to drop what the cluster deleted
+SETTLE_POLL = 0.02     # seconds between two looks while it waits
 
 
 class Op:
@@ -241,20 +243,43 @@ class SuperStreams:
         creation here must not shadow one another node made since this node's last poll). False when
         etcd does not answer: the creation goes on, and the poll reconciles once etcd is back. Each of
         ``partitions`` that etcd no longer places is forgotten here first (deleted a moment ago, before
-        this node's reconcile saw it: the new partition must be placed anew, not taken for the old one)."""
+        this node's reconcile saw it: the new partition must be placed anew, not taken for the old one).
+        What the cluster deleted a moment ago and this node still holds (the definition, whose tombstone
+        is in etcd, or copies of the partitions, whose tombstones are) is waited for, up to SETTLE_TTLS
+        lease TTLs, while the node's reconcile drops it: the name is free on every node once a deletion
+        is answered, also on one whose watch is a moment behind."""
         async def ask():
             try:
                 kv = await self.node.etcd.get(self._key(name))
                 held = kv.json() if kv is not None else {}
                 defined = isinstance(held, dict) and not held.get("deleted") and held.get("definition") is not None
+                stale_def = (not defined and isinstance(held, dict) and bool(held.get("deleted"))
+                             and self.engine.super_stream(name) is not None)
+                stale = []
                 for p in partitions:
-                    if p in self.node.placements and await self.node.etcd.get(self.node.prefix + "streams/" + p) is None:
+                    if await self.node.etcd.get(self.node.prefix + "streams/" + p) is None:
                         self.node.placements.pop(p, None)
+                        if (self.engine.has_stream(p)
+                                and await self.node.etcd.get(self.node.prefix + "deleted/" + p) is not None):
+                            stale.append(p)
+                if not defined and (stale_def or stale):
+                    await self._settle(name, stale_def, stale)
             except (EtcdError, ValueError) as e:
                 log.warning("cluster: cannot ask etcd about super stream %s: %s", name, e)
                 defined = False
             cb(defined)
         asyncio.get_running_loop().create_task(ask())
+
+    async def _settle(self, name, stale_def, stale):
+        """Wait (bounded) until this node's reconcile has dropped the definition of ``name`` (when
+        ``stale_def``) and its copies of the streams ``stale``, all deleted on the cluster."""
+        self.node.kick()
+        deadline = time.monotonic() + SETTLE_TTLS * self.node.ttl
+        while time.monotonic() < deadline:
+            if not (stale_def and self.engine.super_stream(name) is not None) and not any(
+                    self.engine.has_stream(p) for p in stale):
+                return
+            await asyncio.sleep(SETTLE_POLL)
 
     # ------------------------------------------------------------------------------------ poll
 

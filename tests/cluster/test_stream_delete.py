@@ -752,3 +752,32 @@ def test_a_reconcile_under_way_does_not_take_a_stream_made_again_meanwhile_for_t
         assert c.delete(name) == rawwire.OK
         c.close()
     assert_gone_everywhere(cluster, ["anew", "anew-other"])
+
+
+def test_a_super_stream_made_again_at_once_through_a_node_still_dropping_the_old_one(cluster):
+    """A super stream deleted through n1 is made again through n3 the moment the deletion is answered,
+    while n3's reconcile (paused: a loaded node) has not yet dropped its copy of the old definition. The
+    name is free on every node once the deletion is answered: n3 waits for its reconcile to drop what the
+    cluster deleted, then makes the new one (before: STREAM_ALREADY_EXISTS, the flaky failure of
+    test_super_stream_with_a_copy_on_every_node_deleted_through_one_is_gone_everywhere under load)."""
+    n1, n3 = cluster.nodes["n1"], cluster.nodes["n3"]
+    parts = ["redo-0", "redo-1"]
+    assert create_super(n1.port, "redo", parts, ONE_COPY) == rawwire.OK
+    for n in NODES:
+        wait_for(lambda: partitions_of(cluster.nodes[n].port, "redo") == parts, what=f"redo on {n}")
+    time.sleep(0.5)
+    pause = cluster.hold_dir / "n3.pause"
+    pause.write_text("1.5")
+    try:
+        assert delete_super(n1.port, "redo") == rawwire.OK
+        time.sleep(0.3)          # n3's reconcile of the deletion is under way, paused
+    finally:
+        pause.unlink()
+    assert partitions_of(n3.port, "redo") == parts           # n3 still holds the old definition
+    assert create_super(n3.port, "redo", parts, ONE_COPY) == rawwire.OK
+    for n in NODES:
+        wait_for(lambda: partitions_of(cluster.nodes[n].port, "redo") == parts, what=f"redo again on {n}")
+    for p in parts:
+        wait_placed(cluster, p)
+    assert delete_super(n3.port, "redo") == rawwire.OK
+    assert_gone_everywhere(cluster, parts, superstream="redo")

@@ -13,6 +13,7 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
+import os
 import threading
 import time
 
@@ -36,6 +37,18 @@ COMMIT_DELAY = 0.005
 # cores than busy processes their store runs beside the client's next step, not beside the confirm path;
 # this bound is for a first member that does not answer (dead, stopped, slow)
 BEHIND_WAIT = 0.001
+
+
+def _raw_fd(transport):
+    """The socket's descriptor under a plain (not TLS) transport, for writes that bypass its buffer while
+    that buffer is empty; -1 when there is none to use."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return -1
+    sock = transport.get_extra_info("socket")
+    try:
+        return sock.fileno() if sock is not None else -1
+    except (AttributeError, OSError):
+        return -1
 
 
 class ReplicationTimeout(RiverbedError):
@@ -64,26 +77,8 @@ class Leading:
         self.frozen = False        # handing leadership over: the committed offset stays where it is
         self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
         self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
-        self._shared = None        # [pos, stream state, (chunks, seqs), feeds served]: read_for_replica
+        self.copied = 0            # bytes of chunks copied out of LMDB to send them (see _Feed.send)
         self._behind = None        # [end, timer]: poke_behind(end) held until end is committed (BEHIND_WAIT)
-
-    def read_for_replica(self, pos):
-        """``engine.read_for_replica(name, pos)``, read once for every member connection at ``pos`` (they
-        are all at the same place while they keep up): each member's send then copies no chunk out of
-        LMDB again. A read is shared only while no commit has changed the stream since (the same stream
-        state object: the writer replaces it on every commit) and only until every connection has had it,
-        so no chunk bytes are held between batches. Raises StreamNotFound."""
-        engine = self.node.engine
-        state = engine._current(self.name)
-        shared = self._shared
-        if shared is not None and shared[0] == pos and shared[1] is state:
-            shared[3] += 1
-            if shared[3] >= len(self.feeds):
-                self._shared = None
-            return shared[2]
-        got = engine.read_for_replica(self.name, pos)
-        self._shared = [pos, state, got, 1] if len(self.feeds) > 1 else None
-        return got
 
     def local_next(self):
         try:
@@ -201,7 +196,7 @@ class _Feed:
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
-                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member")
+                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member", "fd", "tail")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -221,6 +216,8 @@ class _Feed:
         # the whole publisher sequence table went out (with a chunk) on this connection: only then may a
         # chunk go ahead with just the sequence it moves (a member that truncated lost its table)
         self.seqs_sent = False
+        self.fd = _raw_fd(self.transport)   # chunks are written here straight from LMDB's map (send)
+        self.tail = None
 
     def can_send_ahead(self, chunk_id):
         """Whether chunk ``chunk_id`` may go out now, ahead of its local commit (leader_path.py): the
@@ -259,29 +256,14 @@ class _Feed:
         plane = self.plane
         engine = plane.engine
         name = self.name
-        if self.pos < engine._current(name).next_offset:
-            chunks, seqs = self.st.read_for_replica(self.pos)
-        else:
-            # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
-            # and no scan of the publisher sequences for a read that would find no chunk
-            chunks, seqs = (), None
-        out = []
-        last = len(chunks) - 1
-        for i, (chunk_id, raw) in enumerate(chunks):
-            if seqs is not None and i == last:     # even {}: it ends the batch
-                out.append(wire.json_frame(wire.SEQS, seqs))
-                self.seqs_sent = True
-            # header and chunk as two buffers: the chunk is not copied into a new frame
-            out.append(wire.head(wire.CHUNK, len(raw)))
-            out.append(raw)
-            self.pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+        tail = []
         committed = self.st.committed
         now = time.monotonic()
         if committed != self.sent_commit or now - self.sent_at >= plane.ttl / 4:
             # also a heartbeat: the member answers a COMMIT with an ACK when it sent none for ACK_QUIET,
             # so a connection gone silent (a partition leaves it open) does not count as hearing from it
             self.sent_commit, self.sent_at = committed, now
-            out.append(wire.u64_frame(wire.COMMIT, committed))
+            tail.append(wire.u64_frame(wire.COMMIT, committed))
         version = engine.offsets_version
         if version != self.offsets_seen:
             # read only when a commit stored or deleted a consumer offset (of any stream): the read was a
@@ -290,11 +272,59 @@ class _Feed:
             offsets = engine.stored_offsets(name)
             if offsets != self.sent_offsets:
                 # consumer offsets reach the members too, so a consumer resumes after a failover
-                out.append(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
-                                                          if self.sent_offsets.get(k) != v}))
+                tail.append(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                           if self.sent_offsets.get(k) != v}))
                 self.sent_offsets = offsets
-        if out:
-            self.writer.writelines(out)
+        if self.pos < engine._current(name).next_offset:
+            self.tail = tail
+            return engine.read_replica_views(name, self.pos, self._send_views)
+        # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
+        # and no scan of the publisher sequences for a read that would find no chunk
+        if tail:
+            self.writer.writelines(tail)
+        return False
+
+    def _send_views(self, chunks, seqs):
+        """Inside the read transaction of ``send``: the frames of ``chunks`` (memoryviews in LMDB's map),
+        then ``self.tail``, in ONE writev straight from the map when nothing is queued on the transport;
+        only what the socket did not take is copied (the map's pages may be reused once the transaction
+        ends) and queued on the transport, behind which every later send goes until it has drained."""
+        out = []
+        last = len(chunks) - 1
+        for i, (chunk_id, view) in enumerate(chunks):
+            if seqs is not None and i == last:     # even {}: it ends the batch
+                out.append(wire.json_frame(wire.SEQS, seqs))
+                self.seqs_sent = True
+            out.append(wire.head(wire.CHUNK, len(view)))
+            out.append(view)
+            self.pos = chunk_id + max(core.read_header(view)[H_RECORDS], 1)
+        out += self.tail
+        self.tail = None
+        sent = 0
+        if self.fd >= 0 and not self.transport.get_write_buffer_size():
+            try:
+                sent = os.writev(self.fd, out)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                pass        # the transport meets the error on the copied rest and ends the connection
+        rest = []
+        copied = 0
+        for buf in out:
+            size = len(buf)
+            if sent >= size:
+                sent -= size
+                continue
+            if type(buf) is not bytes:
+                buf = bytes(buf[sent:])
+                copied += len(buf)
+            elif sent:
+                buf = buf[sent:]
+            sent = 0
+            rest.append(buf)
+        if rest:
+            self.st.copied += copied
+            self.writer.writelines(rest)
         return bool(chunks) and seqs is None
 
 
@@ -337,6 +367,7 @@ class ReplicationPlane:
                 await writer.drain()
                 st = None
                 return
+            writer.transport.set_write_buffer_limits(high=0)     # drain() waits until nothing is queued
             feed = _Feed(self, st, writer, pos, ev)
             feed.member = node
             st.feeds.add(feed)
@@ -350,8 +381,10 @@ class ReplicationPlane:
             acks = AckReader(st, node, feed, reader, writer.transport, ev)
             while not acks.closed and not feed.dropped and self.leading.get(name) is st:
                 ev.clear()
-                more = feed.send()
+                # until what the socket did not take is gone (the buffer limits are 0): a send then writes
+                # straight from LMDB's map, and copies at most what the socket does not take at once
                 await writer.drain()
+                more = feed.send()
                 if more:
                     await asyncio.sleep(0)
                     continue       # more to send at once

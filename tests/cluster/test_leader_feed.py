@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from riverbed.engine import Engine
-from riverbed.engine.format import H_CHUNK_ID
+from riverbed.engine.format import H_CHUNK_ID, H_RECORDS
 from riverbed.shells.cluster import wire
 from riverbed.shells.cluster.replication import COMMIT_DELAY, Leading, ReplicationPlane
 
@@ -40,15 +40,17 @@ class LeaderNode(ReplicationPlane):
 
 
 def count_reads(engine, monkeypatch):
-    """Wrap ``engine.read_for_replica``: the list it returns gets (position, chunks read) per call."""
+    """Wrap ``engine.read_replica_views`` (what a member connection reads the log with): the list it returns
+    gets (position, chunks read) per call."""
     reads = []
-    real = engine.read_for_replica
+    real = engine.read_replica_views
 
-    def counted(name, pos, *args, **kw):
-        got = real(name, pos, *args, **kw)
-        reads.append((pos, len(got[0])))
-        return got
-    monkeypatch.setattr(engine, "read_for_replica", counted)
+    def counted(name, pos, fn, *args, **kw):
+        def seen(chunks, seqs):
+            reads.append((pos, len(chunks)))
+            return fn(chunks, seqs)
+        return real(name, pos, seen, *args, **kw)
+    monkeypatch.setattr(engine, "read_replica_views", counted)
     return reads
 
 
@@ -62,6 +64,14 @@ def publish(node, st, record):
     st.recompute()
     st.poke()
     return end, confirmed
+
+
+def publish_many(node, st, records):
+    """:func:`publish` of several records in one append; returns its end offset."""
+    res = node.engine.append("s", records).result()
+    st.recompute()
+    st.poke()
+    return res.last_offset + 1
 
 
 async def frames_until(reader, kind):
@@ -421,9 +431,10 @@ def test_chunk_goes_ahead_to_a_majority_first_the_rest_once_committed(leader_eng
     asyncio.run(run())
 
 
-def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engine, monkeypatch):
-    """Both member connections get the publish's chunk from ONE read of the leader's log (the chunk is
-    copied out of LMDB once, not once per member), and the same bytes; a later publish is read anew."""
+def test_two_members_get_the_same_chunk_bytes_straight_from_the_map(leader_engine, monkeypatch):
+    """Both member connections get the publish's chunk written from LMDB's map (each its own read
+    transaction, no copy of the chunk: the socket took it all), and the same bytes; a later publish is read
+    anew."""
     reads = count_reads(leader_engine, monkeypatch)
 
     async def run():
@@ -446,11 +457,57 @@ def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engin
                 end, _ = publish(node, st, b"record %d" % n)
                 got = [await frames_until(reader, wire.CHUNK) for reader, _ in conns]
                 assert got[0] == got[1]
-                assert wire.decode_chunk(got[0][-1][1])[H_CHUNK_ID] == end - 1
-                assert [r for r in reads if r[1]] == [(end - 1, 1)], reads
+                assert got[0][-1][1] == leader_engine.read_chunks("s", end - 1, 1, limited=False)[0][1]
+                assert [r for r in reads if r[1]] == [(end - 1, 1), (end - 1, 1)], reads
+            assert st.copied == 0
         finally:
             for _, writer in conns:
                 writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+def test_what_a_full_socket_does_not_take_is_copied_and_follows_in_order(leader_engine):
+    """A member that does not read (a small receive buffer, full): the leader's write from the map takes
+    only part of a large batch; the rest is copied before the read transaction ends and queued, and
+    everything after it waits behind it. The member then reads every chunk, byte for byte as stored, in
+    order, with the chunks of a later publish after them."""
+    import socket
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 24)
+        try:
+            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
+                                                      "last": None}))
+            await frames_until(reader, wire.COMMIT)
+            await asyncio.sleep(0.05)
+            (feed,) = st.feeds
+            assert feed.parked
+            # not read by the member while the leader sends: its socket fills up
+            big = [bytes([65 + i % 26]) * 1000 for i in range(4000)]
+            ends = [publish_many(node, st, big)]
+            await asyncio.sleep(0.05)
+            assert st.copied > 0, "the socket took the whole batch: nothing was left to copy"
+            ends.append(publish_many(node, st, [b"after"] * 10))
+            chunks = []
+            while not chunks or chunks[-1][0] < ends[-1]:
+                k, payload = await asyncio.wait_for(wire.read_frame(reader), WAIT)
+                if k == wire.CHUNK:
+                    h = wire.decode_chunk(payload)
+                    chunks.append((h[H_CHUNK_ID] + h[H_RECORDS], payload))
+            stored = leader_engine.read_chunks("s", 0, 1000, limited=False)
+            assert [bytes(p) for _, p in chunks] == [raw for _, raw in stored]
+        finally:
+            writer.close()
             server.close()
             await server.wait_closed()
     asyncio.run(run())

@@ -37,6 +37,9 @@ COMMIT_DELAY = 0.005
 # cores than busy processes their store runs beside the client's next step, not beside the confirm path;
 # this bound is for a first member that does not answer (dead, stopped, slow)
 BEHIND_WAIT = 0.001
+# bytes of a chunk copied when the socket takes only part of a send: queued on the transport, they wake the
+# serving task once the socket has room again; the rest of the chunk is written from LMDB's map then
+PIECE = 16 << 10
 
 
 def _raw_fd(transport):
@@ -196,7 +199,8 @@ class _Feed:
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
-                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member", "fd", "tail")
+                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member", "fd", "tail", "undo",
+                 "resume")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -218,6 +222,8 @@ class _Feed:
         self.seqs_sent = False
         self.fd = _raw_fd(self.transport)   # chunks are written here straight from LMDB's map (send)
         self.tail = None
+        self.undo = None
+        self.resume = None      # (chunk id, its SEQS frame or b"", bytes of its frames written): send goes on there
 
     def can_send_ahead(self, chunk_id):
         """Whether chunk ``chunk_id`` may go out now, ahead of its local commit (leader_path.py): the
@@ -251,12 +257,14 @@ class _Feed:
     def send(self):
         """Write what the member lacks: chunks from ``pos`` (with the publisher sequences before the last
         chunk of a batch that reaches the log end), the committed offset if it moved or a heartbeat is
-        due, consumer offsets that changed. True when more chunks are waiting (the batch was cut short).
-        Raises StreamNotFound."""
+        due, consumer offsets that changed. True when more chunks are waiting (the batch was cut short,
+        or the socket did not take all of it: the caller drains the transport, then sends again). Raises
+        StreamNotFound, ConnectionResetError (the chunk a frame was cut in is no longer in the log)."""
         plane = self.plane
         engine = plane.engine
         name = self.name
         tail = []
+        undo = (self.sent_commit, self.sent_at, self.offsets_seen, self.sent_offsets)
         committed = self.st.committed
         now = time.monotonic()
         if committed != self.sent_commit or now - self.sent_at >= plane.ttl / 4:
@@ -276,8 +284,10 @@ class _Feed:
                                                            if self.sent_offsets.get(k) != v}))
                 self.sent_offsets = offsets
         if self.pos < engine._current(name).next_offset:
-            self.tail = tail
+            self.tail, self.undo = tail, undo
             return engine.read_replica_views(name, self.pos, self._send_views)
+        if self.resume is not None:
+            raise ConnectionResetError(f"chunk {self.resume[0]} of {name!r}, cut mid-frame, left the log")
         # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
         # and no scan of the publisher sequences for a read that would find no chunk
         if tail:
@@ -286,20 +296,44 @@ class _Feed:
 
     def _send_views(self, chunks, seqs):
         """Inside the read transaction of ``send``: the frames of ``chunks`` (memoryviews in LMDB's map),
-        then ``self.tail``, in ONE writev straight from the map when nothing is queued on the transport;
-        only what the socket did not take is copied (the map's pages may be reused once the transaction
-        ends) and queued on the transport, behind which every later send goes until it has drained."""
+        then ``self.tail``, in ONE writev straight from the map (nothing is queued on the transport then:
+        the serving task drains it fully first). A chunk is never copied whole: when the socket takes
+        only part of the frames, the chunks past the one it stopped in are sent again later (``pos``
+        goes back to it), and the frame it stopped in goes on from where it stopped (``resume``: that
+        chunk is read again from the map), after a piece of at most PIECE bytes queued on the transport,
+        which is what wakes the serving task once the socket has room (drain). The bytes on the wire are
+        exactly those of an uncut send. True when more is to be sent."""
+        resume, self.resume = self.resume, None
+        tail, self.tail = self.tail, None
         out = []
+        # per chunk: (index of its first buffer in out, chunk id, end, its SEQS frame or b"", bytes of its
+        # frames written before this send, bytes of its frames)
+        units = []
         last = len(chunks) - 1
         for i, (chunk_id, view) in enumerate(chunks):
-            if seqs is not None and i == last:     # even {}: it ends the batch
-                out.append(wire.json_frame(wire.SEQS, seqs))
-                self.seqs_sent = True
-            out.append(wire.head(wire.CHUNK, len(view)))
+            end = chunk_id + max(core.read_header(view)[H_RECORDS], 1)
+            head = wire.head(wire.CHUNK, len(view))
+            if i == 0 and resume is not None:
+                if chunk_id != resume[0]:
+                    raise ConnectionResetError(f"chunk {resume[0]} of {self.name!r}, cut mid-frame, left the log")
+                prefix, done = resume[1], resume[2]
+                units.append((len(out), chunk_id, end, prefix, done, len(prefix) + len(head) + len(view)))
+                for buf in (prefix, head, view):       # the unit from where the socket stopped
+                    if done >= len(buf):
+                        done -= len(buf)
+                        continue
+                    out.append(buf[done:] if done else buf)
+                    done = 0
+                continue
+            # even {}: it ends the batch (a resumed chunk's SEQS, sent already in part, covers it)
+            prefix = wire.json_frame(wire.SEQS, seqs) if seqs is not None and i == last else b""
+            units.append((len(out), chunk_id, end, prefix, 0, len(prefix) + len(head) + len(view)))
+            if prefix:
+                out.append(prefix)
+            out.append(head)
             out.append(view)
-            self.pos = chunk_id + max(core.read_header(view)[H_RECORDS], 1)
-        out += self.tail
-        self.tail = None
+        first_tail = len(out)
+        out += tail
         sent = 0
         if self.fd >= 0 and not self.transport.get_write_buffer_size():
             try:
@@ -307,25 +341,42 @@ class _Feed:
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
-                pass        # the transport meets the error on the copied rest and ends the connection
-        rest = []
-        copied = 0
-        for buf in out:
-            size = len(buf)
-            if sent >= size:
-                sent -= size
-                continue
-            if type(buf) is not bytes:
-                buf = bytes(buf[sent:])
-                copied += len(buf)
-            elif sent:
-                buf = buf[sent:]
-            sent = 0
-            rest.append(buf)
-        if rest:
-            self.st.copied += copied
-            self.writer.writelines(rest)
-        return bool(chunks) and seqs is None
+                pass        # the transport meets the error with the piece below and ends the connection
+        j = 0
+        n = len(out)
+        while j < n and sent >= len(out[j]):
+            sent -= len(out[j])
+            j += 1
+        if j >= first_tail:
+            # every chunk went (the common case): what is left of the small tail frames is queued as it is
+            if units:
+                self.pos = units[-1][2]
+                if units[-1][3]:
+                    self.seqs_sent = True
+            if j < n:
+                self.writer.writelines([out[j][sent:] if sent else out[j]] + out[j + 1:])
+            return bool(chunks) and seqs is None
+        # cut in chunk unit u: the chunks before it went; it goes on later from where the socket stopped
+        u = len(units) - 1
+        while units[u][0] > j:
+            u -= 1
+        start, chunk_id, end, prefix, done, size = units[u]
+        done += sum(len(out[k]) for k in range(start, j)) + sent
+        piece = out[j][sent:sent + PIECE]
+        if type(piece) is not bytes:
+            piece = bytes(piece)
+            self.st.copied += len(piece)
+        done += len(piece)
+        if prefix:
+            self.seqs_sent = True       # its SEQS goes out whole, before anything else on this connection
+        if done < size:
+            self.pos, self.resume = chunk_id, (chunk_id, prefix, done)
+        else:
+            self.pos = end              # the piece ends the chunk's frame
+        # the tail (COMMIT, OFFSETS) did not go: it goes with the next send
+        self.sent_commit, self.sent_at, self.offsets_seen, self.sent_offsets = self.undo
+        self.writer.writelines([piece])
+        return True
 
 
 class ReplicationPlane:

@@ -195,7 +195,7 @@ class _Feed:
     """What a leader has sent one member connection, and how it sends more: from the connection's serving
     task (catching up, heartbeats, a full socket buffer), or at once on a poke while that task is parked
     and the socket's buffer is empty, so a publish's chunk leaves in the same loop turn as its append,
-    with no task wake-up in between. Every frame of one send goes in one ``writelines`` (one syscall; the
+    with no task wake-up in between. Every frame of one send goes in one ``writev`` (one syscall; the
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",

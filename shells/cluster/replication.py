@@ -335,7 +335,9 @@ class _Feed:
         first_tail = len(out)
         out += tail
         sent = 0
-        if self.fd >= 0 and not self.transport.get_write_buffer_size():
+        t = self.transport
+        # never once the transport is closing: its descriptor may be closed, and then reused, at any moment
+        if self.fd >= 0 and not t.get_write_buffer_size() and not t.is_closing():
             try:
                 sent = os.writev(self.fd, out)
             except (BlockingIOError, InterruptedError):

@@ -549,12 +549,17 @@ def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
             end = 0
             for n in range(12):
                 end = publish_many(node, st, [b"%d-%d" % (n, i) * 40 for i in range(1 + n * 37)])
+                if n % 4 == 1:
+                    # a consumer offset: an OFFSETS frame rides behind the chunks, and may be cut off too
+                    leader_engine.store_offset("s", "c%d" % (n // 4 % 2), end - 1).result()
                 if n % 3 == 0:
                     await asyncio.sleep(0.01)
             writer.write(wire.u64_frame(wire.ACK, end))
-            chunks, seqs_before, commit = [], [], -1
-            while commit < end:
+            chunks, seqs_before, commit, offsets = [], [], -1, {}
+            while commit < end or offsets != leader_engine.stored_offsets("s"):
                 k, payload = await asyncio.wait_for(wire.read_frame(reader), WAIT)
+                if k == wire.OFFSETS:
+                    offsets.update(wire.decode_offsets(payload))
                 if k == wire.CHUNK:
                     h = wire.decode_chunk(payload)
                     chunks.append(bytes(payload))
@@ -564,7 +569,7 @@ def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
                 elif k == wire.COMMIT:
                     commit = wire.u64(payload)
                 prev = k
-            assert commit == end
+            assert commit == end and offsets == {"c0": offsets["c0"], "c1": offsets["c1"]}
             stored = [raw for _, raw in leader_engine.read_chunks("s", 0, 10000, limited=False)]
             assert chunks == stored
             assert seqs_before[-1]          # the last chunk of the log came with its publisher sequences

@@ -89,6 +89,11 @@ def lmdb_flags(fsync):
     return {"sync": fsync != "never", "metasync": fsync == "always", "writemap": writemap}
 
 
+def _byte_view(obj):
+    """Whether ``obj`` is a memoryview LMDB can put as it is: C-contiguous bytes (``len`` counts bytes)."""
+    return type(obj) is memoryview and obj.c_contiguous and obj.itemsize == 1 and obj.ndim == 1
+
+
 class OffsetSpec(namedtuple("OffsetSpec", "kind value")):
     """Where a reader starts: ``OffsetSpec.first()``, ``.last()``, ``.next()``, ``.offset(n)`` or
     ``.timestamp(ms)``. Resolve it with :meth:`Engine.resolve`."""
@@ -490,10 +495,11 @@ class Engine(SuperStreamBindings):
         before anything is queued), every chunk id against the log's end in the writer (a gap refuses
         the whole batch: nothing of it is stored). ``sequences`` cover the whole batch; ``start`` lets an
         empty copy begin at the first chunk's id. Future (or ``on_done``) of the stream's next offset after
-        the last chunk. A ``bytearray`` chunk is stored as it is, not copied: the caller hands it over
-        and must not change it afterwards (a member's chunk as it came off the socket)."""
-        checked = [(c if type(c) is bytes or type(c) is bytearray else bytes(c), core.check_chunk(c))
-                   for c in chunks]
+        the last chunk. A ``bytearray`` chunk, or a contiguous byte ``memoryview``, is stored as it is,
+        not copied: the caller hands it over and must not change it before the completion (a member's
+        chunk as it came off the socket, in a receive buffer it reuses once the chunk is stored)."""
+        checked = [(c if type(c) is bytes or type(c) is bytearray or _byte_view(c) else bytes(c),
+                    core.check_chunk(c)) for c in chunks]
         return self._submit(_OP_REPLICA, stream, checked, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):

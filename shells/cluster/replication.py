@@ -12,6 +12,7 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 """
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -544,8 +545,9 @@ class ReplicationPlane:
 
 class _Following(asyncio.BufferedProtocol):
     """A member's connection to the leader of one stream. The socket is read straight into a
-    :class:`wire.FrameReader`: a chunk lands in a buffer of its own, which goes to the engine as it is
-    (checked once, by its CRC, and put once). The frames of one read are handled as it arrives, so a chunk
+    :class:`wire.FrameReader`: a chunk lands in a receive buffer of the reader's, which goes to the engine
+    as it is (checked once, by its CRC, and put once) and goes back to the reader, to be read into again,
+    once the engine stored it (``stored``). The frames of one read are handled as it arrives, so a chunk
     is stored, and (committed inline, fsync=never) acknowledged, in the same loop turn that read it, with
     no task wake-up in between; every whole batch of that read (the chunks up to each SEQS's last chunk)
     goes to the engine in ONE transaction, acknowledged by one ACK. ``done`` resolves to None (REFUSE), to
@@ -610,22 +612,34 @@ class _Following(asyncio.BufferedProtocol):
             self._finish(exc=e)
             self.transport.close()
 
-    def stored(self, res, exc):
-        """The engine's completion of a batch: it runs once the batch is committed AND synced under the
-        stream's fsync policy, on this thread when the engine committed inline (fsync=never, writer idle),
-        so the ACK goes out at once, with no hop through the loop's wake-up pipe; else on the writer
-        thread."""
+    def stored(self, chunks, res, exc):
+        """The engine's completion of a batch (``chunks``, the reader's buffers it stored): it runs once
+        the batch is committed AND synced under the stream's fsync policy, on this thread when the engine
+        committed inline (fsync=never, writer idle), so the ACK goes out at once, with no hop through the
+        loop's wake-up pipe; else on the writer thread. The buffers go back to the reader only then
+        (the engine no longer reads them), and only after a success: after an error the connection is
+        closed and they are simply dropped."""
         t = self.transport
         if threading.get_ident() == self.loop_thread:
             if exc is None:
                 ReplicationPlane._ack(t, res, self.durable)
+                self._release(chunks)
             else:
                 t.close()
         elif exc is None:
             if not t.is_closing():
-                self.loop.call_soon_threadsafe(ReplicationPlane._ack, t, res, self.durable)
+                self.loop.call_soon_threadsafe(self._stored_later, res, chunks)
         else:
             self.loop.call_soon_threadsafe(t.close)
+
+    def _stored_later(self, res, chunks):
+        ReplicationPlane._ack(self.transport, res, self.durable)
+        self._release(chunks)
+
+    def _release(self, chunks):
+        release = self.frames.release
+        for chunk in chunks:
+            release(chunk)
 
     def _store(self):
         """The whole batches of this read in ONE transaction (one commit, one sync, one ACK), with the
@@ -635,10 +649,16 @@ class _Following(asyncio.BufferedProtocol):
         chunks, self.ready = self.ready, []
         seqs, self.ready_seqs = self.ready_seqs, None
         start, self.start = self.start, False
-        self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start, on_done=self.stored)
+        self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start,
+                                           on_done=functools.partial(self.stored, chunks))
 
     def _frame(self, kind, payload):
         plane, name = self.plane, self.name
+        if kind != wire.CHUNK and type(payload) is memoryview:
+            # a large frame that is no chunk (a SEQS of many publishers): its bytes, and its slab back
+            data = bytes(payload)
+            self.frames.release(payload)
+            payload = data
         if kind == wire.CHUNK:
             h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks
             epoch = self.epoch

@@ -10,6 +10,7 @@ work: the figure is the data path only, so it holds at any load (CPU time, not w
     python -m bench.member_cost --n 1000000 [--batch 5000]
     valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file=DIR/m.%p.out \
         python -m bench.member_cost --n 200000 --under-callgrind      # instructions of the follow only
+    python -m bench.member_cost --n 2000000 --perf FILE                # perf samples of the follow only
 
 Prints one JSON document: the member process's user and system CPU per message (getrusage).
 """
@@ -20,6 +21,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -123,19 +125,28 @@ def run(a):
             finally:
                 os._exit(0)
         sock.close()
+        import uvloop       # the loop `riverbed serve` runs (imported here: its import is no part of the follow)
         member = Engine(os.path.join(tmp, "member"), fsync="never", retention_interval=0)
         try:
             member.create_stream("s").result()
             if a.under_callgrind:
                 subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], capture_output=True)
+            perf = None
+            if a.perf:
+                perf = subprocess.Popen(["perf", "record", "-F", "4999", "-g", "-e", "cpu-clock", "-p",
+                                         str(os.getpid()), "-o", a.perf], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
+                time.sleep(1.0)     # perf attaches
             r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
 
             async def follow():
                 await Member(member)._follow_once("s", "leader", 1, {"advertised_host": "127.0.0.1",
                                                                     "replication_port": port})
-            import uvloop       # the loop `riverbed serve` runs
             uvloop.run(follow())
             r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.monotonic()
+            if perf is not None:
+                perf.send_signal(signal.SIGINT)
+                perf.wait()
             if a.under_callgrind:
                 subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], capture_output=True)
             got = member._current("s").next_offset
@@ -164,6 +175,8 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=1_000_000, help="messages (100 B each)")
     ap.add_argument("--batch", type=int, default=5000, help="records per publish (the bench's send_batch)")
     ap.add_argument("--gap", type=float, default=0.0, help="seconds the leader waits before each batch")
+    ap.add_argument("--perf", metavar="FILE", help="perf record (cpu-clock, call graphs) of this process while "
+                                                  "the member follows, into FILE")
     ap.add_argument("--under-callgrind", action="store_true",
                     help="this process runs under valgrind --tool=callgrind --instr-atstart=no: collect only "
                          "while the member follows")

@@ -37,6 +37,14 @@ def crc32(data, value=0):
     return _data_crc32(data, value)
 
 
+def receive_buffer(size):
+    """A ``bytearray`` of ``size`` bytes for a socket read to fill (the compiled twin leaves it
+    uninitialised; here it is zeroed). Raises ValueError for a negative size."""
+    if size < 0:
+        raise ValueError("negative size")
+    return bytearray(size)
+
+
 def encode_entries(records):
     """Data section of simple entries, one per record (a sequence of bytes-like objects)."""
     parts = []

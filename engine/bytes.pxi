@@ -51,3 +51,12 @@ cdef inline int c_get_buffer(object obj, Py_buffer* view) except -1:
 cdef inline bytes c_new_bytes(Py_ssize_t n):
     # Uninitialised result, filled in place: the one allocation of every encoder.
     return PyBytes_FromStringAndSize(NULL, n)
+
+
+def receive_buffer(Py_ssize_t size):
+    """A ``bytearray`` of ``size`` bytes whose contents are NOT initialised: for a buffer a socket read
+    fills before anyone reads it (a cluster member's receive buffer, shells/cluster/wire.py), where
+    ``bytearray(size)`` would zero every byte first. Raises ValueError for a negative size."""
+    if size < 0:
+        raise ValueError("negative size")
+    return PyByteArray_FromStringAndSize(NULL, size)

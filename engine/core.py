@@ -32,6 +32,7 @@ encode_chunk_buffer = impl.encode_chunk_buffer
 read_header = impl.read_header
 stamp_chunk = impl.stamp_chunk     # the one-message commit: a sealed chunk's CRC and stamps in one call
 check_chunk = impl.check_chunk
+receive_buffer = impl.receive_buffer     # a bytearray left uninitialised (compiled) for a socket read to fill
 data_records = impl.data_records
 scan_entries = impl.scan_entries
 walk_simple_entries = impl.walk_simple_entries

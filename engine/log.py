@@ -89,6 +89,11 @@ def lmdb_flags(fsync):
     return {"sync": fsync != "never", "metasync": fsync == "always", "writemap": writemap}
 
 
+def _byte_view(obj):
+    """Whether ``obj`` is a memoryview LMDB can put as it is: C-contiguous bytes (``len`` counts bytes)."""
+    return type(obj) is memoryview and obj.c_contiguous and obj.itemsize == 1 and obj.ndim == 1
+
+
 class OffsetSpec(namedtuple("OffsetSpec", "kind value")):
     """Where a reader starts: ``OffsetSpec.first()``, ``.last()``, ``.next()``, ``.offset(n)`` or
     ``.timestamp(ms)``. Resolve it with :meth:`Engine.resolve`."""
@@ -490,10 +495,11 @@ class Engine(SuperStreamBindings):
         before anything is queued), every chunk id against the log's end in the writer (a gap refuses
         the whole batch: nothing of it is stored). ``sequences`` cover the whole batch; ``start`` lets an
         empty copy begin at the first chunk's id. Future (or ``on_done``) of the stream's next offset after
-        the last chunk. A ``bytearray`` chunk is stored as it is, not copied: the caller hands it over
-        and must not change it afterwards (a member's chunk as it came off the socket)."""
-        checked = [(c if type(c) is bytes or type(c) is bytearray else bytes(c), core.check_chunk(c))
-                   for c in chunks]
+        the last chunk. A ``bytearray`` chunk, or a contiguous byte ``memoryview``, is stored as it is,
+        not copied: the caller hands it over and must not change it before the completion (a member's
+        chunk as it came off the socket, in a receive buffer it reuses once the chunk is stored)."""
+        checked = [(c if type(c) is bytes or type(c) is bytearray or _byte_view(c) else bytes(c),
+                    core.check_chunk(c)) for c in chunks]
         return self._submit(_OP_REPLICA, stream, checked, sequences or {}, bool(start), on_done=on_done)
 
     def read_for_replica(self, name, from_offset, max_chunks=64, max_bytes=4 << 20):
@@ -501,7 +507,16 @@ class Engine(SuperStreamBindings):
         chunks (``(chunk_id, bytes)``, at most about ``max_bytes``) from the one at ``from_offset``, and
         every publisher sequence of the stream as of that same commit ({reference: id}) when the batch
         reaches the end of the log (they then cover exactly the chunks read; None otherwise). What a
-        leader sends its members. Raises StreamNotFound."""
+        leader sends its members (copied: :meth:`read_replica_views` sends them without a copy). Raises
+        StreamNotFound."""
+        return self.read_replica_views(name, from_offset, _copied_batch, max_chunks, max_bytes)
+
+    def read_replica_views(self, name, from_offset, fn, max_chunks=64, max_bytes=4 << 20):
+        """``fn(chunks, sequences)`` called once inside one read transaction, and its result returned:
+        what :meth:`read_for_replica` returns, each chunk a read-only memoryview in LMDB's map instead
+        of a copy (valid only until ``fn`` returns: it copies what it keeps, and must neither wait nor
+        block). A cluster leader writes them to its members' sockets from there. Raises StreamNotFound
+        (``fn`` not called)."""
         s = self._current(name)
         out, size, seqs = [], 0, {}
         with self.read_txn() as txn:
@@ -512,14 +527,14 @@ class Engine(SuperStreamBindings):
                 if ksid != s.sid:
                     ok = False
                     break
-                raw = bytes(cur.value())
+                raw = cur.value()
                 out.append((chunk_id, raw))
                 size += len(raw)
                 ok = cur.next()
                 if ok and _CHUNK_KEY.unpack(cur.key())[0] != s.sid:
                     ok = False
             if ok:
-                return out, None       # more chunks follow: the sequences would be ahead of the batch
+                return fn(out, None)       # more chunks follow: the sequences would be ahead of the batch
             prefix = _SID.pack(s.sid) + bytes((TRACKING_SEQUENCE,))
             tcur = txn.cursor(db=self._db_tracking)
             ok = tcur.set_range(prefix)
@@ -529,7 +544,7 @@ class Engine(SuperStreamBindings):
                     break
                 seqs[key[len(prefix):].decode("utf-8")] = _U64.unpack(tcur.value())[0]
                 ok = tcur.next()
-        return out, seqs
+            return fn(out, seqs)
 
     def stored_offsets(self, name):
         """Every consumer offset stored on ``name``: {reference: offset}. Raises StreamNotFound."""
@@ -1039,6 +1054,11 @@ def _take_writer_lock(path):
         f.close()
         raise RiverbedError(f"{path} is in use by another riverbed process (writer.lock is held)") from None
     return f
+
+
+def _copied_batch(chunks, seqs):
+    """read_for_replica's ``fn``: the chunks copied out of the map."""
+    return [(chunk_id, bytes(view)) for chunk_id, view in chunks], seqs
 
 
 class _ReadTxn:

@@ -7,6 +7,40 @@ from riverbed.engine.errors import StreamNotFound
 from riverbed.engine.layout import _check_name, normalize_arguments
 
 
+def _rows(d):
+    orders = d.get("orders") or list(range(len(d["partitions"])))
+    return list(zip(d["partitions"], d["binding_keys"], orders))
+
+
+def _with_rows(d, rows):
+    return dict(d, partitions=[r[0] for r in rows], binding_keys=[r[1] for r in rows], orders=[r[2] for r in rows])
+
+
+def with_binding(d, partition, binding_key, order=None):
+    """Definition ``d`` (a super stream's dict) with ``partition`` bound under ``binding_key`` at
+    ``order`` (None: after the ordered ones): ``(new definition, True)``, or ``(d, False)`` when that
+    binding is there already. ``d`` itself is not changed. Pure: the cluster applies the same change to
+    etcd's copy of a definition (shells/cluster/superstreams.py)."""
+    binding_key = str(binding_key)
+    rows = _rows(d)
+    if any(p == partition and k == binding_key for p, k, _ in rows):
+        return d, False
+    rows.append((partition, binding_key, None if order is None else int(order)))
+    rows.sort(key=lambda r: (r[2] is None, r[2] or 0))   # stable: ties keep binding order
+    return _with_rows(d, rows), True
+
+
+def without_binding(d, partition, binding_key=None):
+    """Definition ``d`` without ``partition``'s binding(s) (only the one with ``binding_key`` when
+    given): ``(new definition, number removed)``; ``d`` itself is not changed. Pure, as
+    :func:`with_binding`."""
+    rows = _rows(d)
+    kept = [r for r in rows if not (r[0] == partition and (binding_key is None or r[1] == binding_key))]
+    if len(kept) == len(rows):
+        return d, 0
+    return _with_rows(d, kept), len(rows) - len(kept)
+
+
 class SuperStreamBindings:
     """Engine methods over the super stream table (``WriteContext.super_stream`` and friends). Thread-safe,
     as every Engine method that submits to the writer."""
@@ -43,15 +77,10 @@ class SuperStreamBindings:
                 raise StreamNotFound(f"super stream {name!r} does not exist")
             if not ctx.has_stream(partition):
                 raise StreamNotFound(f"stream {partition!r} does not exist")
-            parts, keys = d["partitions"], d["binding_keys"]
-            if any(p == partition and k == binding_key for p, k in zip(parts, keys)):
-                return False
-            orders = d.get("orders") or list(range(len(parts)))
-            rows = list(zip(parts, keys, orders)) + [(partition, binding_key, order)]
-            rows.sort(key=lambda r: (r[2] is None, r[2] or 0))   # stable: ties keep binding order
-            d["partitions"], d["binding_keys"], d["orders"] = (list(x) for x in zip(*rows))
-            ctx.put_super_stream(name, d)
-            return True
+            d, added = with_binding(d, partition, binding_key, order)
+            if added:
+                ctx.put_super_stream(name, d)
+            return added
         return self.transact(bind)
 
     def unbind_super_stream(self, name, partition, binding_key=None):
@@ -62,14 +91,10 @@ class SuperStreamBindings:
             d = ctx.super_stream(name)
             if d is None:
                 raise StreamNotFound(f"super stream {name!r} does not exist")
-            orders = d.get("orders") or list(range(len(d["partitions"])))
-            rows = list(zip(d["partitions"], d["binding_keys"], orders))
-            kept = [r for r in rows if not (r[0] == partition and (binding_key is None or r[1] == binding_key))]
-            if len(kept) != len(rows):
-                d["partitions"], d["binding_keys"], d["orders"] = [r[0] for r in kept], [r[1] for r in kept], \
-                    [r[2] for r in kept]
+            d, removed = without_binding(d, partition, binding_key)
+            if removed:
                 ctx.put_super_stream(name, d)
-            return len(rows) - len(kept)
+            return removed
         return self.transact(unbind)
 
     def forget_super_stream(self, name):

@@ -518,17 +518,19 @@ class Broker:
         ``order`` (int or None: after the ordered ones); ``cb(added, exc)``: added is False when that
         binding existed. StreamNotFound when either is missing."""
         self._call(lambda: self.engine.bind_super_stream(name, partition, binding_key, order),
-                   self._super_changed(name, cb))
+                   self._super_changed(name, cb, op=("bind", partition, binding_key, order)))
 
     def unbind_partition(self, name, partition, binding_key, cb):
         """Remove the binding(s) of ``partition`` (with ``binding_key``, or all when None) from super
         stream ``name``; the stream stays. ``cb(removed count, exc)``."""
-        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key), self._super_changed(name, cb))
+        self._call(lambda: self.engine.unbind_super_stream(name, partition, binding_key),
+                   self._super_changed(name, cb, op=("unbind", partition, binding_key)))
 
     def forget_super_stream(self, name, cb):
         """Remove super stream ``name``'s definition, keeping its partition streams (RabbitMQ deleting
         the exchange); ``cb(exc)``."""
-        self._call(lambda: self.engine.forget_super_stream(name), self._super_changed(name, lambda res, exc: cb(exc)))
+        self._call(lambda: self.engine.forget_super_stream(name),
+                   self._super_changed(name, lambda res, exc: cb(exc), op=("delete",)))
 
     def create_super_stream(self, name, partitions, binding_keys, arguments, cb):
         """Create the partitions and the definition in one engine transaction; ``cb(exc)``. In a cluster,
@@ -540,9 +542,10 @@ class Broker:
         def create():
             self._call(lambda: self.engine.create_super_stream(name, partitions, binding_keys, arguments),
                        self._super_changed(name, lambda res, exc: cb(exc), created=True))
-        if cluster is None or self.engine.super_stream(name) is not None:
+        if cluster is None:
             create()
             return
+        # (also when this node holds a definition: it may be one the cluster deleted a moment ago)
         cluster.superstreams.lookup(name, lambda defined: cb(StreamExists(
             f"super stream {name!r} already exists on the cluster")) if defined else create(), partitions)
 
@@ -555,16 +558,20 @@ class Broker:
         done = lambda res, exc: self._deleted_then(parts, cb, exc)   # noqa: E731
         if self.cluster is not None:
             done = self.cluster.hold_delete(parts, done)
-        self._call(lambda: self.engine.delete_super_stream(name), self._super_changed(name, done))
+        self._call(lambda: self.engine.delete_super_stream(name), self._super_changed(name, done, op=("delete",)))
 
-    def _super_changed(self, name, cb, created=False):
-        # in a cluster, a definition changed here is written to etcd for every node (shells/cluster/superstreams.py)
+    def _super_changed(self, name, cb, created=False, op=None):
+        # in a cluster, a definition changed here is written to etcd for every node (shells/cluster/superstreams.py):
+        # the change (``op``) is announced before the engine makes it, so that no reconcile undoes it meanwhile
         if self.cluster is None:
             return cb
+        self.cluster.superstreams.begin(name)
 
         def done(res, exc):
             if exc is None:
-                self.cluster.superstreams.changed(name, created)
+                self.cluster.superstreams.changed(name, created, op)
+            else:
+                self.cluster.superstreams.ended(name)
             cb(res, exc)
         return done
 

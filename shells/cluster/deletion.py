@@ -87,32 +87,40 @@ async def collect(node, tomb_kvs, placements):
       back; if it does, its copy is an orphan: incarnation.py);
     * a tombstone of an earlier version (no ``holders``) lists every node that ever joined, from now.
     """
+    items = []
+    for kv in tomb_kvs:
+        try:
+            items.append((kv, kv.json()))
+        except ValueError:
+            continue
+    await collect_tombstones(node, items, lambda name: (name in placements or node.engine.has_stream(name)
+                                                        or name in node._member_deleting))
+
+
+async def collect_tombstones(node, items, holds):
+    """The collection steps of :func:`collect` over ``items``, ``(kv, its JSON value)`` pairs whose value
+    is a tombstone ``{"name", "holders", "at", ...}`` (any further fields are kept): ``holds(name)`` says
+    whether this node still holds what the tombstone deleted (then it stays listed). Shared by stream
+    tombstones and super stream definition tombstones (superstreams.py), so both follow one rule."""
     now = time.time()
     max_age = getattr(node, "tombstone_max_age", DEFAULT_TOMBSTONE_MAX_AGE)
     known = None
-    for kv in tomb_kvs:
-        try:
-            t = kv.json()
-            name = t["name"]
-        except (ValueError, KeyError, TypeError):
-            continue
-        if not isinstance(name, str):
+    for kv, t in items:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str):
             continue            # etcd is shared: anything may have written it; the reconcile goes on
-        key = kv.key
+        name, key = t["name"], kv.key
         holders = t.get("holders")
         try:
             if (not isinstance(holders, list) or not all(isinstance(h, str) for h in holders)
                     or not isinstance(t.get("at"), (int, float))):
                 if known is None:
-                    known = sorted(k.key.decode()[len(node.prefix) + len("known/"):]
-                                   for k in node.etcd_view.items("known/"))
+                    known = known_nodes(node)
                 await node.etcd.replace(key, kv.mod_revision, dict(t, holders=known, at=now))
             elif now - t["at"] >= max_age:
                 if await node.etcd.remove(key, kv.mod_revision):
                     log.info("cluster: tombstone of %s collected after %.0f s (not heard from: %s)", name,
                              now - t["at"], ",".join(t["holders"]) or "-")
-            elif (node.name in t["holders"] and name not in placements and not node.engine.has_stream(name)
-                  and name not in node._member_deleting):
+            elif node.name in t["holders"] and not holds(name):
                 left = [h for h in t["holders"] if h != node.name]
                 if left:
                     await node.etcd.replace(key, kv.mod_revision, dict(t, holders=left))
@@ -120,6 +128,12 @@ async def collect(node, tomb_kvs, placements):
                     log.info("cluster: tombstone of %s collected: no node holds a copy", name)
         except EtcdError as e:
             log.debug("cluster: collecting the tombstone of %s: %s", name, e)
+
+
+def known_nodes(node):
+    """Every node that ever joined the cluster (``known/``), sorted, as the node's watched copy of etcd
+    has them."""
+    return sorted(k.key.decode()[len(node.prefix) + len("known/"):] for k in node.etcd_view.items("known/"))
 
 
 def hold_delete(node, names, cb):
@@ -137,6 +151,7 @@ def hold_delete(node, names, cb):
     def held(res, exc):
         if exc is not None:
             node._cluster_deleting.difference_update(names)
+            _end(node, bound)
             cb(res, exc)
             return
         asyncio.get_running_loop().create_task(_remove_all(node, names, lambda found, err: cb(res, err), bound))
@@ -156,13 +171,22 @@ def delete_remote(node, name, cb):
 
 def _bound(node, names):
     """``{super stream: [its partitions among names]}`` as this node's definitions have them (a deletion
-    is rare: reading them all costs nothing that matters)."""
+    is rare: reading them all costs nothing that matters). Each such super stream's change begins here
+    (superstreams.begin: the engine's deletion of a local copy unbinds it at once, and a reconcile must
+    not put the binding back from etcd before the change is written there); :func:`_unbind` or
+    :func:`_end` closes it."""
     want, out = set(names), {}
     for s in node.engine.list_super_streams():
         hit = [p for p in (node.engine.super_stream(s) or {}).get("partitions", ()) if p in want]
         if hit:
             out[s] = hit
+            node.superstreams.begin(s)
     return out
+
+
+def _end(node, bound):
+    for s in bound:
+        node.superstreams.ended(s)
 
 
 async def _unbind(node, bound):
@@ -170,18 +194,21 @@ async def _unbind(node, bound):
     the engine; one this node held no copy of is unbound now) and the definitions go to etcd: without
     that, every node's next reconcile would put them back from etcd, and Route would name a stream that
     is gone. A super stream deleted with them (DeleteSuperStream) has its tombstone written already."""
+    from riverbed.shells.cluster.superstreams import unbind      # (superstreams.py imports this module)
     for s, parts in bound.items():
         try:
             for p in parts:
                 d = node.engine.super_stream(s)
                 if d is None:
+                    node.superstreams.ended(s)
                     await node.superstreams.written(s)      # its tombstone, before the client is answered
                     break
                 if p in d["partitions"]:
                     await asyncio.wrap_future(node.engine.unbind_super_stream(s, p))
             else:
-                node.superstreams.changed(s)
+                node.superstreams.changed(s, op=unbind(tuple(parts)))
         except RiverbedError as e:
+            node.superstreams.ended(s)
             log.warning("cluster: cannot unbind %s from super stream %s: %s", ",".join(parts), s, e)
 
 
@@ -204,6 +231,8 @@ async def _remove_all(node, names, cb, bound, must_exist=False):
     if err is None and found:
         log.info("cluster: %s deleted %s on the cluster", node.name, ",".join(names))
         await _unbind(node, bound)
+    else:
+        _end(node, bound)
     cb(found, err)
 
 

@@ -322,6 +322,11 @@ class ClusterNode(ReplicationPlane):
         each stream gives this node."""
         if viewhold.held(self.name):
             return          # a test holds this node's view where it is (viewhold.py)
+        if self.etcd_view.revision < self.etcd.written:
+            # a write of this node landed while the reconcile waited for the watch (a stream made and
+            # placed here a moment ago): acting on a copy without it would undo it; the watch brings it
+            self.kick()
+            return
         # the super stream definitions are read again by superstreams.refresh if this node changed one
         # after this point
         generation = self.superstreams.generation
@@ -345,6 +350,7 @@ class ClusterNode(ReplicationPlane):
                 continue
         self.incarnations = incarnations
         before, self.placements = self.placements, placements
+        read = dict(placements)         # as read now (self.placements changes under the awaits below)
         tombstones = {kv.key.decode()[len(self.prefix) + len("deleted/"):]
                       for kv in deleted_kvs}
         # local streams no placement names: deleted on the cluster while this node was away (a
@@ -373,9 +379,19 @@ class ClusterNode(ReplicationPlane):
         deletion.forget_gone(self, before, placements)
         await deletion.collect(self, deleted_kvs, placements)
         self.creation_ended(list(self.pending_leaders))
-        for name, (p, rev) in list(self.placements.items()):
+        pause = viewhold.pause(self.name)
+        if pause:
+            await asyncio.sleep(pause)      # a test's stand-in for a slow reconcile (viewhold.py)
+        for name, entry in list(self.placements.items()):
             if name in self._cluster_deleting:
                 continue
+            if read.get(name) is not entry or self.placements.get(name) is not entry:
+                # changed here since this reconcile read the cluster state (the awaits above let a client
+                # delete the name and make it again here): the incarnation read with that state is the
+                # old stream's, and checking the new copy against it would record it as the old one's
+                # (then drop it and empty its seat). The change's own write brings the next reconcile.
+                continue
+            p, rev = entry
             if self.engine.has_stream(name) and name not in self.placing and not incarnation.check(
                     self, name, self.incarnations.get(name)):
                 continue          # a copy of an earlier stream of that name: dropped, copied anew

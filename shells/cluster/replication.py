@@ -12,8 +12,10 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 """
 
 import asyncio
+import functools
 import logging
 import math
+import os
 import threading
 import time
 
@@ -41,6 +43,21 @@ COMMIT_DELAY = 0.005
 # cores than busy processes their store runs beside the client's next step, not beside the confirm path;
 # this bound is for a first member that does not answer (dead, stopped, slow)
 BEHIND_WAIT = 0.001
+# bytes of a chunk copied when the socket takes only part of a send: queued on the transport, they wake the
+# serving task once the socket has room again; the rest of the chunk is written from LMDB's map then
+PIECE = 16 << 10
+
+
+def _raw_fd(transport):
+    """The socket's descriptor under a plain (not TLS) transport, for writes that bypass its buffer while
+    that buffer is empty; -1 when there is none to use."""
+    if transport.get_extra_info("sslcontext") is not None:
+        return -1
+    sock = transport.get_extra_info("socket")
+    try:
+        return sock.fileno() if sock is not None else -1
+    except (AttributeError, OSError):
+        return -1
 
 
 class ReplicationTimeout(RiverbedError):
@@ -69,26 +86,8 @@ class Leading:
         self.frozen = False        # handing leadership over: the committed offset stays where it is
         self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
         self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
-        self._shared = None        # [pos, stream state, (chunks, seqs), feeds served]: read_for_replica
+        self.copied = 0            # bytes of chunks copied out of LMDB to send them (see _Feed.send)
         self._behind = None        # [end, timer]: poke_behind(end) held until end is committed (BEHIND_WAIT)
-
-    def read_for_replica(self, pos):
-        """``engine.read_for_replica(name, pos)``, read once for every member connection at ``pos`` (they
-        are all at the same place while they keep up): each member's send then copies no chunk out of
-        LMDB again. A read is shared only while no commit has changed the stream since (the same stream
-        state object: the writer replaces it on every commit) and only until every connection has had it,
-        so no chunk bytes are held between batches. Raises StreamNotFound."""
-        engine = self.node.engine
-        state = engine._current(self.name)
-        shared = self._shared
-        if shared is not None and shared[0] == pos and shared[1] is state:
-            shared[3] += 1
-            if shared[3] >= len(self.feeds):
-                self._shared = None
-            return shared[2]
-        got = engine.read_for_replica(self.name, pos)
-        self._shared = [pos, state, got, 1] if len(self.feeds) > 1 else None
-        return got
 
     def local_next(self):
         try:
@@ -202,11 +201,12 @@ class _Feed:
     """What a leader has sent one member connection, and how it sends more: from the connection's serving
     task (catching up, heartbeats, a full socket buffer), or at once on a poke while that task is parked
     and the socket's buffer is empty, so a publish's chunk leaves in the same loop turn as its append,
-    with no task wake-up in between. Every frame of one send goes in one ``writelines`` (one syscall; the
+    with no task wake-up in between. Every frame of one send goes in one ``writev`` (one syscall; the
     member wakes once for the chunk, its sequences and the committed offset). Loop thread only."""
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
-                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member")
+                 "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member", "fd", "tail", "undo",
+                 "resume")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -226,6 +226,10 @@ class _Feed:
         # the whole publisher sequence table went out (with a chunk) on this connection: only then may a
         # chunk go ahead with just the sequence it moves (a member that truncated lost its table)
         self.seqs_sent = False
+        self.fd = _raw_fd(self.transport)   # chunks are written here straight from LMDB's map (send)
+        self.tail = None
+        self.undo = None
+        self.resume = None      # (chunk id, its SEQS frame or b"", bytes of its frames written): send goes on there
 
     def can_send_ahead(self, chunk_id):
         """Whether chunk ``chunk_id`` may go out now, ahead of its local commit (leader_path.py): the
@@ -270,34 +274,21 @@ class _Feed:
     def send(self):
         """Write what the member lacks: chunks from ``pos`` (with the publisher sequences before the last
         chunk of a batch that reaches the log end), the committed offset if it moved or a heartbeat is
-        due, consumer offsets that changed. True when more chunks are waiting (the batch was cut short).
-        Raises StreamNotFound."""
+        due, consumer offsets that changed. True when more chunks are waiting (the batch was cut short,
+        or the socket did not take all of it: the caller drains the transport, then sends again). Raises
+        StreamNotFound, ConnectionResetError (the chunk a frame was cut in is no longer in the log)."""
         plane = self.plane
         engine = plane.engine
         name = self.name
-        if self.pos < engine._current(name).next_offset:
-            chunks, seqs = self.st.read_for_replica(self.pos)
-        else:
-            # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
-            # and no scan of the publisher sequences for a read that would find no chunk
-            chunks, seqs = (), None
-        out = []
-        last = len(chunks) - 1
-        for i, (chunk_id, raw) in enumerate(chunks):
-            if seqs is not None and i == last:     # even {}: it ends the batch
-                out.append(wire.json_frame(wire.SEQS, seqs))
-                self.seqs_sent = True
-            # header and chunk as two buffers: the chunk is not copied into a new frame
-            out.append(wire.head(wire.CHUNK, len(raw)))
-            out.append(raw)
-            self.pos = chunk_id + max(core.read_header(raw)[H_RECORDS], 1)
+        tail = []
+        undo = (self.sent_commit, self.sent_at, self.offsets_seen, self.sent_offsets)
         committed = self.st.committed
         now = time.monotonic()
         if committed != self.sent_commit or now >= self.heartbeat_due() - TIMER_SLACK:
             # also a heartbeat: the member answers a COMMIT with an ACK when it sent none for ACK_QUIET,
             # so a connection gone silent (a partition leaves it open) does not count as hearing from it
             self.sent_commit, self.sent_at = committed, now
-            out.append(wire.u64_frame(wire.COMMIT, committed))
+            tail.append(wire.u64_frame(wire.COMMIT, committed))
         version = engine.offsets_version
         if version != self.offsets_seen:
             # read only when a commit stored or deleted a consumer offset (of any stream): the read was a
@@ -306,12 +297,105 @@ class _Feed:
             offsets = engine.stored_offsets(name)
             if offsets != self.sent_offsets:
                 # consumer offsets reach the members too, so a consumer resumes after a failover
-                out.append(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
-                                                          if self.sent_offsets.get(k) != v}))
+                tail.append(wire.json_frame(wire.OFFSETS, {k: v for k, v in offsets.items()
+                                                           if self.sent_offsets.get(k) != v}))
                 self.sent_offsets = offsets
-        if out:
-            self.writer.writelines(out)
-        return bool(chunks) and seqs is None
+        if self.pos < engine._current(name).next_offset:
+            self.tail, self.undo = tail, undo
+            return engine.read_replica_views(name, self.pos, self._send_views)
+        if self.resume is not None:
+            raise ConnectionResetError(f"chunk {self.resume[0]} of {name!r}, cut mid-frame, left the log")
+        # caught up with the committed log (a COMMIT after a batch, a heartbeat): no read transaction
+        # and no scan of the publisher sequences for a read that would find no chunk
+        if tail:
+            self.writer.writelines(tail)
+        return False
+
+    def _send_views(self, chunks, seqs):
+        """Inside the read transaction of ``send``: the frames of ``chunks`` (memoryviews in LMDB's map),
+        then ``self.tail``, in ONE writev straight from the map (nothing is queued on the transport then:
+        the serving task drains it fully first). A chunk is never copied whole: when the socket takes
+        only part of the frames, the chunks past the one it stopped in are sent again later (``pos``
+        goes back to it), and the frame it stopped in goes on from where it stopped (``resume``: that
+        chunk is read again from the map), after a piece of at most PIECE bytes queued on the transport,
+        which is what wakes the serving task once the socket has room (drain). The bytes on the wire are
+        exactly those of an uncut send. True when more is to be sent."""
+        resume, self.resume = self.resume, None
+        tail, self.tail = self.tail, None
+        out = []
+        # per chunk: (index of its first buffer in out, chunk id, end, its SEQS frame or b"", bytes of its
+        # frames written before this send, bytes of its frames)
+        units = []
+        last = len(chunks) - 1
+        for i, (chunk_id, view) in enumerate(chunks):
+            end = chunk_id + max(core.read_header(view)[H_RECORDS], 1)
+            head = wire.head(wire.CHUNK, len(view))
+            if i == 0 and resume is not None:
+                if chunk_id != resume[0]:
+                    raise ConnectionResetError(f"chunk {resume[0]} of {self.name!r}, cut mid-frame, left the log")
+                prefix, done = resume[1], resume[2]
+                units.append((len(out), chunk_id, end, prefix, done, len(prefix) + len(head) + len(view)))
+                for buf in (prefix, head, view):       # the unit from where the socket stopped
+                    if done >= len(buf):
+                        done -= len(buf)
+                        continue
+                    out.append(buf[done:] if done else buf)
+                    done = 0
+                continue
+            # even {}: it ends the batch (a resumed chunk's SEQS, sent already in part, covers it)
+            prefix = wire.json_frame(wire.SEQS, seqs) if seqs is not None and i == last else b""
+            units.append((len(out), chunk_id, end, prefix, 0, len(prefix) + len(head) + len(view)))
+            if prefix:
+                out.append(prefix)
+            out.append(head)
+            out.append(view)
+        first_tail = len(out)
+        out += tail
+        sent = 0
+        t = self.transport
+        # never once the transport is closing: its descriptor may be closed, and then reused, at any moment
+        if self.fd >= 0 and not t.get_write_buffer_size() and not t.is_closing():
+            try:
+                sent = os.writev(self.fd, out)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                pass        # the transport meets the error with the piece below and ends the connection
+        j = 0
+        n = len(out)
+        while j < n and sent >= len(out[j]):
+            sent -= len(out[j])
+            j += 1
+        if j >= first_tail:
+            # every chunk went (the common case): what is left of the small tail frames is queued as it is
+            if units:
+                self.pos = units[-1][2]
+                if units[-1][3]:
+                    self.seqs_sent = True
+            if j < n:
+                self.writer.writelines([out[j][sent:] if sent else out[j]] + out[j + 1:])
+            return bool(chunks) and seqs is None
+        # cut in chunk unit u: the chunks before it went; it goes on later from where the socket stopped
+        u = len(units) - 1
+        while units[u][0] > j:
+            u -= 1
+        start, chunk_id, end, prefix, done, size = units[u]
+        done += sum(len(out[k]) for k in range(start, j)) + sent
+        piece = out[j][sent:sent + PIECE]
+        if type(piece) is not bytes:
+            piece = bytes(piece)
+            self.st.copied += len(piece)
+        done += len(piece)
+        if prefix:
+            self.seqs_sent = True       # its SEQS goes out whole, before anything else on this connection
+        if done < size:
+            self.pos, self.resume = chunk_id, (chunk_id, prefix, done)
+        else:
+            self.pos = end              # the piece ends the chunk's frame
+        # the tail (COMMIT, OFFSETS) did not go: it goes with the next send
+        self.sent_commit, self.sent_at, self.offsets_seen, self.sent_offsets = self.undo
+        self.writer.writelines([piece])
+        return True
 
 
 class ReplicationPlane:
@@ -353,6 +437,7 @@ class ReplicationPlane:
                 await writer.drain()
                 st = None
                 return
+            writer.transport.set_write_buffer_limits(high=0)     # drain() waits until nothing is queued
             feed = _Feed(self, st, writer, pos, ev)
             feed.member = node
             st.feeds.add(feed)
@@ -366,8 +451,10 @@ class ReplicationPlane:
             acks = AckReader(st, node, feed, reader, writer.transport, ev)
             while not acks.closed and not feed.dropped and self.leading.get(name) is st:
                 ev.clear()
-                more = feed.send()
+                # until what the socket did not take is gone (the buffer limits are 0): a send then writes
+                # straight from LMDB's map, and copies at most what the socket does not take at once
                 await writer.drain()
+                more = feed.send()
                 if more:
                     await asyncio.sleep(0)
                     continue       # more to send at once
@@ -475,8 +562,9 @@ class ReplicationPlane:
 
 class _Following(asyncio.BufferedProtocol):
     """A member's connection to the leader of one stream. The socket is read straight into a
-    :class:`wire.FrameReader`: a chunk lands in a buffer of its own, which goes to the engine as it is
-    (checked once, by its CRC, and put once). The frames of one read are handled as it arrives, so a chunk
+    :class:`wire.FrameReader`: a chunk lands in a receive buffer of the reader's, which goes to the engine
+    as it is (checked once, by its CRC, and put once) and goes back to the reader, to be read into again,
+    once the engine stored it (``stored``). The frames of one read are handled as it arrives, so a chunk
     is stored, and (committed inline, fsync=never) acknowledged, in the same loop turn that read it, with
     no task wake-up in between; every whole batch of that read (the chunks up to each SEQS's last chunk)
     goes to the engine in ONE transaction, acknowledged by one ACK. ``done`` resolves to None (REFUSE), to
@@ -541,22 +629,34 @@ class _Following(asyncio.BufferedProtocol):
             self._finish(exc=e)
             self.transport.close()
 
-    def stored(self, res, exc):
-        """The engine's completion of a batch: it runs once the batch is committed AND synced under the
-        stream's fsync policy, on this thread when the engine committed inline (fsync=never, writer idle),
-        so the ACK goes out at once, with no hop through the loop's wake-up pipe; else on the writer
-        thread."""
+    def stored(self, chunks, res, exc):
+        """The engine's completion of a batch (``chunks``, the reader's buffers it stored): it runs once
+        the batch is committed AND synced under the stream's fsync policy, on this thread when the engine
+        committed inline (fsync=never, writer idle), so the ACK goes out at once, with no hop through the
+        loop's wake-up pipe; else on the writer thread. The buffers go back to the reader only then
+        (the engine no longer reads them), and only after a success: after an error the connection is
+        closed and they are simply dropped."""
         t = self.transport
         if threading.get_ident() == self.loop_thread:
             if exc is None:
                 ReplicationPlane._ack(t, res, self.durable)
+                self._release(chunks)
             else:
                 t.close()
         elif exc is None:
             if not t.is_closing():
-                self.loop.call_soon_threadsafe(ReplicationPlane._ack, t, res, self.durable)
+                self.loop.call_soon_threadsafe(self._stored_later, res, chunks)
         else:
             self.loop.call_soon_threadsafe(t.close)
+
+    def _stored_later(self, res, chunks):
+        ReplicationPlane._ack(self.transport, res, self.durable)
+        self._release(chunks)
+
+    def _release(self, chunks):
+        release = self.frames.release
+        for chunk in chunks:
+            release(chunk)
 
     def _store(self):
         """The whole batches of this read in ONE transaction (one commit, one sync, one ACK), with the
@@ -566,10 +666,16 @@ class _Following(asyncio.BufferedProtocol):
         chunks, self.ready = self.ready, []
         seqs, self.ready_seqs = self.ready_seqs, None
         start, self.start = self.start, False
-        self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start, on_done=self.stored)
+        self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start,
+                                           on_done=functools.partial(self.stored, chunks))
 
     def _frame(self, kind, payload):
         plane, name = self.plane, self.name
+        if kind != wire.CHUNK and type(payload) is memoryview:
+            # a large frame that is no chunk (a SEQS of many publishers): its bytes, and its slab back
+            data = bytes(payload)
+            self.frames.release(payload)
+            payload = data
         if kind == wire.CHUNK:
             h = wire.decode_chunk(payload)      # the CRC is checked by replicate_chunks
             epoch = self.epoch

@@ -24,6 +24,7 @@ Every frame is ``| length u32 | type u8 | payload |`` (big-endian; length counts
 import asyncio
 import json
 import struct
+import threading
 
 # at module level: imported inside decode_chunk they cost three imports per replicated chunk
 from riverbed.engine import core
@@ -76,6 +77,8 @@ def u64(payload):
 
 
 def parse_json(payload):
+    if type(payload) is memoryview:      # a large payload as FrameReader hands it out: json takes no views
+        payload = bytes(payload)
     try:
         obj = json.loads(payload)
     except (ValueError, RecursionError) as e:     # RecursionError: arrays nested a thousand deep
@@ -110,21 +113,78 @@ def split_frames(buf):
     return frames, pos
 
 
+SLAB_MIN = 64 << 10          # the least receive buffer a large payload gets (FrameReader)
+SPARE_MAX = 16 << 20         # bytes of released receive buffers a SlabPool keeps for reuse
+
+
+class SlabPool:
+    """Receive buffers (*slabs*) that :class:`FrameReader`\\ s read large payloads into, kept once released
+    for the next payloads of any reader that shares the pool (all of one loop thread's: see
+    :func:`thread_pool`), so a member's steady stream of chunks allocates and zeroes no memory per chunk
+    and a node holds at most ``keep`` bytes of idle slabs however many streams it follows. A slab is a
+    power of two of at least SLAB_MIN bytes, uninitialised when new (only bytes a read filled are ever
+    handed out). Not thread-safe: one thread's."""
+
+    __slots__ = ("spare", "spare_bytes", "keep")
+
+    def __init__(self, keep=SPARE_MAX):
+        self.spare = {}           # slab size -> released slabs of that size, the last released (warmest) last
+        self.spare_bytes = 0
+        self.keep = keep
+
+    def view(self, size):
+        """A writable memoryview of exactly ``size`` (> 0) bytes over a released slab of the size class
+        that holds them, else over a new one."""
+        cls = max(SLAB_MIN, 1 << (size - 1).bit_length())
+        free = self.spare.get(cls)
+        if free:
+            self.spare_bytes -= cls
+            return memoryview(free.pop())[:size]
+        # not zeroed (core.receive_buffer): the socket fills every byte of the view before it is handed out
+        return memoryview(core.receive_buffer(cls))[:size]
+
+    def give(self, slab):
+        """Keep ``slab`` (a bytearray :meth:`view` made) for reuse, unless the pool holds ``keep`` bytes."""
+        cls = len(slab)
+        if self.spare_bytes + cls <= self.keep and cls >= SLAB_MIN and cls & (cls - 1) == 0:
+            self.spare.setdefault(cls, []).append(slab)
+            self.spare_bytes += cls
+
+
+_threads = threading.local()
+
+
+def thread_pool():
+    """The calling thread's :class:`SlabPool` (made on first use): every FrameReader of one event loop
+    shares it."""
+    pool = getattr(_threads, "pool", None)
+    if pool is None:
+        pool = _threads.pool = SlabPool()
+    return pool
+
+
 class FrameReader:
     """The frames of a byte stream read straight into this reader's buffers (for an
     ``asyncio.BufferedProtocol``: :meth:`get_buffer` is the protocol's ``get_buffer``, :meth:`feed` its
     ``buffer_updated``), with no copy of a large payload: a payload of at least ``big`` bytes is read into
-    a ``bytearray`` of its own, which the caller may keep (a member hands a replicated chunk to the engine
-    as it came off the socket). Smaller frames come out of one scratch buffer as ``bytes``; it is small
-    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload over
-    ``grow`` bytes gets a buffer that doubles as it arrives, so a hostile length reserves little up front.
+    a slab of its own (from ``pool``, by default the thread's :func:`thread_pool`) and handed out as a
+    ``memoryview`` of exactly its bytes, which the caller may keep (a member hands a replicated chunk to
+    the engine as it came off the socket). :meth:`release` gives the slab back once nothing reads the
+    payload any more (the engine stored it), and a next large payload is read into it (issue 23: a fresh
+    zeroed ``bytearray`` per chunk was a third of a member's instructions); a payload never released is
+    simply garbage-collected. Smaller frames come out of one scratch buffer as ``bytes``; it is small
+    (16 KiB) because the start of a large payload that a read brings into it is copied once. A payload
+    over ``grow`` bytes gets a ``bytearray`` that doubles as it arrives (never a slab), so a hostile
+    length reserves little up front.
 
     The same frames as :func:`split_frames` and :func:`read_frame` for the same bytes, whatever the reads
-    (tests/fuzz/t_replication.py checks it). Not thread-safe: one connection's loop thread."""
+    (tests/fuzz/t_replication.py checks it). Not thread-safe: one connection's loop thread (release
+    too)."""
 
-    __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled")
+    __slots__ = ("big", "grow", "scratch", "view", "have", "payload", "payload_view", "kind", "size", "filled",
+                 "pool")
 
-    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20):
+    def __init__(self, scratch=16 << 10, big=4 << 10, grow=4 << 20, pool=None):
         if scratch < big + LEN_FRAME_HEADER:
             raise ValueError("the scratch buffer must hold a whole small frame")
         self.big = big
@@ -132,11 +192,27 @@ class FrameReader:
         self.scratch = bytearray(scratch)
         self.view = memoryview(self.scratch)
         self.have = 0             # bytes of scratch holding data not yet split into frames
-        self.payload = None       # the large payload being read into its own buffer
-        self.payload_view = None
+        self.payload = None       # the large payload being read into its own buffer (a slab's view or,
+        self.payload_view = None  # over ``grow``, a bytearray)
         self.kind = 0
         self.size = 0             # bytes of that payload in all
         self.filled = 0           # bytes of it read so far
+        self.pool = pool if pool is not None else thread_pool()
+
+    def release(self, payload):
+        """Hand back a large payload :meth:`feed` gave (its slab is read into again): call it once the
+        payload is no longer read by anyone, at most once per payload. Anything else (a ``bytes`` or
+        ``bytearray`` payload) is ignored. The payload's memoryview is released, so a use after this raises
+        ValueError instead of reading other bytes."""
+        if type(payload) is not memoryview:
+            return
+        slab = payload.obj
+        try:
+            payload.release()
+        except BufferError:     # something still holds a buffer of it: never reused
+            return
+        if type(slab) is bytearray:
+            self.pool.give(slab)
 
     def get_buffer(self):
         """Where the next read goes: the rest of a large payload, else the scratch buffer's free part
@@ -153,8 +229,9 @@ class FrameReader:
 
     def feed(self, nbytes):
         """``[(type, payload)]``: the frames completed by the ``nbytes`` just read into :meth:`get_buffer`'s
-        buffer (a large payload as its ``bytearray``, the others as ``bytes``). Raises WireError for a
-        length outside 1..MAX_FRAME; the reader is then unusable."""
+        buffer (a large payload as a ``memoryview`` of its slab, or a ``bytearray`` over ``grow`` bytes;
+        the others as ``bytes``). Raises WireError for a length outside 1..MAX_FRAME; the reader is then
+        unusable."""
         if self.payload is not None:
             self.filled += nbytes
             if self.filled < self.size:
@@ -172,15 +249,20 @@ class FrameReader:
             size = length - 1
             start = pos + LEN_FRAME_HEADER
             if size >= self.big:
-                # its own buffer: what of it is here now is copied once, the rest is read straight into it
+                # its own buffer: what of it is here now is copied once (memoryview to memoryview: one
+                # memcpy), the rest is read straight into it
                 got = min(end - start, size)
-                payload = bytearray(max(min(size, self.grow), got))
-                payload[:got] = view[start:start + got]
+                if size <= self.grow:
+                    payload = payload_view = self.pool.view(size)
+                else:
+                    payload = bytearray(max(self.grow, got))
+                    payload_view = memoryview(payload)
+                payload_view[:got] = view[start:start + got]
                 pos = start + got
                 if got == size:
                     frames.append((kind, payload))
                     continue
-                self.payload, self.payload_view = payload, memoryview(payload)
+                self.payload, self.payload_view = payload, payload_view
                 self.kind, self.size, self.filled = kind, size, got
                 break
             if end - start < size:

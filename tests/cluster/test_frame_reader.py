@@ -1,7 +1,8 @@
 """wire.FrameReader (shells/cluster/wire.py): the replication port's frames read straight into buffers, a
-large payload (a member's chunk) into a bytearray of its own that goes to the engine as it was read.
-The frames must be split_frames' for the same bytes whatever the reads, and a large payload must be the
-very buffer the reads filled (no copy after the socket's)."""
+large payload (a member's chunk) into a receive buffer of its own that goes to the engine as it was read
+and, released once stored, is read into again. The frames must be split_frames' for the same bytes
+whatever the reads, a large payload must be the very buffer the reads filled (no copy after the
+socket's), and a released buffer is reused without ever changing a payload not yet released."""
 
 import pytest
 
@@ -42,7 +43,7 @@ def test_the_frames_are_split_frames_whatever_the_reads(cut):
     got = read_in(wire.FrameReader(), data, cut)
     assert [(k, bytes(p)) for k, p in got] == frames == wire.split_frames(data)[0]
     for (k, p) in got:
-        assert type(p) is (bytearray if len(p) >= BIG else bytes)
+        assert type(p) is (memoryview if len(p) >= BIG else bytes)
 
 
 def test_a_large_payload_is_the_buffer_the_reads_filled():
@@ -57,7 +58,7 @@ def test_a_large_payload_is_the_buffer_the_reads_filled():
     target = rest.obj            # the bytearray the rest is read into
     rest[:] = data[1000:]
     ((kind, got),) = reader.feed(len(data) - 1000)
-    assert kind == wire.CHUNK and got is target and got == payload
+    assert kind == wire.CHUNK and got.obj is target and got == payload
 
 
 @pytest.mark.parametrize("length", [0, wire.MAX_FRAME + 1])
@@ -68,3 +69,51 @@ def test_a_bad_length_is_a_wire_error(length):
     buf[:len(data)] = data
     with pytest.raises(wire.WireError):
         reader.feed(len(data))
+
+
+def test_a_released_buffer_is_read_into_again_and_a_held_one_never():
+    reader = wire.FrameReader(pool=wire.SlabPool())
+    sizes = [300_000, 200_000, 250_000, 300_000, 10_000]
+
+    def chunks(which):
+        return b"".join(wire.frame(wire.CHUNK, bytes([i]) * sizes[i]) for i in which)
+    got = read_in(reader, chunks(range(5)), 65536)
+    assert [bytes(p) for _, p in got] == [bytes([i]) * n for i, n in enumerate(sizes)]
+    slabs = [p.obj for _, p in got]
+    assert len({id(s) for s in slabs}) == len(sizes)       # none released yet: five buffers
+    held = got[1][1]
+    for _, p in got[:1] + got[2:]:
+        reader.release(p)
+    with pytest.raises(ValueError):
+        bytes(got[0][1])            # a released payload cannot be read by mistake
+    again = read_in(reader, chunks([0, 2, 3, 4, 1]), 65536)
+    reused = {id(s) for s in slabs} - {id(held.obj)}
+    assert {id(p.obj) for _, p in again[:4]} == reused      # no new buffer for these: the released ones
+    assert again[4][1].obj is not held.obj                  # the held one is not read into
+    assert held == bytes([1]) * 200_000                     # and never changed
+    assert [bytes(p) for _, p in again] == [bytes([i]) * sizes[i] for i in (0, 2, 3, 4, 1)]
+
+
+def test_only_payloads_it_gave_are_reused_and_a_payload_over_grow_is_never():
+    pool = wire.SlabPool()
+    reader = wire.FrameReader(grow=64 << 10, pool=pool)
+    data = wire.frame(wire.CHUNK, b"g" * 200_000)
+    ((_, big),) = read_in(reader, data, 1 << 20)
+    assert type(big) is bytearray and big == b"g" * 200_000     # grew as it arrived: no slab
+    reader.release(big)
+    reader.release(b"x" * 10_000)
+    assert pool.spare == {} and pool.spare_bytes == 0
+
+
+def test_the_readers_of_a_thread_share_one_pool_that_keeps_a_bounded_number_of_bytes():
+    assert wire.FrameReader().pool is wire.FrameReader().pool is wire.thread_pool()
+    pool = wire.SlabPool(keep=1 << 20)
+    readers = [wire.FrameReader(pool=pool) for _ in range(6)]
+    data = wire.frame(wire.CHUNK, b"k" * 300_000)            # a 512 KiB slab each
+    payloads = [read_in(r, data, 1 << 20)[0][1] for r in readers]
+    slabs = {id(p.obj) for p in payloads}
+    for r, p in zip(readers, payloads):
+        r.release(p)
+    assert pool.spare_bytes == 1 << 20 and len(pool.spare[512 << 10]) == 2      # the rest dropped
+    again = read_in(readers[0], data, 1 << 20)[0][1]        # another connection's released slab
+    assert id(again.obj) in slabs and again == b"k" * 300_000

@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from riverbed.engine import Engine
-from riverbed.engine.format import H_CHUNK_ID
+from riverbed.engine.format import H_CHUNK_ID, H_RECORDS
 from riverbed.shells.cluster import wire
 from riverbed.shells.cluster.replication import COMMIT_DELAY, Leading, ReplicationPlane
 
@@ -40,15 +40,17 @@ class LeaderNode(ReplicationPlane):
 
 
 def count_reads(engine, monkeypatch):
-    """Wrap ``engine.read_for_replica``: the list it returns gets (position, chunks read) per call."""
+    """Wrap ``engine.read_replica_views`` (what a member connection reads the log with): the list it returns
+    gets (position, chunks read) per call."""
     reads = []
-    real = engine.read_for_replica
+    real = engine.read_replica_views
 
-    def counted(name, pos, *args, **kw):
-        got = real(name, pos, *args, **kw)
-        reads.append((pos, len(got[0])))
-        return got
-    monkeypatch.setattr(engine, "read_for_replica", counted)
+    def counted(name, pos, fn, *args, **kw):
+        def seen(chunks, seqs):
+            reads.append((pos, len(chunks)))
+            return fn(chunks, seqs)
+        return real(name, pos, seen, *args, **kw)
+    monkeypatch.setattr(engine, "read_replica_views", counted)
     return reads
 
 
@@ -62,6 +64,14 @@ def publish(node, st, record):
     st.recompute()
     st.poke()
     return end, confirmed
+
+
+def publish_many(node, st, records):
+    """:func:`publish` of several records in one append; returns its end offset."""
+    res = node.engine.append("s", records).result()
+    st.recompute()
+    st.poke()
+    return res.last_offset + 1
 
 
 async def frames_until(reader, kind):
@@ -421,9 +431,10 @@ def test_chunk_goes_ahead_to_a_majority_first_the_rest_once_committed(leader_eng
     asyncio.run(run())
 
 
-def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engine, monkeypatch):
-    """Both member connections get the publish's chunk from ONE read of the leader's log (the chunk is
-    copied out of LMDB once, not once per member), and the same bytes; a later publish is read anew."""
+def test_two_members_get_the_same_chunk_bytes_straight_from_the_map(leader_engine, monkeypatch):
+    """Both member connections get the publish's chunk written from LMDB's map (each its own read
+    transaction, no copy of the chunk: the socket took it all), and the same bytes; a later publish is read
+    anew."""
     reads = count_reads(leader_engine, monkeypatch)
 
     async def run():
@@ -446,11 +457,126 @@ def test_two_members_at_the_same_place_share_one_read_of_the_chunks(leader_engin
                 end, _ = publish(node, st, b"record %d" % n)
                 got = [await frames_until(reader, wire.CHUNK) for reader, _ in conns]
                 assert got[0] == got[1]
-                assert wire.decode_chunk(got[0][-1][1])[H_CHUNK_ID] == end - 1
-                assert [r for r in reads if r[1]] == [(end - 1, 1)], reads
+                assert got[0][-1][1] == leader_engine.read_chunks("s", end - 1, 1, limited=False)[0][1]
+                assert [r for r in reads if r[1]] == [(end - 1, 1), (end - 1, 1)], reads
+            assert st.copied == 0
         finally:
             for _, writer in conns:
                 writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+def test_what_a_full_socket_does_not_take_is_copied_and_follows_in_order(leader_engine):
+    """A member that does not read (a small receive buffer, full): the leader's write from the map takes
+    only part of a large batch; the rest is copied before the read transaction ends and queued, and
+    everything after it waits behind it. The member then reads every chunk, byte for byte as stored, in
+    order, with the chunks of a later publish after them."""
+    import socket
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 24)
+        try:
+            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
+                                                      "last": None}))
+            await frames_until(reader, wire.COMMIT)
+            await asyncio.sleep(0.05)
+            (feed,) = st.feeds
+            assert feed.parked
+            # not read by the member while the leader sends: its socket fills up
+            big = [bytes([65 + i % 26]) * 1000 for i in range(4000)]
+            ends = [publish_many(node, st, big)]
+            await asyncio.sleep(0.05)
+            # what the socket did not take is not copied: a piece of the chunk it stopped in wakes the task
+            assert 0 < st.copied <= len(big) * 1000 // 4
+            ends.append(publish_many(node, st, [b"after"] * 10))
+            chunks = []
+            while not chunks or chunks[-1][0] < ends[-1]:
+                k, payload = await asyncio.wait_for(wire.read_frame(reader), WAIT)
+                if k == wire.CHUNK:
+                    h = wire.decode_chunk(payload)
+                    chunks.append((h[H_CHUNK_ID] + h[H_RECORDS], payload))
+            stored = leader_engine.read_chunks("s", 0, 1000, limited=False)
+            assert [bytes(p) for _, p in chunks] == [raw for _, raw in stored]
+        finally:
+            writer.close()
+            server.close()
+            await server.wait_closed()
+    asyncio.run(run())
+
+
+def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
+    """The socket takes a random number of bytes of every write (1 byte to a few KiB): cut in a SEQS, a
+    chunk header, a chunk, a COMMIT. The member still reads exactly the log's chunks, each once and in
+    order, a SEQS before the last chunk of each batch that reached the log end, and the final committed
+    offset; no chunk is copied whole (only pieces of at most PIECE bytes)."""
+    import os
+    import random
+    import types
+
+    import riverbed.shells.cluster.replication as replication
+    rng = random.Random(23)
+
+    def writev(fd, bufs):
+        room = rng.choice([1, 2, 5, 7, 100, 999, 3000, 5000])
+        cut = []
+        for b in bufs:
+            if room <= 0:
+                break
+            cut.append(b[:room])
+            room -= len(cut[-1])
+        return os.writev(fd, cut)
+    monkeypatch.setattr(replication, "os", types.SimpleNamespace(writev=writev))
+    monkeypatch.setattr(replication, "PIECE", 64)
+
+    async def run():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        try:
+            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
+                                                      "last": None}))
+            end = 0
+            for n in range(12):
+                end = publish_many(node, st, [b"%d-%d" % (n, i) * 40 for i in range(1 + n * 37)])
+                if n % 4 == 1:
+                    # a consumer offset: an OFFSETS frame rides behind the chunks, and may be cut off too
+                    leader_engine.store_offset("s", "c%d" % (n // 4 % 2), end - 1).result()
+                if n % 3 == 0:
+                    await asyncio.sleep(0.01)
+            writer.write(wire.u64_frame(wire.ACK, end))
+            chunks, seqs_before, commit, offsets = [], [], -1, {}
+            while commit < end or offsets != leader_engine.stored_offsets("s"):
+                k, payload = await asyncio.wait_for(wire.read_frame(reader), WAIT)
+                if k == wire.OFFSETS:
+                    offsets.update(wire.decode_offsets(payload))
+                if k == wire.CHUNK:
+                    h = wire.decode_chunk(payload)
+                    chunks.append(bytes(payload))
+                    seqs_before.append(prev == wire.SEQS)
+                elif k == wire.SEQS:
+                    wire.decode_seqs(payload)
+                elif k == wire.COMMIT:
+                    commit = wire.u64(payload)
+                prev = k
+            assert commit == end and offsets == {"c0": offsets["c0"], "c1": offsets["c1"]}
+            stored = [raw for _, raw in leader_engine.read_chunks("s", 0, 10000, limited=False)]
+            assert chunks == stored
+            assert seqs_before[-1]          # the last chunk of the log came with its publisher sequences
+            assert st.copied < sum(map(len, stored)) // 4
+            assert h is not None
+        finally:
+            writer.close()
             server.close()
             await server.wait_closed()
     asyncio.run(run())

@@ -215,3 +215,21 @@ def test_large_chunks_are_stored_as_read_and_byte_identical(engines):
     assert acks == [seqs["p"] + 1 for _, seqs in batches]
     assert member.stats.group_commits - commits == len(batches)
     assert member.read_chunks("s", 0, 10_000, limited=False) == leader.read_chunks("s", 0, 10_000, limited=False)
+
+
+def test_a_large_frame_that_is_no_chunk_is_read_as_its_bytes(engines):
+    """A SEQS of many publishers is larger than FrameReader's ``big`` (4 KiB), so it is read into a
+    receive slab as a chunk is: the member decodes it (JSON from a memoryview) and stores every
+    publisher's sequence with its batch. A member that handed json a memoryview failed here (TypeError,
+    and the follow loop retried forever)."""
+    leader, member = engines
+    batches = leader_batches(leader, 2, 2)
+    many = {f"publisher-{i:04d}": 1_000 + i for i in range(300)}
+    batches = [(chunks, {**many, **seqs}) for chunks, seqs in batches]
+    assert len(wire.json_frame(wire.SEQS, batches[0][1])) > 4 << 10
+    member.create_stream("s").result()
+    acks = []
+    asyncio.run(run_leader(batches, Member(member), acks.append))
+    assert acks == [seqs["p"] + 1 for _, seqs in batches]
+    assert member.query_publisher_sequence("s", "publisher-0299") == 1_299
+    assert member.query_publisher_sequence("s", "p") == batches[-1][1]["p"]

@@ -171,3 +171,22 @@ def test_kafka_topic_made_through_one_node_is_served_and_deleted_through_others(
             wait_for(lambda n=n: metadata_partitions(kafka[n], "kt3") is None, what=f"kt3 gone from {n}")
     finally:
         cluster.stop()
+
+
+def test_a_change_begun_here_and_never_ended_stops_holding_etcds_copy_back():
+    """While a change to a super stream is under way on a node (begun, not yet written to etcd), the node
+    does not apply etcd's copy of it (that would undo the change); a change whose caller failed between
+    begin and end must not keep the node from following etcd for ever."""
+    import types
+
+    from riverbed.shells.cluster import superstreams as ss
+    s = ss.SuperStreams(types.SimpleNamespace(engine=None, prefix="/t/"))
+    s.begin("x")
+    s.begin("x")
+    s.ended("x")
+    assert s.busy("x") and not s.busy("y")          # one change still under way
+    s.ended("x")
+    assert not s.busy("x")
+    s.begin("x")                                     # never closed
+    s._begun_at["x"] -= ss.BEGUN_STALE + 1
+    assert not s.busy("x") and "x" not in s.dirty

@@ -129,6 +129,43 @@ def test_a_batch_of_chunks_is_stored_in_one_commit_or_not_at_all(pair):
     assert b.query_publisher_sequence("s", "p") == 3
 
 
+def test_chunks_in_a_reused_receive_buffer_are_stored_as_they_were(pair):
+    """A member hands the engine memoryviews of its receive buffers (shells/cluster/wire.py) and reads
+    the next chunk into the same buffer once the completion ran: what is stored is the view's bytes
+    (not the buffer's), and nothing the engine stored changes when the buffer is read into again, on
+    the inline path (a callback) and through the writer thread (a future)."""
+    a, b = pair
+    for i in range(6):
+        a.append("s", [b"r%d-%d" % (i, j) * (i + 1) for j in range(4)], publishing_ids=[4 * i + j for j in range(4)],
+                 publisher="p").result()
+    raws = [raw for _, raw in chunks(a)]
+    slab = core.receive_buffer(4096)
+    done = []
+    for i, raw in enumerate(raws):
+        view = memoryview(slab)[:len(raw)]
+        view[:] = raw
+        if i % 2:
+            b.replicate_chunks("s", [view], sequences={"p": 4 * i + 3}).result()
+        else:
+            b.replicate_chunks("s", [view], sequences={"p": 4 * i + 3}, on_done=lambda r, e: done.append((r, e)))
+            assert done[-1][1] is None          # inline (fsync=never, writer idle): done before it returns
+        view.release()
+        slab[:] = b"\xee" * len(slab)           # the next read into the same buffer
+    assert chunks(b) == chunks(a)
+    assert b.query_publisher_sequence("s", "p") == 23
+    words = memoryview(bytes(raws[-1])).cast("I") if len(raws[-1]) % 4 == 0 else memoryview(raws[-1])
+    with pytest.raises(ChunkError):
+        b.replicate_chunks("s", [words]).result()    # any other buffer is read as its bytes: an overlap here
+
+
+def test_receive_buffer_is_a_bytearray_of_the_size_asked():
+    buf = core.receive_buffer(100_000)
+    assert type(buf) is bytearray and len(buf) == 100_000
+    assert len(core.receive_buffer(0)) == 0
+    with pytest.raises(ValueError):
+        core.receive_buffer(-1)
+
+
 def test_offsets_version_rises_after_an_offset_commit(pair):
     a, _ = pair
     v = a.offsets_version

@@ -35,6 +35,7 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
+import math
 import time
 
 from riverbed.engine import core
@@ -202,7 +203,10 @@ class ClusterNode(ReplicationPlane):
 
     async def _new_lease(self):
         t0 = time.monotonic()
-        self.lease = await self.etcd.grant(max(1, round(self.ttl)))
+        # etcd leases are whole seconds: ask for the TTL rounded UP, so etcd never lets the lease go before
+        # this node stops trusting it (round(2.5) == 2 would have let a cut-off leader confirm for 0.5 s
+        # after etcd had expired its lease and another node could lead)
+        self.lease = await self.etcd.grant(math.ceil(self.ttl))
         self._lease_until = t0 + self.ttl
         self.progress_sent.clear()      # the progress keys went with the old lease: write them again
         await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)

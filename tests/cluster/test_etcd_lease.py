@@ -94,3 +94,22 @@ def test_renewal_gets_no_answer_in_time_from_a_silent_endpoint():
             await c.close()
             server.close()
     asyncio.run(go())
+
+
+def test_a_fractional_lease_ttl_is_granted_whole_seconds_rounded_up(tmp_path, etcd):
+    """``--lease-ttl 2.5``: etcd grants whole seconds, and the node trusts its lease for 2.5 s, so etcd's
+    lease must be 3 s (round(2.5) gave 2: etcd expired it, and another node could lead, while this one
+    still confirmed)."""
+    from clusterfixtures import running_cluster
+
+    async def granted():
+        c = Etcd(etcd.url)
+        try:
+            kv = await c.get("/riverbed/test/nodes/n1")
+            assert kv is not None and kv.lease
+            r = await c._call("/v3/lease/timetolive", {"ID": str(kv.lease)})
+            return int(r["grantedTTL"])
+        finally:
+            await c.close()
+    with running_cluster(tmp_path, etcd, n=1, lease_ttl=2.5):
+        assert asyncio.run(granted()) == 3

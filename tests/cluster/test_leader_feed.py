@@ -10,6 +10,7 @@ wake-up in between), and a committed offset that no later chunk carries still re
 long before the heartbeat."""
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -37,6 +38,24 @@ class LeaderNode(ReplicationPlane):
     @staticmethod
     def lease_valid():
         return True
+
+
+@contextlib.asynccontextmanager
+async def member_of(leader_engine):
+    """A leader node leading stream "s" (members leader, m1, m2) and a connection to its replication server
+    that sent m1's HELLO: yields ``(node, st, reader, writer)``; the connection and server closed at the end."""
+    node = LeaderNode(leader_engine)
+    st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+    server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+    try:
+        writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
+                                                  "last": None}))
+        yield node, st, reader, writer
+    finally:
+        writer.close()
+        server.close()
+        await server.wait_closed()
 
 
 def count_reads(engine, monkeypatch):
@@ -95,13 +114,7 @@ def leader_engine(tmp_path):
 
 def test_confirm_waits_for_a_member_and_its_commit_arrives_without_a_later_publish(leader_engine):
     async def run():
-        node = LeaderNode(leader_engine)
-        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
-        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        try:
-            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
-                                                      "last": None}))
+        async with member_of(leader_engine) as (node, st, reader, writer):
             first = await frames_until(reader, wire.COMMIT)
             assert first == [(wire.COMMIT, wire.u64_frame(wire.COMMIT, 0)[5:])]
             await asyncio.sleep(0.05)         # the serving task parks
@@ -129,10 +142,6 @@ def test_confirm_waits_for_a_member_and_its_commit_arrives_without_a_later_publi
                 assert got[-1] == (wire.COMMIT, wire.u64_frame(wire.COMMIT, end)[5:])
                 assert asyncio.get_running_loop().time() - t0 < WAIT
                 assert [k for k, _ in got] == [wire.COMMIT]
-        finally:
-            writer.close()
-            server.close()
-            await server.wait_closed()
     asyncio.run(run())
 
 
@@ -143,13 +152,7 @@ def test_commit_rides_with_the_next_chunk_when_it_comes_first(leader_engine, mon
     monkeypatch.setattr(replication, "COMMIT_DELAY", 5.0)
 
     async def run():
-        node = LeaderNode(leader_engine)
-        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
-        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        try:
-            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
-                                                      "last": None}))
+        async with member_of(leader_engine) as (node, st, reader, writer):
             await frames_until(reader, wire.COMMIT)
             await asyncio.sleep(0.05)
             end, confirmed = publish(node, st, b"one")
@@ -163,10 +166,6 @@ def test_commit_rides_with_the_next_chunk_when_it_comes_first(leader_engine, mon
             with pytest.raises(asyncio.TimeoutError):       # nothing more until the next publish
                 await asyncio.wait_for(wire.read_frame(reader), 0.3)
             assert not confirmed2.done()
-        finally:
-            writer.close()
-            server.close()
-            await server.wait_closed()
     assert COMMIT_DELAY < 0.05
     asyncio.run(run())
 
@@ -539,13 +538,7 @@ def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
     monkeypatch.setattr(replication, "PIECE", 64)
 
     async def run():
-        node = LeaderNode(leader_engine)
-        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
-        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
-        try:
-            writer.write(wire.json_frame(wire.HELLO, {"node": "m1", "stream": "s", "epoch": 1, "next": 0,
-                                                      "last": None}))
+        async with member_of(leader_engine) as (node, st, reader, writer):
             end = 0
             for n in range(12):
                 end = publish_many(node, st, [b"%d-%d" % (n, i) * 40 for i in range(1 + n * 37)])
@@ -575,8 +568,4 @@ def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
             assert seqs_before[-1]          # the last chunk of the log came with its publisher sequences
             assert st.copied < sum(map(len, stored)) // 4
             assert h is not None
-        finally:
-            writer.close()
-            server.close()
-            await server.wait_closed()
     asyncio.run(run())

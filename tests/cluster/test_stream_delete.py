@@ -419,10 +419,11 @@ def tombstone(cluster, name):
     return None if kv is None else kv.json()
 
 
-def age_tombstone(cluster, name, seconds):
-    """Make the tombstone of ``name`` ``seconds`` older (the test stands for the time that passes)."""
+def age_tombstone(cluster, name, seconds, kind="deleted"):
+    """Make the tombstone of ``name`` ``seconds`` older (the test stands for the time that passes): a stream's
+    (``deleted/<name>``) or, with ``kind="superstreams"``, a super stream definition's."""
     async def older(c):
-        key = f"/riverbed/test/deleted/{name}"
+        key = f"/riverbed/test/{kind}/{name}"
         kv = await c.get(key)
         t = kv.json()
         assert await c.replace(key, kv.mod_revision, dict(t, at=t["at"] - seconds))
@@ -666,15 +667,6 @@ def test_bindings_made_through_two_nodes_at_once_are_all_kept(cluster):
     assert_gone_everywhere(cluster, ["two-0", "two-1"], superstream="two")
 
 
-def age_super_tombstone(cluster, name, seconds):
-    async def older(c):
-        key = f"/riverbed/test/superstreams/{name}"
-        kv = await c.get(key)
-        t = kv.json()
-        assert await c.replace(key, kv.mod_revision, dict(t, at=t["at"] - seconds))
-    etcd_call(cluster, older)
-
-
 def test_super_stream_tombstones_are_collected_once_every_node_forgot_it_or_after_the_max_age(cluster):
     """A deleted super stream's definition leaves a tombstone (``"deleted": true``) listing every node
     that ever joined; each takes itself off once its definition is gone and the last deletes it, as a
@@ -696,7 +688,7 @@ def test_super_stream_tombstones_are_collected_once_every_node_forgot_it_or_afte
             assert super_key(cluster, name)["deleted"] is True
             assert partitions_of(n3.port, name) == parts
             if name == "sgc2":
-                age_super_tombstone(cluster, name, 8 * DAY)      # past --tombstone-max-age (7 days)
+                age_tombstone(cluster, name, 8 * DAY, kind="superstreams")      # past --tombstone-max-age (7 days)
                 wait_for(lambda: super_key(cluster, name) is None, what=f"{name}'s tombstone past its max age")
         finally:
             (cluster.hold_dir / "n3").unlink()

@@ -42,7 +42,7 @@ from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
 from riverbed.engine.format import H_EPOCH
 from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import deletion, incarnation, membership, pace, placement, view, viewhold
+from riverbed.shells.cluster import deletion, incarnation, leader_path, membership, pace, placement, view, viewhold
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
@@ -128,6 +128,7 @@ class ClusterNode(ReplicationPlane):
         self._kicked = asyncio.Event()
         self._tick_now = asyncio.Event()  # wakes the control loop (tick_soon)
         self._resting = False             # the control loop sleeps until pace.next_run
+        self.holding = 0                  # confirms waiting for a majority, on every stream led here (hold)
         self.role_hooks = []              # fn() after this node begins or stops leading a stream (docs.py)
         self.beat_hooks = []              # fn() on every lease renewal's wake-up, TTL/3 apart (docs.py)
         self._changing = asyncio.Lock()   # a reconcile, a promotion or a resignation: one at a time
@@ -781,11 +782,19 @@ class ClusterNode(ReplicationPlane):
                 cb(res, exc if exc is not None or st is not None else NotLeader(f"{stream!r} lost its leader"))
                 return
             end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
-            st.wait(end, lambda err: cb(res, None) if err is None else cb(None, err))
+            self.holding += 1
+
+            def done(err):
+                self.holding -= 1
+                cb(res, None) if err is None else cb(None, err)
+            st.wait(end, done)
             if self._resting and st.waiting:
                 self._tick_now.set()        # its --replication-timeout is timed from now (pace.py)
             st.recompute()
             st.poke_behind(end)     # a chunk sent ahead of its commit (leader_path.py) went already
+            if st.committed < end and self.holding == 1 and leader_path.ACK_POLL:
+                # the only confirm this node waits for: its ACK is polled for, not slept for (leader_path)
+                leader_path.poll_acks(st, end, leader_path.ACK_POLL)
         return held
 
     def metadata(self, stream):

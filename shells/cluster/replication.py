@@ -105,8 +105,9 @@ class Leading:
         committed = min(offsets[min(majority, len(offsets)) - 1], local)
         if committed > self.committed and self.node.lease_valid() and not self.frozen:
             self.committed = committed
-            self.node.engine.set_read_limit(self.name, committed)
+            # the confirms first, then the readers: the latency a publisher waits on is the first
             self.release()
+            self.node.engine.set_read_limit(self.name, committed)
             behind = self._behind
             if behind is not None and committed >= behind[0]:
                 self._poke_behind_now()     # after the confirms: the other members' copies go out now
@@ -206,7 +207,7 @@ class _Feed:
 
     __slots__ = ("plane", "st", "name", "writer", "transport", "ev", "pos", "parked", "sent_commit",
                  "sent_at", "sent_offsets", "offsets_seen", "dropped", "seqs_sent", "member", "fd", "tail", "undo",
-                 "resume")
+                 "resume", "acker")
 
     def __init__(self, plane, st, writer, pos, ev):
         self.plane = plane
@@ -230,6 +231,7 @@ class _Feed:
         self.tail = None
         self.undo = None
         self.resume = None      # (chunk id, its SEQS frame or b"", bytes of its frames written): send goes on there
+        self.acker = None
 
     def can_send_ahead(self, chunk_id):
         """Whether chunk ``chunk_id`` may go out now, ahead of its local commit (leader_path.py): the
@@ -589,6 +591,7 @@ class _Following(asyncio.BufferedProtocol):
         self.ready = []             # whole batches of this read, stored together at its end (_store)
         self.ready_seqs = None
         self.ack_asked = False      # a COMMIT of this read wants its heartbeat answer
+        self.commit_after = None    # a COMMIT read behind chunks of this read: applied once they are stored
 
     def begin(self, next_offset, empty):
         self.durable[0] = next_offset
@@ -620,6 +623,10 @@ class _Following(asyncio.BufferedProtocol):
                     return
             if self.ready:
                 self._store()
+            commit = self.commit_after
+            if commit is not None:
+                self.commit_after = None
+                self._commit(commit)
             if self.ack_asked:
                 self.ack_asked = False
                 if time.monotonic() - self.durable[1] >= ACK_QUIET:
@@ -669,6 +676,15 @@ class _Following(asyncio.BufferedProtocol):
         self.plane.engine.replicate_chunks(self.name, chunks, sequences=seqs, start=start,
                                            on_done=functools.partial(self.stored, chunks))
 
+    def _commit(self, commit):
+        """A COMMIT: this member's readers may see up to ``commit``."""
+        self.plane.engine.set_read_limit(self.name, commit)
+        self.plane.observers.heard_commit(self.name, commit)
+        if time.monotonic() - self.durable[1] >= ACK_QUIET:
+            # answered at the end of the read (a member that acknowledged a chunk a moment ago was
+            # heard already: answering every COMMIT doubled the ACKs the leader reads)
+            self.ack_asked = True
+
     def _frame(self, kind, payload):
         plane, name = self.plane, self.name
         if kind != wire.CHUNK and type(payload) is memoryview:
@@ -705,13 +721,12 @@ class _Following(asyncio.BufferedProtocol):
             self.seqs = wire.decode_seqs(payload)
             return
         if kind == wire.COMMIT:
-            commit = wire.u64(payload)
-            plane.engine.set_read_limit(name, commit)
-            plane.observers.heard_commit(name, commit)
-            if time.monotonic() - self.durable[1] >= ACK_QUIET:
-                # answered at the end of the read (a member that acknowledged a chunk a moment ago was
-                # heard already: answering every COMMIT doubled the ACKs the leader reads)
-                self.ack_asked = True
+            if self.ready:
+                # after this read's store and ACK (buffer_updated): the leader's confirm waits on the ACK,
+                # not on this offset, which only covers chunks stored before the ones now ready
+                self.commit_after = wire.u64(payload)
+            else:
+                self._commit(wire.u64(payload))
             return
         if self.ready:
             self._store()       # whatever comes after a batch acts after it is stored (as sent)

@@ -569,3 +569,98 @@ def test_a_send_cut_anywhere_goes_on_byte_for_byte(leader_engine, monkeypatch):
             assert st.copied < sum(map(len, stored)) // 4
             assert h is not None
     asyncio.run(run())
+
+
+def _ahead_connection(leader_engine):
+    """A leader with SendAhead and member m1 joined (this test, over loopback): ``(node, st, feed, reader,
+    writer, close)``."""
+    from riverbed.shells.cluster.leader_path import SendAhead
+
+    async def make():
+        node = LeaderNode(leader_engine)
+        st = node.leading["s"] = Leading(node, "s", 1, ["leader", "m1", "m2"])
+        leader_engine.replica_feed = SendAhead(node)
+        server = await asyncio.start_server(node._serve_member, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        feed = await joined(node, st, reader, writer)
+        # the first chunk on a connection goes after the commit, with the whole sequence table: after it,
+        # chunks go ahead (the case poll_acks is for)
+        end, exc, confirmed = publish_inline(node, st, b"first")
+        await frames_until(reader, wire.CHUNK)
+        writer.write(wire.u64_frame(wire.ACK, end))
+        assert await asyncio.wait_for(confirmed, WAIT) is None
+
+        async def close():
+            writer.close()
+            server.close()
+            await server.wait_closed()
+        return node, st, feed, reader, writer, close
+    return make()
+
+
+def test_a_lone_confirm_polls_for_its_ack_and_is_written_before_the_loop_runs_again(leader_engine):
+    """poll_acks (leader_path.py): the member's ACK, sent from another thread while the loop's thread polls,
+    is handled in place: the committed offset moves and the confirm's callback runs before poll_acks
+    returns, with no turn of the loop in between (the loop is busy in it)."""
+    import socket
+    import threading
+
+    from riverbed.shells.cluster import leader_path
+
+    async def run():
+        node, st, feed, reader, writer, close = await _ahead_connection(leader_engine)
+        try:
+            # the member's socket, duplicated for a thread to write on
+            sock = socket.fromfd(writer.transport.get_extra_info("socket").fileno(), socket.AF_INET,
+                                 socket.SOCK_STREAM)
+            for n in range(3):
+                end, exc, confirmed = publish_inline(node, st, b"polled %d" % n)
+                assert exc is None and feed.pos == end and not confirmed.done()
+                # the member answers 20 ms later, on its own thread: the loop's thread is polling then
+                threading.Timer(0.02, sock.sendall, [wire.u64_frame(wire.ACK, end)]).start()
+                assert leader_path.poll_acks(st, end, 5.0) is True
+                assert st.committed == end and leader_engine.read_limit("s") == end
+                assert confirmed.done() and confirmed.result() is None
+                got = await frames_until(reader, wire.CHUNK)
+                assert wire.decode_chunk(got[-1][1])[H_CHUNK_ID] == end - 1
+            sock.close()
+        finally:
+            await close()
+    asyncio.run(run())
+
+
+def test_polling_gives_up_after_its_budget_and_the_ack_then_comes_through_the_loop(leader_engine):
+    """No ACK within the budget: poll_acks returns False after about ``budget`` seconds, nothing moved;
+    the ACK that comes later is read by the connection's transport as before. A member connection that
+    ends while polled: poll_acks returns at once and leaves the end of file to the transport."""
+    import time
+
+    from riverbed.shells.cluster import leader_path
+
+    async def run():
+        node, st, feed, reader, writer, close = await _ahead_connection(leader_engine)
+        try:
+            end, exc, confirmed = publish_inline(node, st, b"late ack")
+            t0 = time.perf_counter()
+            assert leader_path.poll_acks(st, end, 0.05) is False
+            assert 0.05 <= time.perf_counter() - t0 < 0.05 + WAIT
+            assert st.committed == end - 1 and not confirmed.done()
+            writer.write(wire.u64_frame(wire.ACK, end))
+            assert await asyncio.wait_for(confirmed, WAIT) is None
+
+            end, exc, confirmed = publish_inline(node, st, b"member gone")
+            await frames_until(reader, wire.CHUNK)
+            writer.close()
+            await asyncio.sleep(0.05)      # the FIN is on the leader's socket before the poll starts
+            t0 = time.perf_counter()
+            assert leader_path.poll_acks(st, end, 5.0) is False
+            assert time.perf_counter() - t0 < 1.0
+            assert not confirmed.done()
+            for _ in range(200):            # the transport reads the end of file: the connection ends
+                if feed.acker.closed:
+                    break
+                await asyncio.sleep(0.01)
+            assert feed.acker.closed
+        finally:
+            await close()
+    asyncio.run(run())

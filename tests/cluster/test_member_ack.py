@@ -233,3 +233,48 @@ def test_a_large_frame_that_is_no_chunk_is_read_as_its_bytes(engines):
     assert acks == [seqs["p"] + 1 for _, seqs in batches]
     assert member.query_publisher_sequence("s", "publisher-0299") == 1_299
     assert member.query_publisher_sequence("s", "p") == batches[-1][1]["p"]
+
+
+def test_a_commit_read_behind_a_chunk_moves_the_read_limit_after_that_chunk_is_acked(engines, monkeypatch):
+    """A leader that sends a chunk ahead puts the moved committed offset behind it in the same write (SEQS,
+    CHUNK, COMMIT): the member stores the chunk and writes its ACK first (the leader's confirm waits on
+    it), then lets its readers see up to the COMMIT's offset, which covers only chunks it held already.
+    The read limit still ends at that offset."""
+    leader, member = engines
+    batches = leader_batches(leader, 2, 1)
+    member.create_stream("s").result()
+    events = []
+    real_ack = ReplicationPlane._ack
+    monkeypatch.setattr(ReplicationPlane, "_ack", staticmethod(
+        lambda writer, offset, durable: (events.append(("ack", offset)), real_ack(writer, offset, durable))))
+    real_limit = member.set_read_limit
+    monkeypatch.setattr(member, "set_read_limit",
+                        lambda name, offset: (events.append(("limit", offset)), real_limit(name, offset)))
+    (first, seqs1), (second, seqs2) = batches
+    end1, end2 = seqs1["p"] + 1, seqs2["p"] + 1
+    done = []
+
+    async def run():
+        async def serve(reader, writer):
+            kind, _ = await wire.read_frame(reader)
+            assert kind == wire.HELLO
+            writer.writelines(batch_frames(first, seqs1))
+            assert wire.u64((await wire.read_frame(reader))[1]) == end1
+            # the second chunk, and behind it in the same write the offset the first one made committed
+            writer.writelines(batch_frames(second, seqs2) + [wire.u64_frame(wire.COMMIT, end1)])
+            assert wire.u64((await wire.read_frame(reader))[1]) == end2
+            writer.write(wire.json_frame(wire.REFUSE, {"reason": "test over"}))
+            await writer.drain()
+            done.append(True)
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            await asyncio.wait_for(Member(member)._follow_once("s", "leader", 1, {
+                "advertised_host": "127.0.0.1", "replication_port": port}), 30)
+        finally:
+            server.close()
+    asyncio.run(run())
+    assert done
+    assert events == [("ack", end1), ("ack", end2), ("limit", end1)]
+    assert member.read_limit("s") == end1

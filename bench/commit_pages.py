@@ -63,10 +63,10 @@ def count(env, path, commit, commits):
 
 
 def engine_counts(fill, commits, fsync="batch", dense=False):
-    from riverbed.engine import Engine, sparse, writer
+    from riverbed.engine import Engine, sparse, staged, writer
     if dense:       # what every commit wrote before sparse.py: an index entry and the state record
         sparse.TIME_INDEX_EVERY = 1
-        writer.STATE_SAVE_EVERY = 1
+        writer.STATE_SAVE_EVERY = staged.STATE_SAVE_EVERY = 1     # the one-message and group commits'
     tmp = tempfile.mkdtemp(prefix="rb-commit-pages-")
     eng = Engine(os.path.join(tmp, "d"), fsync=fsync, retention_interval=0)
     try:

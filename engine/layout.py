@@ -40,7 +40,7 @@ from riverbed.engine.errors import InvalidArgument
 from riverbed.engine.format import BLOOM_DEFAULT_SIZE, BLOOM_MAX_SIZE, BLOOM_MIN_SIZE
 
 DEFAULT_CHUNK_MAX_BYTES = (1 << 20) - 1024   # data bytes; a chunk + Deliver prefix fits a 1 MiB frame_max
-# Records per chunk of a commit's last chunk of a stream (the chunks before it: writer.CHUNK_BODY_RECORDS).
+# Records per chunk of a commit's last chunk of a stream (the chunks before it: staged.CHUNK_BODY_RECORDS).
 # A reader at "last" starts at the last chunk, so the bound is how far back "last" reaches.
 DEFAULT_CHUNK_MAX_RECORDS = 1000
 MAX_STREAM_NAME = 255                 # bytes of UTF-8, as RabbitMQ queue names

@@ -42,7 +42,7 @@ from riverbed.shells.broker.records import RecordBatch, chunk_span
 log = logging.getLogger("riverbed.broker")
 
 DELIVER_BUDGET = 32     # chunks one pump may deliver before yielding to other connections
-READ_BYTES = 4 << 20    # about this many chunk bytes per read: chunks of up to 1 MiB (writer.CHUNK_BODY_RECORDS)
+READ_BYTES = 4 << 20    # about this many chunk bytes per read: chunks of up to 1 MiB (staged.CHUNK_BODY_RECORDS)
                         # would otherwise put 32 MiB in the broker at once for one subscriber
 MODE_CREDIT = "credit"
 MODE_WINDOW = "window"

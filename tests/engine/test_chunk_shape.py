@@ -1,4 +1,4 @@
-"""The chunk shape (issue 26, writer.CHUNK_BODY_RECORDS): the appends of one commit to a stream are stored in
+"""The chunk shape (issue 26, staged.CHUNK_BODY_RECORDS): the appends of one commit to a stream are stored in
 chunks of up to CHUNK_BODY_RECORDS records (and the stream's bytes per chunk), except the commit's last chunk
 of that stream, which holds at most the stream's chunk-max-records (1,000 by default). Offset spec LAST
 delivers the last chunk, so it reaches back at most 1,000 records, while a reader from the start gets

@@ -1,4 +1,4 @@
-"""The closing-chunk invariant (writer.CHUNK_BODY_RECORDS): after every commit, the last chunk of a stream
+"""The closing-chunk invariant (staged.CHUNK_BODY_RECORDS): after every commit, the last chunk of a stream
 holds at most its chunk-max-records (1,000 by default; an entry that alone holds more excepted), so offset
 spec LAST never delivers more than that, however the commit's appends came out.
 

@@ -1,6 +1,6 @@
 """A caller's sealed chunk over the stream's bounds (a 5,000-record Publish or Produce, alone in its commit,
 whose closing chunk may hold 1,000 records) is stored as several chunks cut in place: views of the caller's
-buffer, each with its own header and CRC, no copy of the data (writer._cut_in_place)."""
+buffer, each with its own header and CRC, no copy of the data (staged._Staged._cut_in_place)."""
 
 import pytest
 

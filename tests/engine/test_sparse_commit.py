@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from riverbed.engine import Engine, OffsetSpec, sparse, writer
+from riverbed.engine import Engine, OffsetSpec, sparse, staged, writer
 from riverbed.engine.layout import _CHUNK_KEY, _Stream
 
 _ROOT = struct.Struct("<Q")     # md_root of LMDB's MDB_db record (the value of a named db's key), at 40
@@ -220,7 +220,8 @@ def test_a_directory_written_with_a_state_per_commit_and_a_dense_index_opens_and
     plan = _plan()[:300]
     with monkeypatch.context() as m:
         m.setattr(sparse, "TIME_INDEX_EVERY", 1)
-        m.setattr(writer, "STATE_SAVE_EVERY", 1)
+        m.setattr(writer, "STATE_SAVE_EVERY", 1)     # the one-message commit's
+        m.setattr(staged, "STATE_SAVE_EVERY", 1)     # the group commit's
         old = _build(tmp_path / "d", clock, plan)
         want = _info(old, "t")
         old.close()

@@ -11,7 +11,7 @@ thread does not stall an asyncio loop. Only this thread writes to the environmen
 
 This module holds the thread, its queue, the requests it takes, the group commit and the one-message
 commits that skip it (inline on the caller's thread, ``_commit_alone``). What one group commit stages, and
-the chunk shape, are in staged.py.
+the chunk shape, are in staged.py; retention and the purge of deleted streams in housekeeping.py.
 """
 
 import json
@@ -24,10 +24,11 @@ import lmdb
 
 from riverbed.engine import core
 from riverbed.engine.errors import InvalidArgument, RiverbedError, StorageFull, StreamNotFound
-from riverbed.engine.format import H_RECORDS, H_TIMESTAMP, LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
+from riverbed.engine.format import LEN_CHUNK_HEADER, TRACKING_OFFSET, TRACKING_SEQUENCE
+# retention and purging; PURGE_KEYS is read here by tests
+from riverbed.engine.housekeeping import PURGE_KEYS, Housekeeping  # noqa: F401
 from riverbed.engine.layout import (
-    _CHUNK_KEY, _SID, _TIME_KEY, _U64, CHUNK_EPOCH, FSYNC_RANK, TS_BIAS, AppendResult, PublishingIds, _check_name,
-    _tracking_key,
+    _U64, CHUNK_EPOCH, FSYNC_RANK, AppendResult, PublishingIds, _check_name, _tracking_key,
 )
 from riverbed.engine.replica_alone import replicate_alone
 from riverbed.engine.sparse import STATE_SAVE_EVERY, put_chunk
@@ -37,7 +38,6 @@ from riverbed.engine.staged import CHUNK_BODY_RECORDS, NO_SEQUENCE, _Deferred, _
 log = logging.getLogger("riverbed.engine")
 
 SEQ_KEYS_MAX = 4096             # publisher tracking keys the one-message commit keeps built
-PURGE_KEYS = 1000               # keys (and finished streams) of deleted streams one purge transaction takes, at most
 _tuple_new = tuple.__new__
 
 # --------------------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ class Done:
 # the writer thread
 
 
-class _Writer(threading.Thread):
+class _Writer(Housekeeping, threading.Thread):
     """Applies queued operations in group commits. Only this thread writes to the environment."""
 
     def __init__(self, engine, retention_interval, max_batch_bytes):
@@ -114,21 +114,12 @@ class _Writer(threading.Thread):
         self.engine = engine
         self.queue = queue.SimpleQueue()
         self.stopping = False
-        self.retention_interval = retention_interval
         self.max_batch_bytes = max_batch_bytes
-        self._next_retention = time.monotonic() + retention_interval
+        self._init_housekeeping(retention_interval)     # retention and purging (housekeeping.py)
         self._seq_cache = {}      # (sid, publisher) -> last publishing id, committed
         # (sid, publisher) -> its tracking key, built once for _commit_alone (stream ids are never reused,
         # so an entry never goes stale; _seq_key empties the dict when it reaches SEQ_KEYS_MAX)
         self._seq_keys = {}
-        self._purge = []          # sids of deleted streams whose keys are still to be removed
-        # names of the streams with a retention limit, or None to list them again (_retention); counters
-        # of the work the housekeeping did, which tests hold against the number of streams (issue 26)
-        self._limited = None
-        self._head_due = {}           # sid -> time (ms) until which its first chunk is within max-age
-        self.retention_visits = 0     # streams _retention looked at, summed over its ticks
-        self.retention_trims = 0      # streams it read in a write transaction (_trim)
-        self.purge_steps = 0          # purge transactions
         self._stopped = threading.Event()
         # Who writes: every write transaction runs holding _claim, on this thread or, for a small
         # operation that finds nothing queued, on the caller's thread (commit_inline). _outstanding
@@ -410,11 +401,6 @@ class _Writer(threading.Thread):
         except lmdb.Error:
             log.warning("stream states not saved at stop; the next open rolls them forward", exc_info=True)
 
-    def _idle_timeout(self):
-        if self._purge:
-            return 0.001
-        return max(0.01, self._next_retention - time.monotonic()) if self.retention_interval else None
-
     def _fail_pending(self, exc):
         while True:
             try:
@@ -423,21 +409,6 @@ class _Writer(threading.Thread):
                 return
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
-
-    def _housekeeping(self, force_retention=False):
-        try:
-            if self._purge:
-                self._purge_step()
-            if force_retention or (self.retention_interval and time.monotonic() >= self._next_retention):
-                self._next_retention = time.monotonic() + self.retention_interval
-                self._retention()
-        except lmdb.MapFullError:
-            # a purge or trim transaction needs a page more than the map has: grow it, or (no space) try
-            # again at the next pass; what they free is what a full disk waits for
-            try:
-                self._grow(0)
-            except StorageFull as e:
-                self._storage_full(e)
 
     def _storage_full(self, exc):
         now = time.monotonic()
@@ -645,158 +616,6 @@ class _Writer(threading.Thread):
                     cb(name)
                 except Exception:
                     log.exception("create listener failed")
-
-    # --------------------------------------------------------------------------- retention and purging
-
-    def _retention(self):
-        """Trim every stream over its retention limit. Only streams that have a limit are looked at: their
-        names are listed again after a creation or deletion (``_limited``), not walked from all streams at
-        every tick, so a broker holding 10,000 streams without limits pays nothing per stream and second
-        (issue 26). A stream within its bytes is read (a write transaction, ``_trim``) only once its first
-        chunk may be over ``max-age``: not every stream with a limit every second. Runs under ``_claim``,
-        as ``_publish`` does."""
-        eng = self.engine
-        limited = self._limited
-        if limited is None:
-            states = [s for s in list(eng._streams.values()) if s.max_bytes is not None or s.max_age_ms is not None]
-            limited = self._limited = [s.name for s in states]
-            live = {s.sid for s in states}
-            self._head_due = {sid: due for sid, due in self._head_due.items() if sid in live}
-        self.retention_visits += len(limited)
-        now = eng.clock()
-        streams = eng._streams
-        head_due = self._head_due
-        for name in limited:
-            s = streams.get(name)
-            if s is None or s.chunks <= 1:
-                continue
-            if s.max_bytes is None or s.bytes <= s.max_bytes:
-                # within its bytes: only its age can trim it, and not before its first chunk is too old
-                # (a head only moves forward, so the time noted at the last pass is never too late)
-                if s.max_age_ms is None or now <= head_due.get(s.sid, now - 1):
-                    continue
-            self._trim(name, s, now)
-
-    def _trim(self, name, s, now):
-        """Remove whole chunks from the head of ``s`` until it is within its limits, keeping the last
-        chunk, in transactions of at most 1,000 chunks so appends are not held up for long."""
-        eng = self.engine
-        self.retention_trims += 1
-        while True:
-            new = s.copy()
-            removed = 0
-            eng._gate.enter()
-            try:
-                with eng.env.begin(write=True, buffers=True) as txn:
-                    cur = txn.cursor(db=eng._db_chunks)
-                    ok = cur.set_range(_CHUNK_KEY.pack(s.sid, 0))
-                    while ok and removed < 1000 and new.chunks > 1:
-                        sid, chunk_id = _CHUNK_KEY.unpack(cur.key())
-                        if sid != s.sid:
-                            break
-                        h = core.read_header(cur.value())
-                        size = len(cur.value())
-                        too_big = new.max_bytes is not None and new.bytes > new.max_bytes
-                        too_old = new.max_age_ms is not None and h[H_TIMESTAMP] < now - new.max_age_ms
-                        if not (too_big or too_old):
-                            if new.max_age_ms is not None:   # the head stays until then (_retention)
-                                self._head_due[s.sid] = h[H_TIMESTAMP] + new.max_age_ms
-                            break
-                        txn.delete(_TIME_KEY.pack(sid, h[H_TIMESTAMP] + TS_BIAS, chunk_id), db=eng._db_time)
-                        ok = cur.delete()
-                        new.bytes -= size
-                        new.records -= h[H_RECORDS]
-                        new.chunks -= 1
-                        removed += 1
-                    if removed:
-                        new.first_chunk = _CHUNK_KEY.unpack(cur.key())[1] if ok else new.last_chunk
-                        txn.put(name.encode(), new.encode(), db=eng._db_streams)
-            finally:
-                eng._gate.leave()
-            if not removed:
-                return
-            with eng._lock:
-                cur_s = eng._streams.get(name)
-                if cur_s is None or cur_s.sid != s.sid:
-                    return
-                # appends may have committed meanwhile; only the head moved here
-                merged = cur_s.copy()
-                merged.first_chunk = new.first_chunk
-                merged.bytes -= s.bytes - new.bytes
-                merged.records -= s.records - new.records
-                merged.chunks -= s.chunks - new.chunks
-                eng._streams[name] = merged
-            log.debug("retention removed %d chunks from %s; first chunk now %d", removed, name,
-                      new.first_chunk)
-            s = merged
-            if removed < 1000:
-                self._release()
-                return
-
-    def _find_orphans(self):
-        """Stream ids with keys but no stream (a delete interrupted by a crash) are purged again."""
-        eng = self.engine
-        live = {s.sid for s in eng._streams.values()}
-        found = set()
-        with eng.read_txn() as txn:
-            for db in (eng._db_chunks, eng._db_tracking, eng._db_time):
-                cur = txn.cursor(db=db)
-                ok = cur.first()
-                while ok:
-                    sid = _SID.unpack_from(cur.key())[0]
-                    if sid not in live:
-                        found.add(sid)
-                    ok = cur.set_range(_SID.pack(sid + 1)) if sid < 0xFFFFFFFF else False
-        self._purge.extend(sorted(found))
-
-    def _purge_step(self):
-        """Remove up to PURGE_KEYS keys of deleted streams in one transaction, of as many streams as they
-        span. One transaction per deleted stream made 10,000 deleted streams (the bench's memory row)
-        10,000 transactions, one after each commit of the appends going on meanwhile, which doubled what
-        a published message cost until they were done (issue 26); a few chunks each, they are now a few
-        dozen. Returns the keys removed plus the streams finished (the step's work)."""
-        eng = self.engine
-        purge = self._purge
-        removed = finished = 0
-        self.purge_steps += 1
-        eng._gate.enter()
-        try:
-            with eng.env.begin(write=True, buffers=True) as txn:
-                cursors = [txn.cursor(db=db) for db in (eng._db_chunks, eng._db_time, eng._db_tracking)]
-                for sid in purge:
-                    prefix = _SID.pack(sid)
-                    for cur in cursors:
-                        ok = cur.set_range(prefix)
-                        while ok and removed < PURGE_KEYS and bytes(cur.key()[:4]) == prefix:
-                            ok = cur.delete()
-                            removed += 1
-                    if removed >= PURGE_KEYS:
-                        break       # this stream may have keys left: the next step looks again
-                    finished += 1
-                    removed += 1    # a stream with no keys left costs its three seeks: bound them too
-        finally:
-            eng._gate.leave()
-        gone = set(purge[:finished + 1])
-        del purge[:finished]
-        if finished:
-            self._release()
-        if self._seq_cache:
-            self._seq_cache = {k: v for k, v in self._seq_cache.items() if k[0] not in gone}
-        return removed
-
-    def _release(self):
-        """After a purge or a trim while space is short (a growth was refused): commit one tiny write, so
-        that the pages just freed can be reused at once. LMDB gives a transaction only the pages freed
-        before the last commit, and refused appends commit nothing."""
-        eng = self.engine
-        if eng._space is None or eng._space.refused is None:
-            return
-        eng._gate.enter()
-        try:
-            with eng.env.begin(write=True) as txn:
-                txn.put(b"released", _U64.pack(time.time_ns()), db=eng._db_meta)
-        finally:
-            eng._gate.leave()
 
 
 class _NotAlone(Exception):

@@ -573,13 +573,19 @@ class _Staged:
             self._store(s, chunk, h[H_RECORDS], ts if ts > s.last_ts else s.last_ts, h[H_CHUNK_ID])
         return s.next_offset
 
-    def trim_head(self, name, offset):
-        """Delete the chunks of ``name`` that end at or before ``offset``, keeping the last chunk
-        (Engine.trim_head); the stream's first offset after it."""
+    def _closed(self, name):
+        """The staged state of ``name`` with its pending entries stored: the stream's last chunk for now, so
+        they keep to the closing bound (CHUNK_BODY_RECORDS) before a trim or truncate reads its chunks."""
         s = self.stream(name)
         p = self.pending.get(name)
         if p is not None:
-            self._flush(s, p, True)     # the stream's last chunk for now: the closing bound (CHUNK_BODY_RECORDS)
+            self._flush(s, p, True)
+        return s
+
+    def trim_head(self, name, offset):
+        """Delete the chunks of ``name`` that end at or before ``offset``, keeping the last chunk
+        (Engine.trim_head); the stream's first offset after it."""
+        s = self._closed(name)
         eng = self.engine
         txn = self.txn
         cur = txn.cursor(db=eng._db_chunks)
@@ -607,10 +613,7 @@ class _Staged:
 
     def truncate(self, name, offset):
         """Delete the chunks of ``name`` at or after ``offset`` (Engine.truncate); the next offset."""
-        s = self.stream(name)
-        p = self.pending.get(name)
-        if p is not None:
-            self._flush(s, p, True)     # the stream's last chunk for now: the closing bound (CHUNK_BODY_RECORDS)
+        s = self._closed(name)
         eng = self.engine
         txn = self.txn
         cur = txn.cursor(db=eng._db_chunks)

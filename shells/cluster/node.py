@@ -1,5 +1,16 @@
 """One Riverbed node in a cluster: membership in etcd, stream placement and leadership, replication.
 
+:class:`ClusterNode` is this module's state, life cycle (``start``, ``register``, ``stop``), reconcile with
+the cluster state (``_refresh``) and placement of the streams made or deleted here, plus one mixin per
+role, each in its own module:
+
+* lease.py (:class:`~riverbed.shells.cluster.lease.LeaseHolder`): the etcd lease and its keep-alive;
+* control.py (:class:`~riverbed.shells.cluster.control.ControlLoops`): the control loop and the reconcile loop;
+* roles.py (:class:`~riverbed.shells.cluster.roles.Roles`): a stream's role here: follow, elect, lead, resign;
+* shell_hooks.py (:class:`~riverbed.shells.cluster.shell_hooks.ShellHooks`): what the broker and the
+  shells call (``check_write``, ``hold``, Metadata, ...), and :class:`NotLeader`;
+* replication.py (:class:`~riverbed.shells.cluster.replication.ReplicationPlane`): the data plane.
+
 etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
 
 * ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
@@ -12,8 +23,8 @@ etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.ke
 
 The leader of a stream is the only node that appends to it; its members copy its chunks over the
 replication port (replication.py, wire.py) and acknowledge their durable offset. The committed offset is
-the highest one a majority of the members hold: the leader's confirms wait for it (:meth:`ClusterNode.hold`, the one
-hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
+the highest one a majority of the members hold: the leader's confirms wait for it (``ClusterNode.hold``,
+shell_hooks.py: the one hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
 
 When a leader's node key expires, the live members that have lost it report their final position; once
 a majority of the members has done so, the one with the highest (epoch of its last chunk, next offset)
@@ -35,16 +46,17 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
-import math
 import time
 
 from riverbed.engine.errors import RiverbedError, StreamNotFound
-from riverbed.shells.cluster import deletion, incarnation, membership, pace, placement, view, viewhold
+from riverbed.shells.cluster import deletion, incarnation, membership, placement, viewhold
+from riverbed.shells.cluster.control import TICK_MAX, ControlLoops
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.leader_path import SendAhead
+from riverbed.shells.cluster.lease import LeaseHolder
 from riverbed.shells.cluster.remote_read import Observers
 from riverbed.shells.cluster.replication import ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
 from riverbed.shells.cluster.roles import Roles
@@ -56,19 +68,14 @@ log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
-TICK_MAX = 0.25            # seconds between two runs of the local timers (confirm timeouts, resigning, SAC), at most
-RECONCILE_EVERY = 0.5      # lease TTLs between two reconciles with the cluster state that no change in etcd asked for
 SAFETY_READ_EVERY = 5      # lease TTLs between two full reads of the cluster's keys (the watch's safety net)
-KEEPALIVES_PER_TTL = 3     # lease renewals per lease TTL
-# the directories whose changes the node reacts to at once (progress/ only while it waits for an election)
-REACT_DIRS = frozenset(("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR))
 
 
 def prefix_of(cluster):
     return f"/riverbed/{cluster}/"
 
 
-class ClusterNode(Roles, ShellHooks, ReplicationPlane):
+class ClusterNode(LeaseHolder, ControlLoops, Roles, ShellHooks, ReplicationPlane):
     """This process as a member of cluster ``cfg.cluster`` (etcd ``cfg.etcd``, name ``cfg.node``).
 
     ``await start()`` before the listeners start (joins etcd, takes its streams' roles), ``await
@@ -192,127 +199,6 @@ class ClusterNode(Roles, ShellHooks, ReplicationPlane):
         except EtcdError:
             pass
         await self.etcd.close()
-
-    def lease_valid(self):
-        return time.monotonic() < self._lease_until
-
-    async def _new_lease(self):
-        t0 = time.monotonic()
-        # etcd leases are whole seconds: ask for the TTL rounded UP, so etcd never lets the lease go before
-        # this node stops trusting it (round(2.5) == 2 would have let a cut-off leader confirm for 0.5 s
-        # after etcd had expired its lease and another node could lead)
-        self.lease = await self.etcd.grant(math.ceil(self.ttl))
-        self._lease_until = t0 + self.ttl
-        self.progress_sent.clear()      # the progress keys went with the old lease: write them again
-        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
-
-    async def _keepalive_loop(self):
-        while True:
-            # every TTL/3, as etcd's own client renews: a renewal two thirds of a TTL late still keeps it
-            await asyncio.sleep(self.ttl / KEEPALIVES_PER_TTL)
-            self._beat()
-            t0 = time.monotonic()
-            try:
-                ttl = await self.etcd.keepalive(self.lease)
-            except EtcdError as e:
-                log.debug("cluster: etcd keepalive failed: %s", e)
-                self.etcd_view.suspect()     # the watch may hang on the same etcd: read and watch anew
-                continue
-            if ttl > 0:
-                self._lease_until = t0 + self.ttl
-                continue
-            # the lease expired (this node was paused or cut off): every stream it led may have a new
-            # leader by now, so it stops confirming and takes a new lease as a plain member
-            log.warning("cluster: lease lost; stepping down from %d stream(s)", len(self.leading))
-            self._lease_until = 0
-            for name in list(self.leading):
-                self._step_down(name)
-            try:
-                await self._new_lease()
-            except EtcdError as e:
-                log.warning("cluster: cannot take a new lease: %s", e)
-
-    def _beat(self):
-        """On each renewal's wake-up: the fallback looks (the control loop's periodic checks, docs.py's look
-        at the changelog) ride on it instead of waking the process on timers of their own (pace.py)."""
-        self.tick_soon()
-        for fn in self.beat_hooks:
-            fn()
-
-    async def _control_loop(self):
-        """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off
-        from its members resigning, forwarded requests and SAC upkeep; and a reconcile every
-        RECONCILE_EVERY lease TTLs (what changes with time alone: abstentions, idle observer copies,
-        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py). When it
-        runs: pace.py (at most every min(TTL/6, TICK_MAX), and only while something it times is under way)."""
-        next_reconcile = time.monotonic() + RECONCILE_EVERY * self.ttl
-        while True:
-            await pace.rest(self, min(self.ttl / 6, TICK_MAX), next_reconcile)
-            now = time.monotonic()
-            try:
-                for st in list(self.leading.values()):
-                    st.expire(now)
-                    if not self.lease_valid():
-                        continue
-                    st.recompute()
-                    if st.learners or self._cut_off(st, now):
-                        async with self._changing:     # not while a reconcile changes the same state
-                            if st.learners:
-                                await membership.promote(self, st)
-                            if self._cut_off(st, now):
-                                await self._resign(st)
-                # a live member fell behind (paused, slow): the leader reports its position on every
-                # tick, so the member's lag shows at once (view.member_behind), not at the next reconcile
-                if self.etcd_view.current and any(view.member_behind(st, st.local_next(), self.nodes)
-                                                  for st in list(self.leading.values())):
-                    await self._report_progress()
-            except EtcdError as e:
-                log.debug("cluster: control loop: %s", e)
-            except Exception:
-                log.exception("cluster: control loop failed")
-            if now >= next_reconcile:
-                next_reconcile = now + RECONCILE_EVERY * self.ttl
-                if pace.reconcile_wanted(self, now):
-                    self.kick()
-            self._upkeep()
-
-    def _upkeep(self):
-        self.forwarding.route_changed()
-        try:
-            self.sac.tick()
-        except Exception:
-            log.exception("cluster: single-active-consumer upkeep failed")
-
-    def kick(self):
-        """Reconcile with the cluster state soon (coalesced): a change in etcd, a leader found gone."""
-        self._kicked.set()
-
-    def tick_soon(self):
-        """Run the control loop now if it rests (pace.py): work it times has begun (a held confirm, a
-        forwarded request). Cheap when it does not."""
-        if self._resting:
-            self._tick_now.set()
-
-    def _view_changed(self, dirs):
-        # progress reports matter at once only to a member waiting for an election (the detached reports)
-        if not dirs.isdisjoint(REACT_DIRS) or (self.detached and "progress/" in dirs):
-            self._kicked.set()
-
-    async def _reconcile_loop(self):
-        while True:
-            await self._kicked.wait()
-            self._kicked.clear()
-            try:
-                async with self._changing:
-                    # never act on a copy older than this node's own last write (it would undo it)
-                    await self.etcd_view.catch_up(self.etcd.written)
-                    await self._refresh()
-            except EtcdError as e:
-                log.debug("cluster: reconcile: %s", e)     # the view logs an outage once
-            except Exception:
-                log.exception("cluster: reconciling with the cluster state failed")
-            self._upkeep()
-            self.tick_soon()        # it may have made work the control loop times (a stream led, learners)
 
     # ------------------------------------------------------------------------------ etcd state
 
@@ -445,6 +331,8 @@ class ClusterNode(Roles, ShellHooks, ReplicationPlane):
             log.info("cluster: stream %s placed on %s (leader %s)", name, ",".join(members), self.name)
             kv = await self.etcd.get(self.prefix + "streams/" + name)
             self.placements[name] = (p, kv.mod_revision if kv else 0)
+
+    # ------------------------------------------------------------------------------ streams made or deleted here
 
     def _stream_created(self, name):
         """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""

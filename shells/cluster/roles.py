@@ -5,10 +5,11 @@ Owns what the node does with one stream's placement (``streams/<stream>`` in etc
 names this node, and, when the leader's lease is gone, reports this member's final position
 (``progress/<stream>/<node>``, :meth:`Roles._report_progress`) and, once a majority of the members has
 reported, elects the one with the highest (epoch of its last chunk, next offset) by compare-and-swap
-(:meth:`Roles._maybe_elect`). Leading (:meth:`Roles._lead`) starts a :class:`~riverbed.shells.cluster.replication.Leading`
-at the stream's epoch; a leader that has not heard from a majority of its members for a lease TTL
-(:meth:`Roles._cut_off`) leaves the seat empty at a new epoch (:meth:`Roles._resign`); stepping down fails
-the confirms it held (:meth:`Roles._step_down`). Every change of a placement is a CAS in etcd.
+(:meth:`Roles._maybe_elect`). Leading (:meth:`Roles._lead`) starts a
+:class:`~riverbed.shells.cluster.replication.Leading` at the stream's epoch; a leader that has not heard
+from a majority of its members for a lease TTL (:meth:`Roles._cut_off`) leaves the seat empty at a new
+epoch (:meth:`Roles._resign`); stepping down fails the confirms it held (:meth:`Roles._step_down`). Every
+change of a placement is a CAS in etcd.
 
 Why a module of its own: these are the safety-critical transitions of issue 23 (who may confirm, at which
 epoch), read best together and apart from the node's life cycle and loops. :class:`Roles` is a mixin of

@@ -52,9 +52,6 @@ MAJORITY_FIRST = True
 # seconds a confirm that is the only one its node waits for polls for its member's ACK (poll_acks); 0: never
 ACK_POLL = 0.0002
 SEQS_NONE = wire.json_frame(wire.SEQS, {})
-LEN_FRAME_HEAD = wire.LEN_FRAME_HEADER
-ACK_HEAD = wire.head(wire.ACK, 8)
-LEN_ACK = LEN_FRAME_HEAD + 8
 
 
 class SendAhead:
@@ -141,9 +138,8 @@ class AckReader(asyncio.Protocol):
         if self.closed:
             return
         buf = self.buf
-        if not buf and len(data) == LEN_ACK and data[:LEN_FRAME_HEAD] == ACK_HEAD:
-            acked = wire.u64(data[LEN_FRAME_HEAD:])     # one whole ACK, the usual read: no buffering
-        else:
+        acked = None if buf else wire.lone_ack(data)    # one whole ACK, the usual read: no buffering
+        if acked is None:
             buf += data
             try:
                 frames, used = wire.split_frames(buf)

@@ -94,6 +94,16 @@ def parse_json(payload):
 # tests/fuzz/t_replication.py.
 
 U64_MAX = (1 << 64) - 1
+_ACK_HEAD = _HEAD.pack(9, ACK)
+LEN_ACK_FRAME = LEN_FRAME_HEADER + 8
+
+
+def lone_ack(data):
+    """The offset of ``data`` when it is exactly one whole ACK frame (what a leader reads from a member
+    almost every time), else None: then :func:`split_frames` reads it. Never raises."""
+    if len(data) == LEN_ACK_FRAME and data[:LEN_FRAME_HEADER] == _ACK_HEAD:
+        return _U64.unpack_from(data, LEN_FRAME_HEADER)[0]
+    return None
 
 
 def split_frames(buf):

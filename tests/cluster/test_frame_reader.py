@@ -117,3 +117,19 @@ def test_the_readers_of_a_thread_share_one_pool_that_keeps_a_bounded_number_of_b
     assert pool.spare_bytes == 1 << 20 and len(pool.spare[512 << 10]) == 2      # the rest dropped
     again = read_in(readers[0], data, 1 << 20)[0][1]        # another connection's released slab
     assert id(again.obj) in slabs and again == b"k" * 300_000
+
+
+def test_lone_ack_reads_exactly_one_whole_ack_frame_and_nothing_else():
+    """wire.lone_ack, the leader's shortcut for the usual read from a member (leader_path.AckReader): the
+    offset of a read that is one whole ACK frame; None for anything split_frames must read instead (a
+    partial frame, two frames, another type, a wrong length), so that the shortcut never reads what
+    split_frames would not."""
+    ack = wire.u64_frame(wire.ACK, 123_456_789_012)
+    assert wire.lone_ack(ack) == 123_456_789_012
+    assert wire.lone_ack(bytearray(ack)) == 123_456_789_012
+    assert wire.lone_ack(ack[:-1]) is None
+    assert wire.lone_ack(ack + ack) is None
+    assert wire.lone_ack(ack + b"\0") is None
+    assert wire.lone_ack(wire.u64_frame(wire.COMMIT, 5)) is None
+    assert wire.lone_ack(b"\0\0\0\x0a" + ack[4:] + b"\0") is None     # a 9-byte ACK payload: not this shape
+    assert wire.lone_ack(b"") is None

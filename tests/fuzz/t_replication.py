@@ -71,6 +71,10 @@ class ReplicationTarget:
             again = b"".join(wire.frame(k, p) for k, p in frames)
             if again != body[:used] or used > len(body):
                 raise InvariantBroken("split_frames: the frames do not re-encode to the bytes consumed")
+        # the leader's shortcut for a read that is one ACK (leader_path.AckReader) says what split_frames says
+        ack = wire.lone_ack(body)
+        if ack is not None and (frames != [(wire.ACK, wire.u64_frame(wire.ACK, ack)[5:])] or used != len(body)):
+            raise InvariantBroken("lone_ack read an ACK that split_frames does not")
         read = self.loop.run_until_complete(self._read_all(pieces(flags, body)))
         buffered, buffered_error = self._read_buffered(pieces(flags, body))
         if split_error is None:

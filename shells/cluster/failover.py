@@ -36,7 +36,7 @@ Safety (nothing confirmed is lost, nothing is confirmed at an epoch a later lead
   again reach a majority, and the CAS on the placement makes the new leader unique at e + 1.
 * A refused dial while L is in fact alive (say, restarted on the same port and not yet leading) costs
   liveness at worst, never safety: that member stays out of epoch e until the placement changes (a
-  restarted leader empties its seat at a new epoch itself, see node.py ``_take_role``).
+  restarted leader empties its seat at a new epoch itself, see roles.py ``_take_role``).
 
 What the fast path does not cover: SIGSTOP and network partitions leave the sockets open (or dials
 hanging rather than refused), so those still fail over on the lease: the leader's node key expires,

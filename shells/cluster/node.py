@@ -1,5 +1,16 @@
 """One Riverbed node in a cluster: membership in etcd, stream placement and leadership, replication.
 
+:class:`ClusterNode` is this module's state, life cycle (``start``, ``register``, ``stop``), reconcile with
+the cluster state (``_refresh``) and placement of the streams made or deleted here, plus one mixin per
+role, each in its own module:
+
+* lease.py (:class:`~riverbed.shells.cluster.lease.LeaseHolder`): the etcd lease and its keep-alive;
+* control.py (:class:`~riverbed.shells.cluster.control.ControlLoops`): the control loop and the reconcile loop;
+* roles.py (:class:`~riverbed.shells.cluster.roles.Roles`): a stream's role here: follow, elect, lead, resign;
+* shell_hooks.py (:class:`~riverbed.shells.cluster.shell_hooks.ShellHooks`): what the broker and the
+  shells call (``check_write``, ``hold``, Metadata, ...), and :class:`NotLeader`;
+* replication.py (:class:`~riverbed.shells.cluster.replication.ReplicationPlane`): the data plane.
+
 etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
 
 * ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
@@ -12,8 +23,8 @@ etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.ke
 
 The leader of a stream is the only node that appends to it; its members copy its chunks over the
 replication port (replication.py, wire.py) and acknowledge their durable offset. The committed offset is
-the highest one a majority of the members hold: the leader's confirms wait for it (:meth:`ClusterNode.hold`, the one
-hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
+the highest one a majority of the members hold: the leader's confirms wait for it (``ClusterNode.hold``,
+shell_hooks.py: the one hook in the broker) and every node's readers are limited to it (``Engine.set_read_limit``).
 
 When a leader's node key expires, the live members that have lost it report their final position; once
 a majority of the members has done so, the one with the highest (epoch of its last chunk, next offset)
@@ -35,46 +46,36 @@ Loop thread only (the broker's loop), except the engine completions posted back 
 
 import asyncio
 import logging
-import math
 import time
 
-from riverbed.engine import core
 from riverbed.engine.errors import RiverbedError, StreamNotFound
-from riverbed.engine.format import H_EPOCH
-from riverbed.shells.broker.core import NotLeaderError
-from riverbed.shells.cluster import deletion, incarnation, leader_path, membership, pace, placement, view, viewhold
+from riverbed.shells.cluster import deletion, incarnation, membership, placement, viewhold
+from riverbed.shells.cluster.control import TICK_MAX, ControlLoops
 from riverbed.shells.cluster.etcd import Etcd, EtcdError
 from riverbed.shells.cluster.etcdview import EtcdView
 from riverbed.shells.cluster.failover import LeaderWatch
 from riverbed.shells.cluster.forward import Forwarder
 from riverbed.shells.cluster.leader_path import SendAhead
+from riverbed.shells.cluster.lease import LeaseHolder
 from riverbed.shells.cluster.remote_read import Observers
-from riverbed.shells.cluster.replication import Leading, ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
+from riverbed.shells.cluster.replication import ReplicationPlane, ReplicationTimeout  # noqa: F401 (re-exported)
+from riverbed.shells.cluster.roles import Roles
 from riverbed.shells.cluster.sac import ClusterSac
+from riverbed.shells.cluster.shell_hooks import NotLeader, ShellHooks
 from riverbed.shells.cluster.superstreams import KEY_DIR as SUPERSTREAMS_DIR, SuperStreams
 
 log = logging.getLogger("riverbed.cluster")
 
 DEFAULT_CLUSTER_SIZE = 3
 STARTUP_WAIT = 10.0        # seconds a starting node waits for etcd before it gives up
-TICK_MAX = 0.25            # seconds between two runs of the local timers (confirm timeouts, resigning, SAC), at most
-RECONCILE_EVERY = 0.5      # lease TTLs between two reconciles with the cluster state that no change in etcd asked for
 SAFETY_READ_EVERY = 5      # lease TTLs between two full reads of the cluster's keys (the watch's safety net)
-PROGRESS_EVERY = 0.5       # lease TTLs between two progress reports that only move offsets forward
-KEEPALIVES_PER_TTL = 3     # lease renewals per lease TTL
-# the directories whose changes the node reacts to at once (progress/ only while it waits for an election)
-REACT_DIRS = frozenset(("nodes/", "streams/", "deleted/", SUPERSTREAMS_DIR))
-
-
-class NotLeader(NotLeaderError):
-    """This node does not lead the stream (or lost its lease): publish to the leader Metadata names."""
 
 
 def prefix_of(cluster):
     return f"/riverbed/{cluster}/"
 
 
-class ClusterNode(ReplicationPlane):
+class ClusterNode(LeaseHolder, ControlLoops, Roles, ShellHooks, ReplicationPlane):
     """This process as a member of cluster ``cfg.cluster`` (etcd ``cfg.etcd``, name ``cfg.node``).
 
     ``await start()`` before the listeners start (joins etcd, takes its streams' roles), ``await
@@ -198,127 +199,6 @@ class ClusterNode(ReplicationPlane):
         except EtcdError:
             pass
         await self.etcd.close()
-
-    def lease_valid(self):
-        return time.monotonic() < self._lease_until
-
-    async def _new_lease(self):
-        t0 = time.monotonic()
-        # etcd leases are whole seconds: ask for the TTL rounded UP, so etcd never lets the lease go before
-        # this node stops trusting it (round(2.5) == 2 would have let a cut-off leader confirm for 0.5 s
-        # after etcd had expired its lease and another node could lead)
-        self.lease = await self.etcd.grant(math.ceil(self.ttl))
-        self._lease_until = t0 + self.ttl
-        self.progress_sent.clear()      # the progress keys went with the old lease: write them again
-        await self.etcd.put(self.prefix + "nodes/" + self.name, self.address, lease=self.lease)
-
-    async def _keepalive_loop(self):
-        while True:
-            # every TTL/3, as etcd's own client renews: a renewal two thirds of a TTL late still keeps it
-            await asyncio.sleep(self.ttl / KEEPALIVES_PER_TTL)
-            self._beat()
-            t0 = time.monotonic()
-            try:
-                ttl = await self.etcd.keepalive(self.lease)
-            except EtcdError as e:
-                log.debug("cluster: etcd keepalive failed: %s", e)
-                self.etcd_view.suspect()     # the watch may hang on the same etcd: read and watch anew
-                continue
-            if ttl > 0:
-                self._lease_until = t0 + self.ttl
-                continue
-            # the lease expired (this node was paused or cut off): every stream it led may have a new
-            # leader by now, so it stops confirming and takes a new lease as a plain member
-            log.warning("cluster: lease lost; stepping down from %d stream(s)", len(self.leading))
-            self._lease_until = 0
-            for name in list(self.leading):
-                self._step_down(name)
-            try:
-                await self._new_lease()
-            except EtcdError as e:
-                log.warning("cluster: cannot take a new lease: %s", e)
-
-    def _beat(self):
-        """On each renewal's wake-up: the fallback looks (the control loop's periodic checks, docs.py's look
-        at the changelog) ride on it instead of waking the process on timers of their own (pace.py)."""
-        self.tick_soon()
-        for fn in self.beat_hooks:
-            fn()
-
-    async def _control_loop(self):
-        """The local timers: confirms past --replication-timeout, learners to promote, a leader cut off
-        from its members resigning, forwarded requests and SAC upkeep; and a reconcile every
-        RECONCILE_EVERY lease TTLs (what changes with time alone: abstentions, idle observer copies,
-        progress reports). etcd is not read here: its changes arrive by the watch (etcdview.py). When it
-        runs: pace.py (at most every min(TTL/6, TICK_MAX), and only while something it times is under way)."""
-        next_reconcile = time.monotonic() + RECONCILE_EVERY * self.ttl
-        while True:
-            await pace.rest(self, min(self.ttl / 6, TICK_MAX), next_reconcile)
-            now = time.monotonic()
-            try:
-                for st in list(self.leading.values()):
-                    st.expire(now)
-                    if not self.lease_valid():
-                        continue
-                    st.recompute()
-                    if st.learners or self._cut_off(st, now):
-                        async with self._changing:     # not while a reconcile changes the same state
-                            if st.learners:
-                                await membership.promote(self, st)
-                            if self._cut_off(st, now):
-                                await self._resign(st)
-                # a live member fell behind (paused, slow): the leader reports its position on every
-                # tick, so the member's lag shows at once (view.member_behind), not at the next reconcile
-                if self.etcd_view.current and any(view.member_behind(st, st.local_next(), self.nodes)
-                                                  for st in list(self.leading.values())):
-                    await self._report_progress()
-            except EtcdError as e:
-                log.debug("cluster: control loop: %s", e)
-            except Exception:
-                log.exception("cluster: control loop failed")
-            if now >= next_reconcile:
-                next_reconcile = now + RECONCILE_EVERY * self.ttl
-                if pace.reconcile_wanted(self, now):
-                    self.kick()
-            self._upkeep()
-
-    def _upkeep(self):
-        self.forwarding.route_changed()
-        try:
-            self.sac.tick()
-        except Exception:
-            log.exception("cluster: single-active-consumer upkeep failed")
-
-    def kick(self):
-        """Reconcile with the cluster state soon (coalesced): a change in etcd, a leader found gone."""
-        self._kicked.set()
-
-    def tick_soon(self):
-        """Run the control loop now if it rests (pace.py): work it times has begun (a held confirm, a
-        forwarded request). Cheap when it does not."""
-        if self._resting:
-            self._tick_now.set()
-
-    def _view_changed(self, dirs):
-        # progress reports matter at once only to a member waiting for an election (the detached reports)
-        if not dirs.isdisjoint(REACT_DIRS) or (self.detached and "progress/" in dirs):
-            self._kicked.set()
-
-    async def _reconcile_loop(self):
-        while True:
-            await self._kicked.wait()
-            self._kicked.clear()
-            try:
-                async with self._changing:
-                    # never act on a copy older than this node's own last write (it would undo it)
-                    await self.etcd_view.catch_up(self.etcd.written)
-                    await self._refresh()
-            except EtcdError as e:
-                log.debug("cluster: reconcile: %s", e)     # the view logs an outage once
-            except Exception:
-                log.exception("cluster: reconciling with the cluster state failed")
-            self._upkeep()
-            self.tick_soon()        # it may have made work the control loop times (a stream led, learners)
 
     # ------------------------------------------------------------------------------ etcd state
 
@@ -452,205 +332,7 @@ class ClusterNode(ReplicationPlane):
             kv = await self.etcd.get(self.prefix + "streams/" + name)
             self.placements[name] = (p, kv.mod_revision if kv else 0)
 
-    async def _take_role(self, name, p, rev):
-        leader, epoch = p["leader"], p["epoch"]
-        if epoch < self.max_epoch.get(name, 0):
-            return
-        self.max_epoch[name] = epoch
-        self.watch.forget(name, epoch)
-        if leader == self.name:
-            st = self.leading.get(name)
-            if st is None and membership.given_to_me(self, p):
-                await membership.take_given(self, name, p)
-            elif st is None:
-                # an earlier run of this node led it (a restart): leave the seat empty at a new epoch,
-                # so that the member holding the most of the log is elected, not whoever restarts
-                new = dict(p, epoch=epoch + 1, leader="")
-                if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
-                    log.info("cluster: %s restarted as leader of %s; election at epoch %d", self.name, name,
-                             epoch + 1)
-                    kv = await self.etcd.get(self.prefix + "streams/" + name)
-                    self.placements[name] = (new, kv.mod_revision if kv else rev)
-            elif st.epoch != epoch:
-                self._lead(name, epoch, p["members"])
-            else:
-                st.members, st.learners = list(p["members"]), membership.learners_of(p)
-                if p.get("leaving") == self.name:
-                    membership.start_hand_off(self, name)
-            return
-        if name in self.leading:
-            self._step_down(name)
-        if not self.engine.has_stream(name):
-            await self._create_local(name, p.get("arguments") or {})
-        if leader in self.nodes and not self.watch.is_lost(name, leader, epoch):
-            f = self.following.get(name)
-            if f is None or f[0] != leader or f[1] != epoch or f[2].done():
-                if f is not None:
-                    f[2].cancel()
-                self.detached.pop(name, None)
-                if self.engine.read_limit(name) is None:
-                    self.engine.set_read_limit(name, 0)
-                task = asyncio.get_running_loop().create_task(self._follow(name, leader, epoch))
-                self.following[name] = (leader, epoch, task)
-            return
-        # the leader's lease is gone (or its dial refused): report a final position, then elect once a
-        # majority has
-        f = self.following.pop(name, None)
-        if f is not None:
-            f[2].cancel()
-        if self.name not in p["members"]:
-            return          # a learner: it neither votes nor stands
-        if self.abstain.get(name, 0) > time.monotonic():
-            return          # it resigned this stream: the others elect
-        if self.detached.get(name) != epoch:
-            self.detached[name] = epoch
-            await self._report_progress()      # at once: the other members wait for this report
-        await self._maybe_elect(name, p, rev)
-
-    async def _create_local(self, name, arguments):
-        self._member_creating.add(name)
-        self.engine.set_read_limit(name, 0)
-        try:
-            await asyncio.wrap_future(self.engine.create_stream(name, arguments))
-        except RiverbedError as e:
-            if self.engine.has_stream(name):
-                return
-            log.error("cluster: cannot create member copy of %s: %s", name, e)
-            return
-        # before it holds a chunk: a copy without a record is taken for the placement found next
-        incarnation.record(self, name, self.incarnations.get(name))
-
-    def _position(self, name):
-        """``(epoch of the last chunk, next offset)`` of the local log of ``name``."""
-        try:
-            s = self.engine._current(name)
-        except StreamNotFound:
-            return 0, 0
-        if s.last_chunk < 0:
-            return 0, s.next_offset
-        # the header only, read in place: every progress report asks, and a chunk is up to some MB
-        epoch = self.engine.read_chunk_views(
-            name, s.last_chunk, lambda got: core.read_header(got[0][1])[H_EPOCH] if got else 0, limited=False)
-        return epoch, s.next_offset
-
-    async def _report_progress(self):
-        for name, (p, _) in list(self.placements.items()):     # a deletion may drop one meanwhile
-            if not membership.take_part(self, name, p) or name in self._member_deleting:
-                continue          # (a copy being dropped reports nothing: it may be another stream's)
-            epoch, nxt = self._position(name)
-            st = self.leading.get(name)
-            value = {"node": self.name, "stream": name, "last_epoch": epoch, "next": nxt,
-                     "committed": st.committed if st is not None else (self.engine.read_limit(name) or 0),
-                     "detached": self.detached.get(name)}
-            sent = self.progress_sent.get(name)
-            if sent != value and not self._progress_can_wait(name, sent, value):
-                await self.etcd.put(f"{self.prefix}progress/{name}/{self.name}", value, lease=self.lease)
-                self.progress_sent[name] = value
-                self.progress_at[name] = time.monotonic()
-
-    def _progress_can_wait(self, name, sent, value):
-        """A report that only moves ``next``/``committed`` forward waits up to PROGRESS_EVERY lease TTLs
-        since the last one: under steady publishing every poll would write one (an etcd write and its
-        raft round per node and poll) while only the status command reads those fields; elections read
-        the ``detached`` reports, and a change of epoch or of ``detached`` is written at once."""
-        if (sent is None or any(sent.get(k) != value[k] for k in ("last_epoch", "detached"))
-                or value["next"] < sent.get("next", 0) or value["committed"] < sent.get("committed", 0)):
-            return False
-        st = self.leading.get(name)
-        if st is not None and view.member_behind(st, value["next"], self.nodes):
-            return False        # a live member fell behind: its lag shows now, not half a TTL later
-        return time.monotonic() - self.progress_at.get(name, 0.0) < self.ttl * PROGRESS_EVERY
-
-    async def _maybe_elect(self, name, p, rev):
-        members = p["members"]
-        majority = len(members) // 2 + 1
-        reports = {}
-        for kv in await self.etcd.get_prefix(f"{self.prefix}progress/{name}/"):
-            try:
-                r = kv.json()
-            except ValueError:
-                continue
-            if r.get("node") in members and r.get("node") in self.nodes and r.get("detached") == p["epoch"]:
-                reports[r["node"]] = r
-        epoch, nxt = self._position(name)
-        reports[self.name] = {"node": self.name, "last_epoch": epoch, "next": nxt}
-        if len(reports) < majority:
-            return
-        best = max(reports.values(), key=lambda r: (r["last_epoch"], r["next"], r["node"]))
-        if best["node"] != self.name:
-            return
-        new = dict(p, epoch=p["epoch"] + 1, leader=self.name)
-        if await self.etcd.replace(self.prefix + "streams/" + name, rev, new):
-            log.info("cluster: %s elected leader of %s at epoch %d (next offset %d)", self.name, name,
-                     new["epoch"], nxt)
-            self.max_epoch[name] = new["epoch"]
-            self.detached.pop(name, None)
-            kv = await self.etcd.get(self.prefix + "streams/" + name)
-            self.placements[name] = (new, kv.mod_revision if kv else rev)
-            self._lead(name, new["epoch"], members)
-
-    # ------------------------------------------------------------------------------ leading
-
-    def _lead(self, name, epoch, members):
-        f = self.following.pop(name, None)
-        if f is not None:
-            f[2].cancel()
-        old = self.leading.get(name)
-        if old is not None:
-            old.fail_all(NotLeader(f"{name!r} changed epoch"))
-        self.engine.set_epoch(name, epoch)
-        st = self.leading[name] = Leading(self, name, epoch, members)
-        # what this node held before it led is committed only once a majority holds it again
-        st.committed = self.engine.read_limit(name) or 0
-        if self.engine.read_limit(name) is None:
-            self.engine.set_read_limit(name, 0)
-        st.recompute()
-        log.info("cluster: leading %s at epoch %d, members %s", name, epoch, ",".join(members))
-        self._roles_changed()
-
-    def _roles_changed(self):
-        for fn in self.role_hooks:
-            fn()
-
-    def _cut_off(self, st, now):
-        """Whether this leader has not heard from a majority of ``st``'s members (itself included) for one
-        lease TTL: a member counts while it acknowledged (a chunk or a COMMIT heartbeat) within the TTL; an
-        open connection alone does not count (a partition leaves it open and silent)."""
-        if len(st.members) < 2 or now - st.since < self.ttl:
-            return False
-        heard = 1 + sum(1 for m in st.members if m != self.name and now - st.heard.get(m, st.since) < self.ttl)
-        return heard < len(st.members) // 2 + 1
-
-    async def _resign(self, st):
-        """Leave the seat of ``st`` empty at a new epoch (CAS) and stand aside from the next election, so
-        that the side holding a majority elects a leader and goes on."""
-        entry = self.placements.get(st.name)
-        if entry is None:
-            return
-        p, rev = entry
-        if p.get("leader") != self.name or p.get("epoch") != st.epoch:
-            return
-        new = dict(p, epoch=p["epoch"] + 1, leader="")
-        try:
-            ok = await self.etcd.replace(self.prefix + "streams/" + st.name, rev, new)
-        except EtcdError:
-            return
-        if ok:
-            log.warning("cluster: %s resigns %s: no word from a majority of its members for %.1fs", self.name,
-                        st.name, self.ttl)
-            self.abstain[st.name] = time.monotonic() + 3 * self.ttl
-            self._step_down(st.name)
-            self.placements[st.name] = (new, rev)
-
-    def _step_down(self, name):
-        st = self.leading.pop(name, None)
-        if st is None:
-            return
-        st.fail_all(NotLeader(f"this node no longer leads {name!r}"))
-        for w in list(st.conns):
-            w.close()
-        log.info("cluster: no longer leading %s (epoch %d)", name, st.epoch)
-        self._roles_changed()
+    # ------------------------------------------------------------------------------ streams made or deleted here
 
     def _stream_created(self, name):
         """Broker create hook: a stream made here by a client is placed in etcd, led by this node."""
@@ -730,124 +412,3 @@ class ClusterNode(ReplicationPlane):
         finally:
             self._placing_here.discard(name)
             self.pending_leaders.pop(name, None)
-
-    # ------------------------------------------------------------------------------ broker hooks
-
-    def creation_ended(self, names):
-        """Forget the leader chosen for each of ``names`` (:attr:`pending_leaders`) once it is no longer
-        needed: etcd places the stream (its leader is known), or its creation here ended without a local
-        stream (refused, or made on another node first). Kept while a placement of it is in flight or a
-        creation of it waits. Called by the broker when an ensure_stream creation ends and on every
-        reconcile, so the map holds only creations under way."""
-        for name in names:
-            if (name not in self.pending_leaders or name in self.placing or name in self._placing_here
-                    or self.broker.creating(name)):
-                continue
-            if name in self.placements or not self.engine.has_stream(name):
-                del self.pending_leaders[name]
-
-    def hold_delete(self, names, cb):
-        """Wrap a client deletion's engine completion ``cb(res, exc)``: answered once etcd no longer places
-        ``names`` (deletion.py)."""
-        return deletion.hold_delete(self, names, cb)
-
-    def delete_remote(self, name, cb):
-        """Delete ``name``, which this node holds no copy of, on the cluster; ``cb(exc)`` (deletion.py)."""
-        deletion.delete_remote(self, name, cb)
-
-    def check_write(self, stream):
-        """The error a publish to ``stream`` gets on this node (NotLeader), or None to go on."""
-        if stream in self.leading and stream not in self.handing_off:
-            return None
-        if stream in self.handing_off:
-            return NotLeader(f"leadership of {stream!r} is moving from {self.name} to another member")
-        p = self.placements.get(stream)
-        if p is None:
-            pending = self.pending_leaders.get(stream)
-            if pending not in (None, self.name):
-                return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {pending})")
-            return None       # a stream made here a moment ago: _stream_created leads it
-        return NotLeader(f"node {self.name} is not the leader of {stream!r} (leader: {p[0]['leader']})")
-
-    def hold_create(self, names, cb):
-        """Wrap a create request's ``cb(exc)``: answered once the streams are led where they are placed
-        (placement.hold_create)."""
-        return placement.hold_create(self, names, cb)
-
-    def hold(self, stream, cb):
-        """Wrap an append's ``cb(result, exc)`` so that it runs only once a majority holds the records."""
-        def held(res, exc):
-            st = self.leading.get(stream)
-            if exc is not None or st is None:
-                cb(res, exc if exc is not None or st is not None else NotLeader(f"{stream!r} lost its leader"))
-                return
-            end = res.last_offset + 1 if res.last_offset >= 0 else st.local_next()
-            self.holding += 1
-
-            def done(err):
-                self.holding -= 1
-                cb(res, None) if err is None else cb(None, err)
-            st.wait(end, done)
-            if self._resting and st.waiting:
-                self._tick_now.set()        # its --replication-timeout is timed from now (pace.py)
-            st.recompute()
-            st.poke_behind(end)     # a chunk sent ahead of its commit (leader_path.py) went already
-            if st.committed < end and self.holding == 1 and leader_path.ACK_POLL:
-                # the only confirm this node waits for: its ACK is polled for, not slept for (leader_path)
-                leader_path.poll_acks(st, end, leader_path.ACK_POLL)
-        return held
-
-    def metadata(self, stream):
-        """``(leader registration or None, [replica registrations])`` of ``stream`` for Metadata."""
-        p = self.placements.get(stream)
-        if p is None:
-            return None, []
-        p = p[0]
-        return self.nodes.get(p["leader"]), [self.nodes[m] for m in p["members"] if m != p["leader"] and
-                                             m in self.nodes]
-
-    def rmq_metadata(self, streams, has, local):
-        """RabbitMQ Stream Metadata of ``streams``: ``(brokers [(ref, host, port)], entries [(stream, code,
-        leader ref, [replica refs])])``. ``local`` is this node's (host, port) as its client was told;
-        ``has(stream)`` says whether the stream exists here."""
-        from riverbed.shells.rmq_stream.constants import RC_OK, RC_STREAM_DOES_NOT_EXIST
-        refs, brokers, entries = {}, [], []
-
-        def ref(reg):
-            addr = local if reg is None or reg["name"] == self.name else (
-                reg.get("advertised_host") or "127.0.0.1", reg.get("stream_port"))
-            if addr[1] is None:
-                return None
-            if addr not in refs:
-                refs[addr] = len(brokers)
-                brokers.append((len(brokers), addr[0], addr[1]))
-            return refs[addr]
-        for s in streams:
-            if not (s and has(s)):
-                entries.append((s or "", RC_STREAM_DOES_NOT_EXIST, 0xFFFF, []))
-                continue
-            leader, replicas = self.metadata(s)
-            lead = ref(leader)
-            entries.append((s, RC_OK, 0xFFFF if lead is None else lead,
-                            [r for r in (ref(x) for x in replicas) if r is not None]))
-        if not brokers:
-            ref(None)
-        return brokers, entries
-
-    # ------------------------------------------------------------------------------ status
-
-    def replica_lag(self):
-        """``[(stream, member, records behind the leader)]`` of every stream this node leads."""
-        out = []
-        for name, st in sorted(self.leading.items()):
-            head = st.local_next()
-            for m in st.members + st.learners:
-                if m != self.name:
-                    out.append((name, m, max(head - st.acked.get(m, 0), 0)))
-        return out
-
-    def stream_roles(self):
-        """{stream: "leader" | "member" | "observer"} of this node (for logs and the dashboard)."""
-        out = {n: "leader" for n in self.leading}
-        out.update({n: "observer" if self.observers.observing(n) else "member" for n in self.following})
-        return out

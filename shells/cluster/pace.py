@@ -1,6 +1,6 @@
 """When a cluster node's control loop must run next (issue 23: what a cluster node burns at rest).
 
-The control loop (node.py ``_control_loop``) times what changes with time alone: confirms past
+The control loop (control.py ``_control_loop``) times what changes with time alone: confirms past
 --replication-timeout, learners to promote, a leader cut off from its members, a member fallen behind
 (its lag reported at once), forwarded requests and single-active-consumer upkeep. It used to run every
 ``min(TTL/6, 0.25 s)`` whether or not any of that was under way: four wake-ups a second on every node at
@@ -12,7 +12,7 @@ a majority, a reconcile, a forwarded request). An idle process here pays for eve
 ~0.1% of a core for ~10 a second, its work included), so work that can wait rides on one that must happen.
 
 The periodic reconcile (every ``RECONCILE_EVERY`` lease TTLs) is for what changes with time alone:
-progress reports that waited (node.py ``_progress_can_wait``), abstentions that end, idle observer copies,
+progress reports that waited (roles.py ``_progress_can_wait``), abstentions that end, idle observer copies,
 elections, placements and hand-offs under way. :func:`reconcile_wanted` says whether any of that is
 there; at rest none is, and the node reconciles when etcd changes (the watch) and at the watch's
 safety read (every ``SAFETY_READ_EVERY`` TTLs), as before.

@@ -5,7 +5,7 @@ read from etcd: nodes up/down with their addresses, each stream's epoch, leader 
 ``committed_offset`` and ``lag``), plus ``"self"``, the name of the node that answers (the HTTP layer adds
 ``"forwarded"``, :mod:`riverbed.shells.http.cluster`). A member's ``lag`` is the records it holds fewer than the leader's log, from the positions each
 member reports to etcd. Reports that only move forward are written at most every half lease TTL
-(node.py ``_progress_can_wait``), except the leader's while a live member has fallen behind
+(roles.py ``_progress_can_wait``), except the leader's while a live member has fallen behind
 (:func:`member_behind`): then the leader reports its log's end on every tick of its control loop (at most
 0.25 s apart), so a paused or slow member's lag shows within a tick, a read of this view and a dashboard
 interval, and grows while the leader's log does (the paused member's own position stays as it was until

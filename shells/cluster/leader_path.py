@@ -49,8 +49,9 @@ log = logging.getLogger("riverbed.cluster")
 # send a chunk ahead to a majority's worth of members only, the others after the local commit (see
 # SendAhead.sealed); False: to every member connection that is ready
 MAJORITY_FIRST = True
-# seconds a confirm that is the only one its node waits for polls for its member's ACK (poll_acks); 0: never
-ACK_POLL = 0.0002
+# seconds a confirm that is the only one its node waits for polls for its member's ACK (poll_acks); 0: never.
+# RIVERBED_ACK_POLL_US sets it in µs (0 turns the poll off: a node that should never spend CPU waiting)
+ACK_POLL = float(os.environ.get("RIVERBED_ACK_POLL_US", "200")) / 1e6
 SEQS_NONE = wire.json_frame(wire.SEQS, {})
 
 
@@ -99,6 +100,7 @@ class SendAhead:
             st.ahead = (chunk_id, end, frames) if later else None
             if sent:
                 self.sent += 1
+                st.ahead_end = end
         except Exception:   # noqa: BLE001 - the commit goes on; the serving tasks send what is missing
             log.exception("cluster: sending a chunk of %s ahead of its commit failed", name)
         return sent
@@ -199,9 +201,10 @@ def poll_acks(st, end, budget):
     the woken ~15-40 µs each, twice per confirm on top of a lone node's path. The member's ACK comes
     ~50-150 µs after the send; a leader that polls for it meanwhile is not asleep when it comes, so the
     ACK costs neither. It is the trade Erlang's schedulers make (busy wait before sleep): CPU for
-    latency, and only where it pays: ClusterNode.hold calls it only when this is the only confirm the
-    node waits for (one publisher at a time; under load, the loop has other work and never polls), and
-    for at most ACK_POLL. Loop thread only; blocks the loop for at most ``budget``."""
+    latency, and only where it pays: ClusterNode.hold calls it only for a one-message publish whose chunk
+    went ahead of its commit (:class:`SendAhead`), when it is the only confirm the node waits for (one
+    publisher at a time; under load, or with batches in flight, the loop has other work and never polls),
+    and for at most ACK_POLL. Loop thread only; blocks the loop for at most ``budget``."""
     readers = {}
     for feed in st.feeds:
         acks = feed.acker

@@ -86,6 +86,7 @@ class Leading:
         self.frozen = False        # handing leadership over: the committed offset stays where it is
         self.fastest = None        # the member whose ACK last made the majority (leader_path.py)
         self.ahead = None          # (chunk id, end, frames) of the chunk sent ahead to some members only
+        self.ahead_end = -1        # the end offset of the last chunk sent ahead of its commit (leader_path.py)
         self.copied = 0            # bytes of chunks copied out of LMDB to send them (see _Feed.send)
         self._behind = None        # [end, timer]: poke_behind(end) held until end is committed (BEHIND_WAIT)
 

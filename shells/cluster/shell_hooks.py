@@ -87,8 +87,9 @@ class ShellHooks:
                 self._tick_now.set()        # its --replication-timeout is timed from now (pace.py)
             st.recompute()
             st.poke_behind(end)     # a chunk sent ahead of its commit (leader_path.py) went already
-            if st.committed < end and self.holding == 1 and leader_path.ACK_POLL:
-                # the only confirm this node waits for: its ACK is polled for, not slept for (leader_path)
+            if st.committed < end and self.holding == 1 and st.ahead_end == end and leader_path.ACK_POLL:
+                # a one-message publish sent ahead, the only confirm this node waits for: its ACK is polled
+                # for, not slept for (leader_path.poll_acks)
                 leader_path.poll_acks(st, end, leader_path.ACK_POLL)
         return held
 

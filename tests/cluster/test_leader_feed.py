@@ -616,6 +616,7 @@ def test_a_lone_confirm_polls_for_its_ack_and_is_written_before_the_loop_runs_ag
             for n in range(3):
                 end, exc, confirmed = publish_inline(node, st, b"polled %d" % n)
                 assert exc is None and feed.pos == end and not confirmed.done()
+                assert st.ahead_end == end      # sent ahead: ClusterNode.hold polls only for such a chunk
                 # the member answers 20 ms later, on its own thread: the loop's thread is polling then
                 threading.Timer(0.02, sock.sendall, [wire.u64_frame(wire.ACK, end)]).start()
                 assert leader_path.poll_acks(st, end, 5.0) is True

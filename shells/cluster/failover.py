@@ -1,7 +1,7 @@
 """Fast failover: members that find their leader's process gone elect at once, without waiting for its lease.
 
 Why: a leader killed with ``kill -9`` keeps its etcd node key until the lease TTL runs out (default 3 s,
-and etcd rounds up), so the lease path (node.py) fails over in about TTL + a poll. But the kernel closes a
+and etcd rounds up), so the lease path (lease.py, roles.py) fails over in about TTL + a poll. But the kernel closes a
 dead process's sockets at once: each member's replication connection ends and its next dial is refused
 (nothing listens on the leader's replication port any more). That is evidence the process is gone that
 arrives in milliseconds.
@@ -32,8 +32,8 @@ Safety (nothing confirmed is lost, nothing is confirmed at an epoch a later lead
   highest epoch among the reports, which contains every confirmed chunk (within an epoch, members hold
   prefixes of the leader's log). Tails it lacks were never confirmed; their holders truncate them when
   they follow it.
-* Once a member has seen epoch e + 1 it refuses chunks of any older epoch (node.py), so L can never
-  again reach a majority, and the CAS on the placement makes the new leader unique at e + 1.
+* Once a member has seen epoch e + 1 it refuses chunks of any older epoch (replication.py,
+  ``_Following._frame``), so L can never again reach a majority, and the CAS on the placement makes the new leader unique at e + 1.
 * A refused dial while L is in fact alive (say, restarted on the same port and not yet leading) costs
   liveness at worst, never safety: that member stays out of epoch e until the placement changes (a
   restarted leader empties its seat at a new epoch itself, see roles.py ``_take_role``).

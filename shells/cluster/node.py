@@ -11,7 +11,7 @@ role, each in its own module:
   shells call (``check_write``, ``hold``, Metadata, ...), and :class:`NotLeader`;
 * replication.py (:class:`~riverbed.shells.cluster.replication.ReplicationPlane`): the data plane.
 
-etcd holds, under ``/riverbed/<cluster>/`` (see :mod:`riverbed.shells.cluster.keys`):
+etcd holds, under ``/riverbed/<cluster>/``:
 
 * ``nodes/<node>``: its addresses, under the node's lease (the key goes when the node does);
 * ``known/<node>``: every node that ever joined (no lease), so the CLI tells "down" from "unknown";

@@ -33,7 +33,8 @@ Safety (nothing confirmed is lost, nothing is confirmed at an epoch a later lead
   prefixes of the leader's log). Tails it lacks were never confirmed; their holders truncate them when
   they follow it.
 * Once a member has seen epoch e + 1 it refuses chunks of any older epoch (replication.py,
-  ``_Following._frame``), so L can never again reach a majority, and the CAS on the placement makes the new leader unique at e + 1.
+  ``_Following._frame``), so L can never again reach a majority, and the CAS on the placement makes the
+  new leader unique at e + 1.
 * A refused dial while L is in fact alive (say, restarted on the same port and not yet leading) costs
   liveness at worst, never safety: that member stays out of epoch e until the placement changes (a
   restarted leader empties its seat at a new epoch itself, see roles.py ``_take_role``).

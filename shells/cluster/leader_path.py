@@ -16,9 +16,9 @@ store, its ACK's trip back. Two things here keep the leader's own work off that 
 * :class:`AckReader`: after a member's HELLO, its connection's protocol is swapped for one that handles
   each ACK in ``data_received``: the committed offset moves, and the confirms it completes are written,
   in the loop turn that read the ACK (no StreamReader, no task wake-up in between).
-* :func:`poll_acks`: a confirm that is the only one its node waits for (one publisher at a time) polls
-  for that ACK for at most ACK_POLL (200 µs) instead of letting the loop sleep, so that neither the
-  member's ACK nor this node pays for waking an idle CPU (see there).
+* :func:`poll_acks`: the confirm of a chunk sent ahead that is the only one its node waits for (one
+  publisher at a time) polls for that ACK for at most ACK_POLL (200 µs) instead of letting the loop sleep,
+  so that neither the member's ACK nor this node pays for waking an idle CPU (see there).
 
 Why this stays safe (``Leading.recompute``): the committed offset is at most the leader's own committed
 log end, so a chunk counts only once the leader has stored it AND a majority (the leader included) holds
@@ -186,7 +186,6 @@ class AckReader(asyncio.Protocol):
     def _end(self):
         self.closed = True
         self.wake.set()
-
 
 
 def poll_acks(st, end, budget):

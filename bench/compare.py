@@ -770,8 +770,14 @@ def cluster_goal_lines(summary, cluster, nats_r3, solo=SOLO):
         def show(d):
             return fmt.format(d["med"]) if d else "—"
         text = f"{wname} {label}: 3 nodes {show(rb3)}, one node {show(one)}, NATS R3 {show(nats)}"
+        per_round = None
         if rb3 and one and one["med"]:
             text += f"; 3 nodes ÷ one node {rb3['med'] / one['med']:.2f}×"
+            # each round's own ratio beside the ratio of the medians: both sides ran once a round, one after
+            # the other, so these pairs share a moment of this machine's drift (values are in round order)
+            a, b = rb3.get("values") or [], one.get("values") or []
+            if len(a) == len(b) > 1 and all(b):
+                per_round = [x / y for x, y in zip(a, b)]
         judged = []
         for against, op, target in goals:
             other = one if against == "single" else nats
@@ -781,8 +787,10 @@ def cluster_goal_lines(summary, cluster, nats_r3, solo=SOLO):
             what = "one node" if against == "single" else "NATS R3"
             text += (f"; goal {op}{target:g}× {what}: "
                      + ("? (not run)" if ok is None else f"{'met' if ok else 'MISSED'} ({r:.2f}×)"))
+        if per_round:
+            text += "; each round ÷ one node: " + ", ".join(f"{x:.2f}" for x in per_round)
         out.append({"workload": wname, "metric": key, "cluster": rb3 and rb3["med"], "one_node": one and one["med"],
-                    "nats_r3": nats and nats["med"], "goals": judged, "text": text})
+                    "nats_r3": nats and nats["med"], "goals": judged, "per_round": per_round, "text": text})
     return out
 
 

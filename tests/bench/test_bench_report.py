@@ -116,3 +116,22 @@ def test_a_peer_that_cannot_start_raises_and_leaves_nothing_behind():
         srv.start()
     assert srv.tmp is None and srv.pid is None
     assert not [d for d in os.listdir("/tmp") if d.startswith("riverbed-missing-")]
+
+
+def test_cluster_goal_lines_give_each_rounds_ratio_beside_the_ratio_of_the_medians():
+    # rounds of 3 nodes vs one node, in round order: the medians' ratio (0.60 / 0.24 = 2.50) meets the goal
+    # while round 1 alone (0.90 / 0.24) does not; the line shows both, the verdict stays on the medians
+    s = {("cluster-publish", "riverbed-cluster"): {"server_us_per_msg": stat(0.90, 0.60, 0.45),
+                                                   "msgs_per_s": stat(1.0, 1.0, 1.0)},
+         ("cluster-publish", "riverbed-solo"): {"server_us_per_msg": stat(0.24, 0.30, 0.15),
+                                                "msgs_per_s": stat(1.0, 1.0, 1.0)}}
+    goals = {(g["workload"], g["metric"]): g
+             for g in compare.cluster_goal_lines(s, "riverbed-cluster", "nats-r3", solo="riverbed-solo")}
+    cpu = goals[("cluster-publish", "server_us_per_msg")]
+    assert cpu["goals"][0]["ok"] is True and cpu["goals"][0]["ratio"] == pytest.approx(0.60 / 0.24)
+    assert cpu["per_round"] == pytest.approx([0.90 / 0.24, 0.60 / 0.30, 0.45 / 0.15])
+    assert cpu["text"].endswith("each round ÷ one node: 3.75, 2.00, 3.00")
+    # one round only: no per-round list (it would repeat the ratio)
+    one = {k: {m: stat(v["values"][0]) for m, v in d.items()} for k, d in s.items()}
+    lone = compare.cluster_goal_lines(one, "riverbed-cluster", "nats-r3", solo="riverbed-solo")
+    assert all(g["per_round"] is None and "each round" not in g["text"] for g in lone)

@@ -20,7 +20,8 @@ part (raw collapsed stacks); ``--strace DIR`` counts each node's system calls (`
 during it (strace slows the nodes: read its counts, not the CPU figures of that run); ``--perf DIR`` samples
 each node with ``perf record -e cpu-clock`` (kernel and native frames: copies, page faults). Prints one JSON
 document, with each node's user and system CPU apart (``user_sys_us_per_msg``) and its minor page faults
-(``minor_faults_per_kmsg``: on this VM a fresh page of LMDB's map costs ~6.5 µs to fault in and zero).
+(``minor_faults_per_kmsg``: on this VM a fresh page of LMDB's map costs ~6.5 µs to fault in and zero), and
+each node's anonymous memory at the end (``rss_anon_mb``).
 """
 
 import argparse
@@ -60,6 +61,15 @@ def _cpu(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     tck = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tck, int(fields[12]) / tck
+
+
+def _rss_anon_mb(pid):
+    """Anonymous resident memory of process ``pid`` (/proc/PID/status RssAnon), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
 
 
 def _minflt(pid):
@@ -235,6 +245,7 @@ def run(a):
             elapsed = time.monotonic() - t0
             time.sleep(1.0)
         cpu1, ns1, flt1 = servers.cpu(), servers.run_ns(), servers.minflt()
+        result["rss_anon_mb"] = {k: _rss_anon_mb(srv.pid) for k, srv in servers.nodes.items()}
         servers.collect(False)
         _strace_stop(straces)
         for s in spies:

@@ -4,6 +4,7 @@ log line, stop with a signal, read RSS and CPU time from /proc."""
 import os
 import re
 import signal
+import socket
 import time
 import subprocess
 import sys
@@ -136,3 +137,18 @@ _names = iter(range(1, 1 << 30))
 def fresh(prefix="t"):
     """A stream/topic name no other test of this run uses: ``prefix``, the pid, a counter."""
     return f"{prefix}{os.getpid()}x{next(_names)}"
+
+
+def free_ports(n):
+    """``n`` distinct loopback ports free right now (held together while the kernel picks them, so no two
+    are the same)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -27,6 +27,7 @@ import sys
 import time
 
 import pytest
+from procs import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -75,19 +76,6 @@ def readme_blocks(text):
 
 
 BLOCKS = readme_blocks(open(README, encoding="utf-8").read())
-
-
-def free_ports(n):
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def substitute(code, ports):
